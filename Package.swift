@@ -1,0 +1,47 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let package = Package(
+    name: "Wormhole",
+    platforms: [.macOS(.v15), .iOS(.v18), .watchOS(.v11), .tvOS(.v18), .visionOS(.v2)],
+    products: [
+        // The library: mailboxes between processes that share a directory.
+        .library(name: "WormholeKit", targets: ["WormholeKit"]),
+        // Test doubles for users' own tests: an in-memory transiting and a manual notifier.
+        .library(name: "WormholeTesting", targets: ["WormholeTesting"]),
+        // The command-line tool: send, read, listen, clear, list, demo, bench.
+        .executable(name: "wormhole", targets: ["WormholeCommand"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+    ],
+    targets: [
+        // The few Linux calls that Glibc does not import (eventfd, CPU affinity).
+        .target(name: "CWormholeSystem"),
+        .target(
+            name: "WormholeKit",
+            dependencies: [
+                .target(name: "CWormholeSystem", condition: .when(platforms: [.linux, .android])),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .target(name: "WormholeTesting", dependencies: ["WormholeKit"]),
+        .executableTarget(
+            name: "WormholeCommand",
+            dependencies: [
+                "WormholeKit",
+                .target(name: "CWormholeSystem", condition: .when(platforms: [.linux, .android])),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "WormholeKitTests",
+            dependencies: ["WormholeKit", "WormholeTesting", "WormholeCommand"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,39 @@
+import Synchronization
+
+/// A listener of a mailbox; it stops when cancelled, when its wormhole is told to stop listening to its
+/// identifier, or when this handle is released.
+///
+/// Keep the handle as long as you want to listen:
+///
+/// ```swift
+/// final class WidgetModel {
+///     private var listener: MessageListener?
+///     func start(_ wormhole: Wormhole) throws {
+///         listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) { tap in … }
+///     }
+/// }
+/// ```
+public final class MessageListener: Sendable {
+    /// The identifier listened to.
+    public let identifier: String
+    private let cancellation: Mutex<(@Sendable () -> Void)?>
+
+    init(identifier: String, cancel: @escaping @Sendable () -> Void) {
+        self.identifier = identifier
+        self.cancellation = Mutex(cancel)
+    }
+
+    /// Stops the listener. A callback already scheduled is skipped; a callback under way finishes.
+    public func cancel() {
+        let cancel = cancellation.withLock { action in
+            defer { action = nil }
+            return action
+        }
+        cancel?()
+    }
+
+    /// Whether the listener has stopped.
+    public var isCancelled: Bool { cancellation.withLock { $0 == nil } }
+
+    deinit { cancel() }
+}

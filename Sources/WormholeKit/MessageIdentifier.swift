@@ -1,0 +1,52 @@
+/// The rules a message identifier must follow, so that it can never name a file outside the wormhole directory.
+///
+/// Identifiers are **validated, not encoded**: a bad identifier is refused with
+/// ``WormholeError/Code/invalidIdentifier`` instead of being rewritten, so the file on disk always has the name
+/// the user gave it and two identifiers can never collide after encoding. An identifier is valid when it:
+/// - is 1 to ``maximumLength`` bytes of UTF-8,
+/// - does not start with `.` (which also rules out `.` and `..`; names that start with a dot are reserved for the
+///   wormhole's own files),
+/// - holds no `/`, no NUL and no control character (U+0000–U+001F, U+007F–U+009F).
+///
+/// Any other Unicode is allowed. Look-alikes such as U+2215 DIVISION SLASH are ordinary characters to the file
+/// system and cannot escape the directory.
+public enum MessageIdentifier {
+    /// The longest identifier, in bytes of UTF-8; file names have 255 bytes on Linux, and the wormhole adds a suffix.
+    public static let maximumLength = 200
+
+    /// Checks an identifier and throws ``WormholeError/Code/invalidIdentifier`` saying what is wrong with it.
+    public static func validate(_ identifier: String) throws(WormholeError) {
+        if let problem = problem(with: identifier) {
+            throw WormholeError(
+                .invalidIdentifier, "The identifier \(describe(identifier)) is not valid: \(problem).",
+                identifier: identifier)
+        }
+    }
+
+    /// Whether an identifier follows the rules.
+    public static func isValid(_ identifier: String) -> Bool { problem(with: identifier) == nil }
+
+    private static func problem(with identifier: String) -> String? {
+        let length = identifier.utf8.count
+        if length == 0 { return "it is empty" }
+        if length > maximumLength { return "it is \(length) bytes long, and the limit is \(maximumLength)" }
+        if identifier.hasPrefix(".") { return "it starts with '.', which is reserved for the wormhole's own files" }
+        for scalar in identifier.unicodeScalars {
+            if scalar == "/" { return "it contains '/', which would name another directory" }
+            if scalar.value == 0 { return "it contains a NUL character" }
+            if scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) {
+                return "it contains the control character U+\(String(scalar.value, radix: 16, uppercase: true))"
+            }
+        }
+        return nil
+    }
+
+    /// A short, printable rendering of a possibly hostile identifier for error messages.
+    private static func describe(_ identifier: String) -> String {
+        let escaped = identifier.unicodeScalars.prefix(64).map { scalar in
+            scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value)
+                ? "\\u{\(String(scalar.value, radix: 16))}" : String(scalar)
+        }.joined()
+        return "\"\(escaped)\(identifier.unicodeScalars.count > 64 ? "…" : "")\""
+    }
+}

@@ -1,0 +1,110 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Logging
+
+/// The default notifier on Linux: a post writes a small file, observers are woken by inotify.
+///
+/// Each notification name is a file in the hidden `.notifications` subdirectory of the wormhole directory.
+/// ``post(_:)`` writes 8 fresh random bytes into it in place; ``observe(_:handler:)`` watches the subdirectory
+/// with inotify, on one monitor thread per process that waits in `poll(2)` and is stopped through an eventfd,
+/// so no blocking call ever runs on Swift's cooperative thread pool. Wormholes in one process and in different
+/// processes wake each other alike.
+///
+/// When inotify cannot be used (its instance or watch limits are exhausted, or the platform has none), the
+/// ``Strategy/automatic`` strategy logs a warning and falls back to polling the files' contents.
+public final class DirectoryNotifier: Notifier {
+    /// How observers learn of posts.
+    public enum Strategy: Sendable, Hashable {
+        /// inotify where it works, polling every 50 ms where it does not (with a logged warning).
+        case automatic
+        /// inotify only: observing fails with ``WormholeError/Code/notifierUnavailable`` when it cannot be used.
+        case inotify
+        /// Polling only, at the given interval: for file systems that inotify does not see into (network ones).
+        case polling(interval: Duration)
+    }
+
+    /// The name of the subdirectory that holds the notification files.
+    public static let subdirectoryName = ".notifications"
+    /// The polling interval of the fallback.
+    public static let fallbackPollingInterval: Duration = .milliseconds(50)
+
+    /// The wormhole directory whose `.notifications` subdirectory this notifier uses.
+    public let directory: String
+    /// How observers are woken.
+    public let strategy: Strategy
+    let handle: DirectoryHandle
+    private let logger: Logger
+
+    /// Creates a notifier for a wormhole directory, creating its `.notifications` subdirectory (mode 0700).
+    ///
+    /// - Throws: ``WormholeError/Code/directoryUnavailable`` or ``WormholeError/Code/untrustedFile`` as
+    ///   ``FileTransiting/init(directory:options:createDirectory:)`` does.
+    public init(
+        directory: String,
+        strategy: Strategy = .automatic,
+        options: FileTransiting.Options = .init(),
+        logger: Logger = Logger(label: "wormhole.notifier")
+    ) throws(WormholeError) {
+        self.directory = directory
+        self.strategy = strategy
+        self.logger = logger
+        self.handle = try DirectoryHandle.open(
+            path: directory + "/" + Self.subdirectoryName, create: true,
+            directoryPermissions: mode_t(options.directoryPermissions),
+            filePermissions: mode_t(options.filePermissions), trustsOtherOwners: options.trustsOtherOwners)
+    }
+
+    public func post(_ name: String) throws(WormholeError) {
+        try MessageIdentifier.validate(name)
+        let file: OwnedDescriptor
+        do {
+            file = try handle.openFile(named: name, flags: O_WRONLY | O_CREAT)
+        } catch {
+            throw WormholeError.fileSystem(error, "open the notification file", path: handle.filePath(name))
+        }
+        // A fresh value each time, so that a poller can tell one post from the next.
+        if case .failure(let errno) = file.write(PollingMonitor.token(UInt64.random(in: 1...UInt64.max)), at: 0) {
+            throw WormholeError.fileSystem(errno, "write the notification file", path: handle.filePath(name))
+        }
+    }
+
+    public func observe(
+        _ name: String, handler: @escaping @Sendable () -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        try MessageIdentifier.validate(name)
+        switch strategy {
+        case .polling(let interval):
+            return PollingMonitor.shared.observe(handle, name: name, interval: interval, handler: handler)
+        case .inotify:
+            return try observeWithInotify(name, handler: handler)
+        case .automatic:
+            do {
+                return try observeWithInotify(name, handler: handler)
+            } catch {
+                logger.warning(
+                    "inotify is unavailable; polling for changes instead, which adds latency",
+                    metadata: [
+                        "directory": "\(handle.path)", "name": "\(name)", "cause": "\(error.message)",
+                        "interval": "\(Self.fallbackPollingInterval)",
+                    ])
+                return PollingMonitor.shared.observe(
+                    handle, name: name, interval: Self.fallbackPollingInterval, handler: handler)
+            }
+        }
+    }
+
+    private func observeWithInotify(
+        _ name: String, handler: @escaping @Sendable () -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        #if os(Linux) || os(Android)
+        return try InotifyMonitor.shared.observe(directory: handle.path, name: name, handler: handler)
+        #else
+        throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: handle.path)
+        #endif
+    }
+}

@@ -1,0 +1,51 @@
+import Synchronization
+
+/// Tells other processes, and other wormholes in this process, that something changed: Darwin notifications'
+/// `post` and `observe`, by name, with no payload.
+///
+/// The wormhole stores a message through its ``Transiting`` and then posts the mailbox's notification name; a
+/// listener observes the name and reads the mailbox when it fires. So a notifier needs to carry no data, and may
+/// coalesce: after a post, every observer of the name is called at least once, later than the post began.
+///
+/// ``DirectoryNotifier`` is the default on Linux (inotify, with polling as the fallback); ``DarwinNotifier`` on
+/// Apple platforms; `WormholeTesting` ships a `ManualNotifier` for tests. Every implementation must pass this test:
+///
+/// ```swift
+/// let fired = Mutex(0)
+/// let observation = try notifier.observe("mailbox.button") { fired.withLock { $0 += 1 } }
+/// try notifier.post("mailbox.button")
+/// // … within a short time: fired ≥ 1; after observation.cancel(), no more calls.
+/// ```
+public protocol Notifier: Sendable {
+    /// Wakes the observers of `name` in every process.
+    ///
+    /// - Throws: ``WormholeError`` when the notification could not be sent.
+    func post(_ name: String) throws(WormholeError)
+
+    /// Calls `handler` after each post of `name`, until the returned observation is cancelled or released.
+    ///
+    /// The handler runs on a thread of the notifier's choosing (for ``DirectoryNotifier``, its monitor thread)
+    /// and must return quickly. Calls for one observation never overlap.
+    func observe(_ name: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation
+}
+
+/// An active observation of a notification name; it ends when cancelled or released.
+public final class NotifierObservation: Sendable {
+    private let cancellation: Mutex<(@Sendable () -> Void)?>
+
+    /// Creates an observation that runs `cancel` once, when cancelled or released.
+    public init(cancel: @escaping @Sendable () -> Void) {
+        cancellation = Mutex(cancel)
+    }
+
+    /// Stops the observation; the handler is not called after this returns (unless a call is under way).
+    public func cancel() {
+        let cancel = cancellation.withLock { action in
+            defer { action = nil }
+            return action
+        }
+        cancel?()
+    }
+
+    deinit { cancel() }
+}

@@ -1,0 +1,90 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+import Synchronization
+
+/// Polls notification files on one thread per process: the fallback when inotify cannot be used.
+///
+/// Each post writes fresh random bytes into its file, so comparing the bytes tells a post from none, whatever
+/// the file system's timestamp resolution. The thread runs while there are observations.
+final class PollingMonitor: Sendable {
+    static let shared = PollingMonitor()
+
+    private struct Observation {
+        var directory: DirectoryHandle
+        var name: String
+        var interval: Duration
+        var lastToken: [UInt8]?
+        var nextPoll: ContinuousClock.Instant
+        var handler: @Sendable () -> Void
+    }
+    private struct State {
+        var observations: [UInt64: Observation] = [:]
+        var running = false
+        var nextID: UInt64 = 1
+    }
+    private let state = Mutex(State())
+
+    /// The 8 bytes a post writes.
+    static func token(_ value: UInt64) -> [UInt8] { withUnsafeBytes(of: value.littleEndian) { Array($0) } }
+
+    static func readToken(_ directory: DirectoryHandle, _ name: String) -> [UInt8]? {
+        guard let file = try? directory.openFile(named: name, flags: O_RDONLY) else { return nil }
+        return try? file.read(count: 8, at: 0).get()
+    }
+
+    func observe(
+        _ directory: DirectoryHandle, name: String, interval: Duration, handler: @escaping @Sendable () -> Void
+    ) -> NotifierObservation {
+        let initial = Self.readToken(directory, name)
+        let (id, start) = state.withLock { state in
+            let id = state.nextID
+            state.nextID += 1
+            state.observations[id] = Observation(
+                directory: directory, name: name, interval: interval, lastToken: initial,
+                nextPoll: .now + interval, handler: handler)
+            defer { state.running = true }
+            return (id, !state.running)
+        }
+        if start {
+            let thread = Thread { [self] in run() }
+            thread.name = "wormhole.polling"
+            thread.start()
+        }
+        return NotifierObservation { [self] in state.withLock { _ = $0.observations.removeValue(forKey: id) } }
+    }
+
+    private func run() {
+        while true {
+            let due: [(UInt64, Observation)] = state.withLock { state in
+                state.observations.filter { $0.value.nextPoll <= .now }.map { ($0.key, $0.value) }
+            }
+            for (id, observation) in due {
+                let token = Self.readToken(observation.directory, observation.name)
+                let changed = state.withLock { state -> Bool in
+                    guard state.observations[id] != nil else { return false }
+                    state.observations[id]!.nextPoll = .now + observation.interval
+                    defer { state.observations[id]!.lastToken = token }
+                    return token != observation.lastToken
+                }
+                if changed { observation.handler() }
+            }
+            let wait: Duration? = state.withLock { state in
+                guard let next = state.observations.values.map(\.nextPoll).min() else {
+                    state.running = false
+                    return nil
+                }
+                return max(.zero, next - .now)
+            }
+            guard let wait else { return }
+            let (seconds, attoseconds) = wait.components
+            var request = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
+            _ = nanosleep(&request, nil)
+        }
+    }
+}

@@ -1,0 +1,223 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+#if canImport(CWormholeSystem)
+import CWormholeSystem
+#endif
+import SystemPackage
+
+/// An open directory that every file operation of a wormhole goes through.
+///
+/// Files are opened with `openat` relative to the directory's descriptor and `O_NOFOLLOW`, so a symbolic link
+/// planted in the directory is never followed, and renaming the directory away does not redirect writes.
+final class DirectoryHandle: Sendable {
+    /// The path the directory was opened at, for messages and for inotify.
+    let path: String
+    /// The mode of files this handle creates.
+    let filePermissions: mode_t
+    /// Whether files of another owner are accepted (a shared group directory), or refused as planted.
+    let trustsOtherOwners: Bool
+    private let descriptor: Int32
+
+    private init(path: String, descriptor: Int32, filePermissions: mode_t, trustsOtherOwners: Bool) {
+        self.path = path
+        self.descriptor = descriptor
+        self.filePermissions = filePermissions
+        self.trustsOtherOwners = trustsOtherOwners
+    }
+
+    deinit { _ = close(descriptor) }
+
+    /// Opens a directory, creating it and its missing parents with `directoryPermissions` when asked to.
+    ///
+    /// - Throws: ``WormholeError/Code/directoryUnavailable`` when it is missing (and not to be created), not a
+    ///   directory, or not writable; ``WormholeError/Code/untrustedFile`` when it is a symbolic link or owned by
+    ///   another user.
+    static func open(
+        path: String,
+        create: Bool,
+        directoryPermissions: mode_t = 0o700,
+        filePermissions: mode_t = 0o600,
+        trustsOtherOwners: Bool = false
+    ) throws(WormholeError) -> DirectoryHandle {
+        guard !path.isEmpty else {
+            throw WormholeError(.directoryUnavailable, "The directory path is empty.", path: path)
+        }
+        if create { try makeDirectories(path, permissions: directoryPermissions) }
+        let descriptor: Int32
+        switch valueOrErrno({ Glibc_open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }) {
+        case .success(let fd): descriptor = fd
+        case .failure(.noSuchFileOrDirectory):
+            throw WormholeError(
+                .directoryUnavailable,
+                "The directory does not exist. Create it, or let the wormhole create it (the default).", path: path)
+        case .failure(.notDirectory):
+            throw WormholeError(
+                .directoryUnavailable, "The path exists but is not a directory, or it is a symbolic link.", path: path)
+        case .failure(.tooManySymbolicLinkLevels):
+            throw WormholeError(
+                .untrustedFile, "The directory is a symbolic link, which a wormhole never follows.", path: path)
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "open the directory", path: path)
+        }
+        let handle = DirectoryHandle(
+            path: path, descriptor: descriptor, filePermissions: filePermissions, trustsOtherOwners: trustsOtherOwners)
+        var raw = stat()
+        guard fstat(descriptor, &raw) == 0 else {
+            throw WormholeError.fileSystem(currentErrno, "inspect the directory", path: path)
+        }
+        let status = FileStatus(raw)
+        if !trustsOtherOwners && status.ownerID != ProcessFacts.effectiveUserID {
+            throw WormholeError(
+                .untrustedFile,
+                "The directory belongs to user \(status.ownerID), not to this process's user "
+                    + "\(ProcessFacts.effectiveUserID); a private wormhole refuses it. Use a directory you own.",
+                path: path)
+        }
+        if access(path, W_OK | X_OK) != 0 {
+            throw WormholeError(
+                .directoryUnavailable, "The directory is not writable by this process; check its owner and mode.",
+                path: path, underlyingError: currentErrno)
+        }
+        return handle
+    }
+
+    private static func makeDirectories(_ path: String, permissions: mode_t) throws(WormholeError) {
+        var prefix = path.hasPrefix("/") ? "" : "."
+        for component in path.split(separator: "/", omittingEmptySubsequences: true) {
+            prefix += "/" + component
+            if mkdir(prefix, permissions) != 0 {
+                let errno = currentErrno
+                if errno == .fileExists { continue }
+                throw WormholeError(
+                    .directoryUnavailable,
+                    "Could not create the directory \(prefix): \(errno). Check that its parent exists and is writable.",
+                    path: path, underlyingError: errno)
+            }
+        }
+    }
+
+    /// Opens or creates a subdirectory (for the notifier's files), with the same checks.
+    func subdirectory(named name: String, permissions: mode_t = 0o700) throws(WormholeError) -> DirectoryHandle {
+        try DirectoryHandle.open(
+            path: path + "/" + name, create: true, directoryPermissions: permissions,
+            filePermissions: filePermissions, trustsOtherOwners: trustsOtherOwners)
+    }
+
+    // MARK: Files
+
+    /// Opens a file in the directory, never following a symbolic link and never blocking on a planted FIFO.
+    func openFile(named name: String, flags: Int32) throws(Errno) -> OwnedDescriptor {
+        let result = valueOrErrno {
+            openat(descriptor, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, filePermissions)
+        }
+        switch result {
+        case .success(let fd): return OwnedDescriptor(taking: fd)
+        case .failure(let errno): throw errno
+        }
+    }
+
+    /// Checks that an opened file is one the wormhole may trust: a regular file with one link, owned by this
+    /// user (unless the directory is shared). Returns nil when the file was unlinked (link count 0).
+    func trustedStatus(
+        of file: borrowing OwnedDescriptor, name: String, identifier: String?
+    ) throws(WormholeError) -> FileStatus? {
+        let status: FileStatus
+        switch file.status() {
+        case .success(let value): status = value
+        case .failure(let errno): throw WormholeError.fileSystem(errno, "inspect \(name)", identifier: identifier, path: filePath(name))
+        }
+        if status.linkCount == 0 { return nil }
+        guard status.isRegularFile else {
+            throw WormholeError(
+                .untrustedFile, "\(name) is not a regular file; remove it from the wormhole directory.",
+                identifier: identifier, path: filePath(name))
+        }
+        guard status.linkCount == 1 else {
+            throw WormholeError(
+                .untrustedFile,
+                "\(name) has \(status.linkCount) hard links; a wormhole never writes through a link. Remove it.",
+                identifier: identifier, path: filePath(name))
+        }
+        if !trustsOtherOwners && status.ownerID != ProcessFacts.effectiveUserID {
+            throw WormholeError(
+                .untrustedFile,
+                "\(name) belongs to user \(status.ownerID), not to \(ProcessFacts.effectiveUserID): it was planted. "
+                    + "Remove it.",
+                identifier: identifier, path: filePath(name))
+        }
+        return status
+    }
+
+    /// Writes `bytes` to a new hidden file and renames it to `name`: readers see the old file or the new one.
+    ///
+    /// With `replacing: false` the rename fails with `EEXIST` when `name` exists, so two processes that create
+    /// the same file at once do not overwrite each other.
+    func createFile(
+        named name: String, bytes: [UInt8], replacing: Bool, synchronize: Bool
+    ) -> Result<Void, Errno> {
+        let temporary = ".tmp-\(ProcessFacts.processID)-\(UInt64.random(in: 0...UInt64.max))"
+        let file: OwnedDescriptor
+        do { file = try openFile(named: temporary, flags: O_WRONLY | O_CREAT | O_EXCL) } catch { return .failure(error) }
+        var result = file.write(bytes, at: 0)
+        if case .success = result, synchronize { result = file.synchronize() }
+        // Creating the file applied the umask; set the mode the wormhole was configured with.
+        let raw = file.rawValue
+        if case .success = result { result = valueOrErrno { fchmod(raw, filePermissions) }.map { _ in } }
+        _ = consume file
+        if case .success = result { result = rename(temporary, to: name, replacing: replacing) }
+        if case .failure = result { _ = unlinkat(descriptor, temporary, 0) }
+        return result
+    }
+
+    private func rename(_ from: String, to: String, replacing: Bool) -> Result<Void, Errno> {
+        if replacing { return valueOrErrno { renameat(descriptor, from, descriptor, to) }.map { _ in } }
+        #if canImport(CWormholeSystem)
+        let result = valueOrErrno { cwormhole_rename_noreplace(descriptor, from, descriptor, to) }
+        if case .failure(let errno) = result, errno == .invalidArgument || errno == .noFunction {
+            return linkThenUnlink(from, to: to)
+        }
+        return result.map { _ in }
+        #else
+        return linkThenUnlink(from, to: to)
+        #endif
+    }
+
+    /// The portable no-replace rename, for file systems without `renameat2`.
+    private func linkThenUnlink(_ from: String, to: String) -> Result<Void, Errno> {
+        valueOrErrno { linkat(descriptor, from, descriptor, to, 0) }.map { _ in _ = unlinkat(descriptor, from, 0) }
+    }
+
+    func removeFile(named name: String) -> Result<Void, Errno> {
+        valueOrErrno { unlinkat(descriptor, name, 0) }.map { _ in }
+    }
+
+    /// The names in the directory, without `.` and `..`.
+    func entries() throws(WormholeError) -> [String] {
+        let copy = dup(descriptor)
+        guard copy >= 0, let stream = fdopendir(copy) else {
+            if copy >= 0 { _ = close(copy) }
+            throw WormholeError.fileSystem(currentErrno, "list the directory", path: path)
+        }
+        defer { closedir(stream) }
+        rewinddir(stream)
+        var names: [String] = []
+        while let entry = readdir(stream) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    func filePath(_ name: String) -> String { path + "/" + name }
+}
+
+// `open` is variadic in C; Glibc's overlay gives Swift a fixed-arity version, named here to keep call sites clear.
+@inline(__always)
+private func Glibc_open(_ path: String, _ flags: Int32) -> Int32 { open(path, flags) }

@@ -1,0 +1,156 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import SystemPackage
+
+/// Runs a system call that reports failure as -1 and `errno`, retrying on `EINTR` unless told not to.
+///
+/// As in swift-system: every call that can block is retried when a signal interrupts it.
+@inline(__always)
+func valueOrErrno<I: FixedWidthInteger>(retryOnInterrupt: Bool = true, _ body: () -> I) -> Result<I, Errno> {
+    while true {
+        let result = body()
+        if result != -1 { return .success(result) }
+        let error = Errno(rawValue: errno)
+        if retryOnInterrupt && error == .interrupted { continue }
+        return .failure(error)
+    }
+}
+
+/// The errno of the last failed call, as a typed value.
+var currentErrno: Errno { Errno(rawValue: errno) }
+
+/// File-type and ownership facts read with `fstat`, the few a wormhole checks.
+struct FileStatus: Sendable {
+    var size: Int
+    var linkCount: Int
+    var ownerID: UInt32
+    var mode: UInt32
+    var device: UInt64
+    var inode: UInt64
+
+    var isRegularFile: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFREG) }
+    var isDirectory: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFDIR) }
+    var permissions: UInt32 { mode & 0o7777 }
+
+    init(_ raw: stat) {
+        size = Int(raw.st_size)
+        linkCount = Int(raw.st_nlink)
+        ownerID = UInt32(raw.st_uid)
+        mode = UInt32(raw.st_mode)
+        device = UInt64(raw.st_dev)
+        inode = UInt64(raw.st_ino)
+    }
+}
+
+/// A file descriptor that this code owns: it is closed exactly once, when the value goes away.
+///
+/// Being `~Copyable`, a descriptor can be neither leaked by a copy nor closed twice.
+struct OwnedDescriptor: ~Copyable {
+    let rawValue: Int32
+
+    init(taking rawValue: Int32) { self.rawValue = rawValue }
+
+    deinit { _ = close(rawValue) }
+
+    /// Gives up ownership without closing.
+    consuming func release() -> Int32 {
+        let value = rawValue
+        discard self
+        return value
+    }
+
+    func status() -> Result<FileStatus, Errno> {
+        var raw = stat()
+        return valueOrErrno { fstat(rawValue, &raw) }.map { _ in FileStatus(raw) }
+    }
+
+    /// Reads up to `count` bytes at `offset`, looping over short reads; fewer bytes mean the end of the file.
+    func read(count: Int, at offset: Int) -> Result<[UInt8], Errno> {
+        var buffer = [UInt8](repeating: 0, count: count)
+        var done = 0
+        let failure: Errno? = buffer.withUnsafeMutableBytes { bytes in
+            while done < count {
+                switch valueOrErrno({ pread(rawValue, bytes.baseAddress! + done, count - done, off_t(offset + done)) }) {
+                case .success(0): return nil
+                case .success(let n): done += n
+                case .failure(let error): return error
+                }
+            }
+            return nil
+        }
+        if let failure { return .failure(failure) }
+        if done < count { buffer.removeLast(count - done) }
+        return .success(buffer)
+    }
+
+    /// Writes all of `bytes` at `offset`, looping over short writes.
+    func write<Bytes: Collection<UInt8>>(_ bytes: Bytes, at offset: Int) -> Result<Void, Errno> {
+        let result: Result<Void, Errno>? = bytes.withContiguousStorageIfAvailable { buffer in
+            writeAll(UnsafeRawBufferPointer(buffer), at: offset)
+        }
+        return result ?? Array(bytes).withUnsafeBytes { writeAll($0, at: offset) }
+    }
+
+    private func writeAll(_ buffer: UnsafeRawBufferPointer, at offset: Int) -> Result<Void, Errno> {
+        var done = 0
+        while done < buffer.count {
+            switch valueOrErrno({ pwrite(rawValue, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done)) }) {
+            case .success(let n): done += n
+            case .failure(let error): return .failure(error)
+            }
+        }
+        return .success(())
+    }
+
+    func truncate(to size: Int) -> Result<Void, Errno> {
+        valueOrErrno { ftruncate(rawValue, off_t(size)) }.map { _ in }
+    }
+
+    func synchronize() -> Result<Void, Errno> {
+        valueOrErrno { fsync(rawValue) }.map { _ in }
+    }
+
+    /// Takes a whole-file advisory lock (`flock`): shared for readers, exclusive for writers.
+    ///
+    /// `flock` locks belong to the open file description, so two descriptors in one process exclude each other
+    /// just as two processes do, unlike POSIX record locks.
+    func lock(exclusive: Bool) -> Result<Void, Errno> {
+        valueOrErrno { flock(rawValue, exclusive ? LOCK_EX : LOCK_SH) }.map { _ in }
+    }
+}
+
+/// Process-wide facts used in file checks and envelopes.
+enum ProcessFacts {
+    static var effectiveUserID: UInt32 { UInt32(geteuid()) }
+    static var processID: Int32 { getpid() }
+
+    /// The executable's name, for the default sender of a message.
+    static var processName: String {
+        #if os(Linux)
+        if let name = try? String(contentsOfFile: "/proc/self/comm", encoding: .utf8) {
+            return name.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        #endif
+        return CommandLine.arguments.first.map { String($0.split(separator: "/").last ?? Substring($0)) } ?? "process"
+    }
+
+    /// Nanoseconds since 1970, from the real-time clock.
+    static func wallClockNanoseconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+    }
+
+    /// Nanoseconds from a monotonic clock, for measuring intervals.
+    static func monotonicNanoseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+    }
+}

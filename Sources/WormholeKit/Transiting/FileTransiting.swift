@@ -1,0 +1,324 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+import SystemPackage
+
+/// The default transiting: one file per identifier in a directory, written in place, never torn.
+///
+/// Each mailbox is a file `IDENTIFIER.msg` with two checksummed slots (see `FORMAT.md`). A writer takes the
+/// file's `flock` lock, writes the new message into the slot that does not hold the newest one with a single
+/// `pwrite`, and lets go; a reader takes no lock and keeps the newest record whose checksum matches. So readers
+/// see the previous message or the new one, whole, and a write costs no rename (about 150 µs on ext4) but one
+/// in-place write. A new mailbox, and one whose message outgrows its slots, is written to a hidden file and
+/// renamed into place: a file is never visible half made.
+///
+/// Files are created with mode 0600 and opened relative to the directory with `O_NOFOLLOW`; a symbolic link, a
+/// hard link, a FIFO or a file of another user planted in the directory is refused with
+/// ``WormholeError/Code/untrustedFile``, never followed.
+///
+/// ```swift
+/// let transiting = try FileTransiting(directory: "/run/user/1000/my-group/wormhole")
+/// let wormhole = Wormhole(transiting: transiting, notifier: try DirectoryNotifier(directory: transiting.directory))
+/// ```
+public final class FileTransiting: Transiting {
+    /// How a ``FileTransiting`` treats its files.
+    public struct Options: Sendable {
+        /// Whether each write is flushed to stable storage with `fsync` before it returns; off by default, as in
+        /// MMWormhole: the other processes see the message at once either way, `fsync` only matters if the
+        /// machine loses power.
+        public var synchronizesWrites: Bool
+        /// The mode of the files it creates; 0600 by default.
+        public var filePermissions: UInt16
+        /// The mode of the directories it creates; 0700 by default.
+        public var directoryPermissions: UInt16
+        /// Whether files and directories of other users are accepted: set it, with group-readable permissions,
+        /// only for a directory shared on purpose between users of one Unix group.
+        public var trustsOtherOwners: Bool
+        /// The largest payload accepted, in bytes; 16 MiB by default. Mailboxes are for small messages.
+        public var maximumMessageSize: Int
+
+        /// Creates options; every parameter has the default described on its property.
+        public init(
+            synchronizesWrites: Bool = false,
+            filePermissions: UInt16 = 0o600,
+            directoryPermissions: UInt16 = 0o700,
+            trustsOtherOwners: Bool = false,
+            maximumMessageSize: Int = 16 << 20
+        ) {
+            self.synchronizesWrites = synchronizesWrites
+            self.filePermissions = filePermissions
+            self.directoryPermissions = directoryPermissions
+            self.trustsOtherOwners = trustsOtherOwners
+            self.maximumMessageSize = maximumMessageSize
+        }
+    }
+
+    /// The directory that holds the mailbox files.
+    public var directory: String { handle.path }
+    /// The options it was made with.
+    public let options: Options
+    let handle: DirectoryHandle
+
+    /// Opens (and by default creates, mode 0700) a directory of mailboxes.
+    ///
+    /// - Parameters:
+    ///   - directory: The directory's path.
+    ///   - options: File modes, `fsync` and size limits.
+    ///   - createDirectory: Whether to create the directory and its missing parents.
+    /// - Throws: ``WormholeError/Code/directoryUnavailable`` when the directory is missing (and not to be
+    ///   created) or not writable; ``WormholeError/Code/untrustedFile`` when it is a link or another user's.
+    public init(directory: String, options: Options = Options(), createDirectory: Bool = true) throws(WormholeError) {
+        self.options = options
+        self.handle = try DirectoryHandle.open(
+            path: directory, create: createDirectory, directoryPermissions: mode_t(options.directoryPermissions),
+            filePermissions: mode_t(options.filePermissions), trustsOtherOwners: options.trustsOtherOwners)
+    }
+
+    static func fileName(_ identifier: String) -> String { identifier + MailboxFormat.fileSuffix }
+
+    // MARK: Transiting
+
+    public func writeMessage(_ payload: Data, sender: String, identifier: String) throws(WormholeError) -> Envelope {
+        try MessageIdentifier.validate(identifier)
+        guard payload.count <= options.maximumMessageSize else {
+            throw WormholeError(
+                .messageTooLarge,
+                "The message is \(payload.count) bytes; this wormhole accepts up to \(options.maximumMessageSize). "
+                    + "Raise FileTransiting.Options.maximumMessageSize, or pass a path to a file instead.",
+                identifier: identifier)
+        }
+        let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
+        let timestamp = ProcessFacts.wallClockNanoseconds()
+        let stored = try update(identifier: identifier, createIfMissing: true) { sequence in
+            MailboxFormat.Record(
+                sequence: sequence, timestampNanoseconds: timestamp, isCleared: false, sender: senderBytes,
+                payload: Array(payload))
+        }
+        guard let (record, generation) = stored else {
+            fatalError("update(createIfMissing: true) always stores a record")
+        }
+        return Envelope(
+            sequence: record.sequence, generation: generation, sender: sender, timestampNanoseconds: timestamp,
+            payload: payload)
+    }
+
+    public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
+        try MessageIdentifier.validate(identifier)
+        let name = Self.fileName(identifier)
+        let file: OwnedDescriptor
+        do {
+            file = try handle.openFile(named: name, flags: O_RDONLY)
+        } catch .noSuchFileOrDirectory {
+            return nil
+        } catch {
+            throw openError(error, identifier: identifier)
+        }
+        do {
+            guard let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) else {
+                return nil
+            }
+            let contents = try decode(file, size: status.size, identifier: identifier)
+            guard case .success(let found) = contents else {
+                if case .failure(let problem) = contents {
+                    throw MailboxFormat.error(for: problem, identifier: identifier, path: handle.filePath(name))
+                }
+                return nil
+            }
+            guard let (_, record) = found.newest, !record.isCleared else { return nil }
+            return Envelope(
+                sequence: record.sequence, generation: found.header.generation,
+                sender: String(decoding: record.sender, as: UTF8.self),
+                timestampNanoseconds: record.timestampNanoseconds, payload: Data(record.payload))
+        }
+    }
+
+    /// Empties a mailbox by writing a "cleared" record: the file stays, so its sequence keeps growing and a
+    /// listener never mistakes the next message for an old one.
+    public func deleteMessage(identifier: String) throws(WormholeError) {
+        try MessageIdentifier.validate(identifier)
+        let timestamp = ProcessFacts.wallClockNanoseconds()
+        let sender = Array("\(ProcessFacts.processName)[\(ProcessFacts.processID)]".utf8)
+        _ = try update(identifier: identifier, createIfMissing: false) { sequence in
+            MailboxFormat.Record(
+                sequence: sequence, timestampNanoseconds: timestamp, isCleared: true, sender: sender, payload: [])
+        }
+    }
+
+    public func deleteAllMessages() throws(WormholeError) {
+        for identifier in try mailboxFileIdentifiers() { try deleteMessage(identifier: identifier) }
+    }
+
+    public func identifiers() throws(WormholeError) -> [String] {
+        var result: [String] = []
+        for identifier in try mailboxFileIdentifiers() {
+            do {
+                if try readMessage(identifier: identifier) != nil { result.append(identifier) }
+            } catch where error.code == .corruptMessage || error.code == .truncatedMessage
+                || error.code == .unsupportedFormatVersion
+            {
+                // A damaged mailbox still holds something: list it so that it can be read (and fail) or cleared.
+                result.append(identifier)
+            } catch where error.code == .untrustedFile {
+                continue
+            }
+        }
+        return result
+    }
+
+    /// The identifiers that have a mailbox file, empty or not.
+    func mailboxFileIdentifiers() throws(WormholeError) -> [String] {
+        try handle.entries().compactMap { name in
+            guard name.hasSuffix(MailboxFormat.fileSuffix) else { return nil }
+            let identifier = String(name.dropLast(MailboxFormat.fileSuffix.count))
+            return MessageIdentifier.isValid(identifier) ? identifier : nil
+        }.sorted()
+    }
+
+    // MARK: Writing
+
+    /// Stores the record that `makeRecord` builds for the next sequence, under the file's exclusive lock.
+    ///
+    /// Returns the stored record and the mailbox's generation, or nil when the mailbox did not exist (or was
+    /// already empty) and `createIfMissing` is false.
+    private func update(
+        identifier: String,
+        createIfMissing: Bool,
+        makeRecord: (UInt64) -> MailboxFormat.Record
+    ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
+        let name = Self.fileName(identifier)
+        let path = handle.filePath(name)
+        // A few rounds at most: each retry means another process created or replaced the file meanwhile.
+        for _ in 0..<1000 {
+            let file: OwnedDescriptor
+            do {
+                file = try handle.openFile(named: name, flags: O_RDWR)
+            } catch .noSuchFileOrDirectory {
+                guard createIfMissing else { return nil }
+                let record = makeRecord(1)
+                let header = MailboxFormat.Header(
+                    slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
+                    generation: UInt64.random(in: 1...UInt64.max))
+                switch handle.createFile(
+                    named: name, bytes: MailboxFormat.encodeFile(header: header, record: record), replacing: false,
+                    synchronize: options.synchronizesWrites)
+                {
+                case .success: return (record, header.generation)
+                case .failure(.fileExists): continue  // another process created it first: write into theirs
+                case .failure(let errno):
+                    throw WormholeError.fileSystem(errno, "create the mailbox file", identifier: identifier, path: path)
+                }
+            } catch {
+                throw openError(error, identifier: identifier)
+            }
+            do {
+                guard try handle.trustedStatus(of: file, name: name, identifier: identifier) != nil else { continue }
+                if case .failure(let errno) = file.lock(exclusive: true) {
+                    throw WormholeError.fileSystem(errno, "lock the mailbox file", identifier: identifier, path: path)
+                }
+                // The file may have been replaced while this process waited for the lock.
+                guard let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) else {
+                    continue
+                }
+                return try update(
+                    locked: file, size: status.size, name: name, identifier: identifier,
+                    createIfMissing: createIfMissing, makeRecord: makeRecord)
+            }
+        }
+        throw WormholeError(
+            .ioFailure, "The mailbox file kept being replaced while writing; is another program rewriting it?",
+            identifier: identifier, path: path)
+    }
+
+    private func update(
+        locked file: borrowing OwnedDescriptor,
+        size: Int,
+        name: String,
+        identifier: String,
+        createIfMissing: Bool,
+        makeRecord: (UInt64) -> MailboxFormat.Record
+    ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
+        let path = handle.filePath(name)
+        let contents: MailboxFormat.Contents
+        switch try decode(file, size: size, identifier: identifier) {
+        case .success(let decoded):
+            contents = decoded
+        case .failure(let problem):
+            // A damaged file holds nothing to keep: replace it with a fresh mailbox of a new generation, so
+            // listeners accept the new message whatever sequence the damaged file claimed.
+            guard createIfMissing else {
+                if case .failure(let errno) = handle.removeFile(named: name) {
+                    throw WormholeError.fileSystem(errno, "remove the damaged mailbox file", identifier: identifier, path: path)
+                }
+                return nil
+            }
+            _ = problem
+            let record = makeRecord(1)
+            let header = MailboxFormat.Header(
+                slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
+                generation: UInt64.random(in: 1...UInt64.max))
+            try replace(name: name, identifier: identifier, header: header, record: record)
+            return (record, header.generation)
+        }
+        if !createIfMissing, contents.newest == nil || contents.newest?.record.isCleared == true { return nil }
+        let record = makeRecord((contents.newest?.record.sequence ?? 0) + 1)
+        let header = contents.header
+        guard record.encodedSize <= header.slotCapacity else {
+            // The message outgrew the slots: a new file with larger slots, same generation, renamed into place.
+            let grown = MailboxFormat.Header(
+                slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
+                generation: header.generation)
+            try replace(name: name, identifier: identifier, header: grown, record: record)
+            return (record, header.generation)
+        }
+        let slot = contents.newest.map { 1 - $0.slot } ?? 0
+        if case .failure(let errno) = file.write(MailboxFormat.encodeRecord(record), at: header.slotOffset(slot)) {
+            throw WormholeError.fileSystem(errno, "write the message", identifier: identifier, path: path)
+        }
+        if options.synchronizesWrites, case .failure(let errno) = file.synchronize() {
+            throw WormholeError.fileSystem(errno, "flush the message to disk", identifier: identifier, path: path)
+        }
+        return (record, header.generation)
+    }
+
+    private func replace(
+        name: String, identifier: String, header: MailboxFormat.Header, record: MailboxFormat.Record
+    ) throws(WormholeError) {
+        let bytes = MailboxFormat.encodeFile(header: header, record: record)
+        if case .failure(let errno) = handle.createFile(
+            named: name, bytes: bytes, replacing: true, synchronize: options.synchronizesWrites)
+        {
+            throw WormholeError.fileSystem(errno, "replace the mailbox file", identifier: identifier, path: handle.filePath(name))
+        }
+    }
+
+    // MARK: Reading
+
+    private func decode(
+        _ file: borrowing OwnedDescriptor, size: Int, identifier: String
+    ) throws(WormholeError) -> Result<MailboxFormat.Contents, MailboxFormat.FileProblem> {
+        let path = handle.filePath(Self.fileName(identifier))
+        return try MailboxFormat.decodeFile(size: size) { (count, offset) throws(WormholeError) in
+            switch file.read(count: count, at: offset) {
+            case .success(let bytes): return bytes
+            case .failure(let errno):
+                throw WormholeError.fileSystem(errno, "read the mailbox file", identifier: identifier, path: path)
+            }
+        }
+    }
+
+    private func openError(_ errno: Errno, identifier: String) -> WormholeError {
+        let path = handle.filePath(Self.fileName(identifier))
+        if errno == .tooManySymbolicLinkLevels {
+            return WormholeError(
+                .untrustedFile,
+                "The mailbox file is a symbolic link, which a wormhole never follows; someone planted it. Remove it.",
+                identifier: identifier, path: path, underlyingError: errno)
+        }
+        return WormholeError.fileSystem(errno, "open the mailbox file", identifier: identifier, path: path)
+    }
+}

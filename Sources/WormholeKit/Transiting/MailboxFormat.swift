@@ -1,0 +1,237 @@
+import Foundation
+
+/// The bytes of a mailbox file, version 1 (`FORMAT.md` describes them for other implementations).
+///
+/// A mailbox file is a 64-byte header and two slots of equal capacity. A writer, holding the file's lock, writes
+/// the new record into the slot that does *not* hold the newest one, in place, with one `pwrite`. A reader takes
+/// no lock: it reads both slots and keeps the valid record with the highest sequence. A record being written is
+/// caught by its checksum and passed over, and the other slot still holds the previous message whole; so no
+/// reader ever sees a torn message, and the writer never renames a file for a message that fits.
+enum MailboxFormat {
+    static let magic: [UInt8] = Array("WHMB".utf8)
+    static let headerSize = 64
+    static let recordHeaderSize = 32
+    static let minimumSlotCapacity = 512
+    /// Files up to this size are read whole in one call; larger ones record by record.
+    static let wholeReadLimit = 64 * 1024
+    static let fileSuffix = ".msg"
+
+    struct Header: Equatable {
+        var slotCapacity: Int
+        var generation: UInt64
+        var fileSize: Int { MailboxFormat.headerSize + 2 * slotCapacity }
+        func slotOffset(_ slot: Int) -> Int { MailboxFormat.headerSize + slot * slotCapacity }
+    }
+
+    struct Record: Equatable {
+        static let clearedFlag: UInt16 = 1
+        var sequence: UInt64
+        var timestampNanoseconds: Int64
+        var isCleared: Bool
+        var sender: [UInt8]
+        var payload: [UInt8]
+        var encodedSize: Int { MailboxFormat.recordHeaderSize + sender.count + payload.count }
+    }
+
+    /// What a slot was found to hold.
+    enum SlotContent: Equatable {
+        case empty
+        case valid(Record)
+        /// A record whose checksum or lengths do not match: being written right now, or damaged.
+        case invalid
+    }
+
+    /// The newest valid record of a file, and which slot holds it.
+    struct Contents {
+        var header: Header
+        var newest: (slot: Int, record: Record)?
+    }
+
+    // MARK: Encoding
+
+    static func slotCapacity(forRecordSize size: Int) -> Int {
+        var capacity = minimumSlotCapacity
+        while capacity < size { capacity *= 2 }
+        return capacity
+    }
+
+    static func encodeHeader(_ header: Header) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: headerSize)
+        bytes.replaceSubrange(0..<4, with: magic)
+        bytes.store(Envelope.formatVersion, at: 4)
+        bytes.store(UInt16(headerSize), at: 6)
+        bytes.store(UInt32(header.slotCapacity), at: 8)
+        bytes.store(header.generation, at: 16)
+        bytes.store(CRC32C.checksum(bytes[0..<60]), at: 60)
+        return bytes
+    }
+
+    static func encodeRecord(_ record: Record) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: recordHeaderSize)
+        bytes.reserveCapacity(record.encodedSize)
+        bytes.store(record.isCleared ? Record.clearedFlag : 0, at: 4)
+        bytes.store(UInt16(record.sender.count), at: 6)
+        bytes.store(record.sequence, at: 8)
+        bytes.store(record.timestampNanoseconds, at: 16)
+        bytes.store(UInt32(record.payload.count), at: 24)
+        bytes.append(contentsOf: record.sender)
+        bytes.append(contentsOf: record.payload)
+        bytes.store(CRC32C.checksum(bytes[4...]), at: 0)
+        return bytes
+    }
+
+    /// A new file's bytes: the header, `record` in slot 0, and an empty slot 1.
+    static func encodeFile(header: Header, record: Record) -> [UInt8] {
+        var bytes = encodeHeader(header)
+        bytes.append(contentsOf: encodeRecord(record))
+        bytes.append(contentsOf: repeatElement(0, count: header.fileSize - bytes.count))
+        return bytes
+    }
+
+    // MARK: Decoding
+
+    static func decodeHeader(_ bytes: ArraySlice<UInt8>) -> Result<Header, HeaderProblem> {
+        guard bytes.count >= headerSize else { return .failure(.truncated(bytes.count)) }
+        let base = bytes.startIndex
+        guard Array(bytes[base..<base + 4]) == magic else { return .failure(.badMagic) }
+        // The version comes before the checksum: a later version may lay the header out differently.
+        let version: UInt16 = bytes.load(at: 4)
+        guard version == Envelope.formatVersion else { return .failure(.unsupportedVersion(version)) }
+        guard bytes.load(at: 60) as UInt32 == CRC32C.checksum(bytes[base..<base + 60]) else {
+            return .failure(.badChecksum)
+        }
+        let declaredHeaderSize: UInt16 = bytes.load(at: 6)
+        let capacity = Int(bytes.load(at: 8) as UInt32)
+        guard declaredHeaderSize == headerSize, capacity >= minimumSlotCapacity, capacity & (capacity - 1) == 0 else {
+            return .failure(.badLayout)
+        }
+        return .success(Header(slotCapacity: capacity, generation: bytes.load(at: 16)))
+    }
+
+    enum HeaderProblem: Error, Equatable {
+        case truncated(Int), badMagic, unsupportedVersion(UInt16), badChecksum, badLayout
+    }
+
+    /// The length a slot's record claims, or nil when the claim cannot fit in the slot.
+    static func claimedRecordSize(_ head: ArraySlice<UInt8>, capacity: Int) -> Int? {
+        guard head.count >= recordHeaderSize else { return nil }
+        let size = recordHeaderSize + Int(head.load(at: 6) as UInt16) + Int(head.load(at: 24) as UInt32)
+        return size <= capacity ? size : nil
+    }
+
+    static func decodeSlot(_ bytes: ArraySlice<UInt8>, capacity: Int) -> SlotContent {
+        if bytes.count >= recordHeaderSize, bytes.prefix(recordHeaderSize).allSatisfy({ $0 == 0 }) { return .empty }
+        guard let size = claimedRecordSize(bytes, capacity: capacity), bytes.count >= size else { return .invalid }
+        let base = bytes.startIndex
+        guard bytes.load(at: 0) as UInt32 == CRC32C.checksum(bytes[(base + 4)..<(base + size)]) else {
+            return .invalid
+        }
+        let sequence: UInt64 = bytes.load(at: 8)
+        guard sequence > 0 else { return .invalid }
+        let senderLength = Int(bytes.load(at: 6) as UInt16)
+        let senderStart = base + recordHeaderSize
+        return .valid(
+            Record(
+                sequence: sequence,
+                timestampNanoseconds: bytes.load(at: 16),
+                isCleared: (bytes.load(at: 4) as UInt16) & Record.clearedFlag != 0,
+                sender: Array(bytes[senderStart..<senderStart + senderLength]),
+                payload: Array(bytes[(senderStart + senderLength)..<(base + size)])))
+    }
+
+    /// Reads a mailbox file through `read(count, offset)` and finds its newest valid record.
+    ///
+    /// Small files are read with one call. Of a large file, the slot heads are read first, then only the record
+    /// that is newest; if that one turns out torn, the other.
+    static func decodeFile(
+        size: Int,
+        read: (_ count: Int, _ offset: Int) throws(WormholeError) -> [UInt8]
+    ) throws(WormholeError) -> Result<Contents, FileProblem> {
+        let whole = size <= wholeReadLimit ? try read(size, 0) : nil
+        let headerBytes: ArraySlice<UInt8>
+        if let whole { headerBytes = whole[0..<min(whole.count, headerSize)] } else { headerBytes = try read(headerSize, 0)[...] }
+        let header: Header
+        switch decodeHeader(headerBytes) {
+        case .success(let decoded): header = decoded
+        case .failure(let problem): return .failure(.header(problem))
+        }
+        guard size >= header.fileSize else { return .failure(.truncated(size: size, expected: header.fileSize)) }
+
+        func slotBytes(_ slot: Int, count: Int) throws(WormholeError) -> ArraySlice<UInt8> {
+            let offset = header.slotOffset(slot)
+            if let whole { return whole[offset..<min(whole.count, offset + count)] }
+            return try read(count, offset)[...]
+        }
+        // Order the slots by the sequence their heads claim; verify the newest first.
+        var candidates: [(slot: Int, sequence: UInt64)] = []
+        var sawDamage = false
+        for slot in 0..<2 {
+            let head = try slotBytes(slot, count: recordHeaderSize)
+            if head.count == recordHeaderSize, head.allSatisfy({ $0 == 0 }) { continue }
+            guard claimedRecordSize(head, capacity: header.slotCapacity) != nil else {
+                sawDamage = true
+                continue
+            }
+            candidates.append((slot, head.load(at: 8)))
+        }
+        for candidate in candidates.sorted(by: { $0.sequence > $1.sequence }) {
+            let head = try slotBytes(candidate.slot, count: recordHeaderSize)
+            guard let recordSize = claimedRecordSize(head, capacity: header.slotCapacity) else { continue }
+            switch decodeSlot(try slotBytes(candidate.slot, count: recordSize), capacity: header.slotCapacity) {
+            case .valid(let record): return .success(Contents(header: header, newest: (candidate.slot, record)))
+            case .empty, .invalid: sawDamage = true
+            }
+        }
+        return sawDamage ? .failure(.noValidRecord) : .success(Contents(header: header, newest: nil))
+    }
+
+    enum FileProblem: Error, Equatable {
+        case header(HeaderProblem)
+        case truncated(size: Int, expected: Int)
+        case noValidRecord
+    }
+
+    static func error(for problem: FileProblem, identifier: String, path: String) -> WormholeError {
+        switch problem {
+        case .header(.truncated(let size)), .truncated(let size, _):
+            return WormholeError(
+                .truncatedMessage,
+                "The mailbox file is truncated (\(size) bytes); it was cut short outside the wormhole. "
+                    + "Passing a new message replaces it.",
+                identifier: identifier, path: path)
+        case .header(.unsupportedVersion(let version)):
+            return WormholeError(
+                .unsupportedFormatVersion,
+                "The mailbox file has format version \(version); this build reads version \(Envelope.formatVersion). "
+                    + "Update WormholeKit in every process of the group.",
+                identifier: identifier, path: path)
+        case .header(.badMagic), .header(.badChecksum), .header(.badLayout):
+            return WormholeError(
+                .corruptMessage,
+                "The mailbox file's header is damaged or it is not a wormhole file. Passing a new message replaces it.",
+                identifier: identifier, path: path)
+        case .noValidRecord:
+            return WormholeError(
+                .corruptMessage,
+                "The mailbox file holds no record whose checksum matches. Passing a new message replaces it.",
+                identifier: identifier, path: path)
+        }
+    }
+}
+
+// Little-endian loads and stores on byte arrays: the format is little-endian on every platform.
+extension Array where Element == UInt8 {
+    mutating func store<T: FixedWidthInteger>(_ value: T, at offset: Int) {
+        Swift.withUnsafeBytes(of: value.littleEndian) { replaceSubrange(offset..<offset + $0.count, with: $0) }
+    }
+}
+
+extension ArraySlice where Element == UInt8 {
+    /// Loads a little-endian integer at `offset` from the slice's start.
+    func load<T: FixedWidthInteger>(at offset: Int) -> T {
+        var value = T.zero
+        let start = startIndex + offset
+        for index in (0..<MemoryLayout<T>.size).reversed() { value = value << 8 | T(self[start + index]) }
+        return value
+    }
+}

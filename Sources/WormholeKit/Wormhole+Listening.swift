@@ -1,0 +1,168 @@
+import Foundation
+
+extension Wormhole {
+    /// Calls `listener` with each new message of a mailbox, passed from this process or another one.
+    ///
+    /// Any number of listeners may listen to one identifier, in any number of processes. A listener registered
+    /// before a message is passed receives it; messages passed in quick succession may be coalesced to the newest,
+    /// but a listener never receives an older message after a newer one, nor the same message twice.
+    ///
+    /// ```swift
+    /// let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .main) { tap in
+    ///     label.text = "\(tap.number)"
+    /// }
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - identifier: The mailbox.
+    ///   - type: The type of its messages.
+    ///   - deliveringCurrentMessage: Whether the message already in the mailbox, if any, is delivered first: the
+    ///     way to catch up on what was passed while this process was away.
+    ///   - execution: Where the callbacks run; a serial queue of the listener's own by default.
+    ///   - errorHandler: Called when a message cannot be read or decoded; listening goes on. When nil, the error
+    ///     is logged.
+    ///   - listener: Called with each new message.
+    /// - Returns: The listener; it stops when cancelled or released.
+    /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/notifierUnavailable`` when
+    ///   notifications cannot be observed.
+    public func listenForMessage<Message: Decodable & Sendable>(
+        withIdentifier identifier: String,
+        as type: Message.Type = Message.self,
+        deliveringCurrentMessage: Bool = false,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        listener: @escaping @Sendable (Message) -> Void
+    ) throws(WormholeError) -> MessageListener {
+        try listenForEnvelopes(
+            withIdentifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage, on: execution,
+            errorHandler: errorHandler
+        ) { [self] envelope in
+            do throws(WormholeError) {
+                listener(try decode(type, from: envelope, identifier: identifier))
+            } catch {
+                report(error, to: errorHandler)
+            }
+        }
+    }
+
+    /// Calls `listener` with each new message of a mailbox as stored: bytes, sequence, sender and time.
+    ///
+    /// The same guarantees as ``listenForMessage(withIdentifier:as:deliveringCurrentMessage:on:errorHandler:listener:)``.
+    public func listenForEnvelopes(
+        withIdentifier identifier: String,
+        deliveringCurrentMessage: Bool = false,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        listener: @escaping @Sendable (Envelope) -> Void
+    ) throws(WormholeError) -> MessageListener {
+        try MessageIdentifier.validate(identifier)
+        let id = registry.makeID()
+        let schedule = execution.makeScheduler(label: "wormhole.listener.\(identifier).\(id)")
+        let sink = ListenerSink(id: id) { [self] result in
+            schedule { [self] in
+                switch result {
+                case .success(let envelope): listener(envelope)
+                case .failure(let error): report(error, to: errorHandler)
+                }
+            }
+        }
+        return try register(sink, identifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage)
+    }
+
+    /// Listens to a mailbox as an `AsyncSequence` of its new messages.
+    ///
+    /// The listener is registered when this method returns, before iteration begins, so nothing passed after
+    /// the call is missed. If the consumer falls behind, the sequence keeps the newest message and drops older
+    /// unread ones: a mailbox holds one message. A message that cannot be read or decoded ends the sequence
+    /// with a ``WormholeError`` (use the callback form to keep listening past bad messages); a bad identifier
+    /// ends it at once.
+    ///
+    /// ```swift
+    /// for try await tap in wormhole.messages(withIdentifier: "button", as: Tap.self) {
+    ///     print("tapped", tap.number)
+    /// }
+    /// ```
+    public func messages<Message: Decodable & Sendable>(
+        withIdentifier identifier: String,
+        as type: Message.Type = Message.self,
+        deliveringCurrentMessage: Bool = false
+    ) -> MessageSequence<Message> {
+        let (stream, continuation) = AsyncThrowingStream.makeStream(
+            of: Message.self, bufferingPolicy: .bufferingNewest(1))
+        do {
+            let listener = try listenForEnvelopes(
+                withIdentifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage, on: .notifierThread,
+                errorHandler: { continuation.finish(throwing: $0) }
+            ) { [self] envelope in
+                do {
+                    continuation.yield(try decode(type, from: envelope, identifier: identifier))
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+            continuation.onTermination = { _ in listener.cancel() }
+            return MessageSequence(stream: stream, listener: listener)
+        } catch {
+            continuation.finish(throwing: error)
+            return MessageSequence(stream: stream, listener: nil)
+        }
+    }
+
+    /// Stops every listener of this wormhole that listens to `identifier`.
+    ///
+    /// Listeners of other wormhole instances, in this process or others, go on.
+    public func stopListeningForMessage(withIdentifier identifier: String) {
+        registry.removeAll(identifier: identifier)
+    }
+
+    private func register(
+        _ sink: ListenerSink, identifier: String, deliveringCurrentMessage: Bool
+    ) throws(WormholeError) -> MessageListener {
+        // Observe first, then read what is there: a message passed after this call is seen by one or the other.
+        try registry.add(sink, identifier: identifier, transiting: transiting, notifier: notifier)
+        let handle = MessageListener(identifier: identifier) { [weak registry] in
+            registry?.remove(sink, identifier: identifier)
+        }
+        do {
+            let current = try transiting.readMessage(identifier: identifier)
+            if deliveringCurrentMessage { sink.offer(.success(current)) } else { sink.setBaseline(current) }
+        } catch {
+            // A damaged mailbox now does not stop listening: the next good message is delivered.
+            if deliveringCurrentMessage { sink.offer(.failure(error)) }
+        }
+        return handle
+    }
+
+    func report(_ error: WormholeError, to handler: (@Sendable (WormholeError) -> Void)?) {
+        if let handler {
+            handler(error)
+        } else {
+            logger.error("A listener could not receive a message", metadata: ["error": "\(error)"])
+        }
+    }
+}
+
+/// The new messages of a mailbox, as an `AsyncSequence`; see ``Wormhole/messages(withIdentifier:as:deliveringCurrentMessage:)``.
+///
+/// Iterate it once. Listening stops when the iteration ends or the task is cancelled.
+public struct MessageSequence<Message: Decodable & Sendable>: AsyncSequence, Sendable {
+    public typealias Element = Message
+
+    let stream: AsyncThrowingStream<Message, any Error>
+    let listener: MessageListener?
+
+    /// The iterator; it keeps the listener alive while iteration goes on.
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: AsyncThrowingStream<Message, any Error>.AsyncIterator
+        let listener: MessageListener?
+
+        /// The next message; throws a ``WormholeError`` when a message cannot be read or decoded.
+        public mutating func next() async throws -> Message? {
+            try await base.next()
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: stream.makeAsyncIterator(), listener: listener)
+    }
+}

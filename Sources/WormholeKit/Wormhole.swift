@@ -1,0 +1,224 @@
+import Foundation
+import Logging
+
+/// A set of mailboxes shared by cooperating processes: pass a message in one, read it or be told of it in another.
+///
+/// This is MMWormhole for Swift, on Linux and Apple platforms. An identifier names a mailbox; passing a message
+/// replaces the mailbox's content and wakes every listener of that identifier, in this process and in the others.
+///
+/// ```swift
+/// struct Tap: Codable, Sendable { var number: Int }
+///
+/// let wormhole = try Wormhole(applicationGroupIdentifier: "group.com.example.app", optionalDirectory: "wormhole")
+/// try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
+///
+/// // In another process:
+/// let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)   // nil when the mailbox is empty
+/// let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) { tap in
+///     print("tapped", tap.number)
+/// }
+/// ```
+///
+/// Messages are `Codable` values, JSON-encoded by default, so the `wormhole` command-line tool and other languages
+/// can read and write them. Failures throw ``WormholeError``: a wormhole never fails silently.
+///
+/// A wormhole is `Sendable`: use one instance from any thread or task.
+public final class Wormhole: Sendable {
+    /// Where the messages are stored.
+    public let transiting: any Transiting
+    /// How other processes are told of new messages.
+    public let notifier: any Notifier
+    /// How messages are encoded.
+    public let coder: any MessageCoder
+    /// The sender recorded in every message this wormhole passes.
+    public let sender: String
+    /// The directory of the mailboxes, for wormholes made on a directory; nil for a custom transiting.
+    public let directory: String?
+    let logger: Logger
+    let registry: ListenerRegistry
+
+    /// Creates a wormhole in an application group's shared directory, as MMWormhole does.
+    ///
+    /// On Linux the group is a directory under ``GroupContainer/rootDirectory(environment:)``; it and the
+    /// optional directory are created on demand, with mode 0700.
+    ///
+    /// - Parameters:
+    ///   - applicationGroupIdentifier: The group, for example `group.com.example.app`.
+    ///   - optionalDirectory: A subdirectory of the group's container for the wormhole's files; recommended, so
+    ///     that the wormhole keeps to a directory of its own.
+    ///   - configuration: File modes, coordination, notification strategy, coder, sender and logger.
+    /// - Throws: ``WormholeError/Code/invalidIdentifier`` for a bad group or directory name,
+    ///   ``WormholeError/Code/directoryUnavailable`` when the directory cannot be created or written (on Apple
+    ///   platforms also when the App Group is not configured), ``WormholeError/Code/untrustedFile`` when it is a
+    ///   link or another user's.
+    public convenience init(
+        applicationGroupIdentifier: String,
+        optionalDirectory: String? = nil,
+        configuration: Configuration = Configuration()
+    ) throws(WormholeError) {
+        let directory = try GroupContainer.directory(
+            forApplicationGroupIdentifier: applicationGroupIdentifier, optionalDirectory: optionalDirectory)
+        #if canImport(Darwin)
+        let prefix = [applicationGroupIdentifier, optionalDirectory].compactMap { $0 }.joined(separator: ".")
+        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: prefix)
+        #else
+        try self.init(directory: directory, configuration: configuration)
+        #endif
+    }
+
+    /// Creates a wormhole on an explicit directory, created on demand with mode 0700.
+    ///
+    /// - Throws: as ``init(applicationGroupIdentifier:optionalDirectory:configuration:)``.
+    public convenience init(directory: String, configuration: Configuration = Configuration()) throws(WormholeError) {
+        #if canImport(Darwin)
+        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: directory)
+        #else
+        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: nil)
+        #endif
+    }
+
+    private convenience init(
+        directory: String, configuration: Configuration, darwinNotificationPrefix: String?
+    ) throws(WormholeError) {
+        let transiting: any Transiting =
+            switch configuration.coordination {
+            case .none: try FileTransiting(directory: directory, options: configuration.fileOptions)
+            case .coordinated: try CoordinatedFileTransiting(directory: directory, options: configuration.fileOptions)
+            }
+        let notifier: any Notifier
+        #if canImport(Darwin)
+        if let darwinNotificationPrefix, configuration.notification == .automatic {
+            notifier = DarwinNotifier(prefix: darwinNotificationPrefix)
+        } else {
+            notifier = try DirectoryNotifier(
+                directory: directory, strategy: configuration.notification, options: configuration.fileOptions,
+                logger: configuration.logger)
+        }
+        #else
+        notifier = try DirectoryNotifier(
+            directory: directory, strategy: configuration.notification, options: configuration.fileOptions,
+            logger: configuration.logger)
+        #endif
+        self.init(
+            transiting: transiting, notifier: notifier, coder: configuration.coder, sender: configuration.sender,
+            logger: configuration.logger, directory: directory)
+    }
+
+    /// Creates a wormhole from parts: a transiting, a notifier and a coder of your own, or the test doubles of
+    /// `WormholeTesting`.
+    public convenience init(
+        transiting: any Transiting,
+        notifier: any Notifier,
+        coder: any MessageCoder = JSONMessageCoder(),
+        sender: String = Configuration.defaultSender,
+        logger: Logger = Logger(label: "wormhole")
+    ) {
+        self.init(transiting: transiting, notifier: notifier, coder: coder, sender: sender, logger: logger, directory: nil)
+    }
+
+    private init(
+        transiting: any Transiting, notifier: any Notifier, coder: any MessageCoder, sender: String, logger: Logger,
+        directory: String?
+    ) {
+        self.transiting = transiting
+        self.notifier = notifier
+        self.coder = coder
+        self.sender = sender
+        self.logger = logger
+        self.directory = directory
+        self.registry = ListenerRegistry()
+    }
+
+    /// The notification name posted when a mailbox changes.
+    static func notificationName(forIdentifier identifier: String) -> String { "mailbox." + identifier }
+
+    // MARK: Passing
+
+    /// Encodes a message and stores it as the newest message of a mailbox, then wakes its listeners.
+    ///
+    /// - Parameters:
+    ///   - message: Any `Encodable` value.
+    ///   - identifier: The mailbox (see ``MessageIdentifier`` for the rules).
+    /// - Returns: The envelope as stored, with its sequence number.
+    /// - Throws: ``WormholeError`` with ``WormholeError/Code/encodingFailed``,
+    ///   ``WormholeError/Code/invalidIdentifier``, ``WormholeError/Code/diskFull`` and the other codes of
+    ///   ``Transiting/writeMessage(_:sender:identifier:)``.
+    @discardableResult
+    public func passMessageObject<Message: Encodable>(
+        _ message: Message, identifier: String
+    ) throws(WormholeError) -> Envelope {
+        let payload: Data
+        do {
+            payload = try coder.encode(message)
+        } catch {
+            throw WormholeError(
+                .encodingFailed, "The message of type \(Message.self) could not be encoded: \(error).",
+                identifier: identifier, underlyingError: error)
+        }
+        return try passMessageData(payload, identifier: identifier)
+    }
+
+    /// Stores bytes as they are as the newest message of a mailbox, then wakes its listeners.
+    ///
+    /// Use it to pass data encoded by other means; ``messageData(withIdentifier:)`` reads it back.
+    @discardableResult
+    public func passMessageData(_ payload: Data, identifier: String) throws(WormholeError) -> Envelope {
+        let envelope = try transiting.writeMessage(payload, sender: sender, identifier: identifier)
+        try notifier.post(Self.notificationName(forIdentifier: identifier))
+        return envelope
+    }
+
+    // MARK: Reading
+
+    /// The newest message of a mailbox, decoded as `type`, or nil when the mailbox is empty.
+    ///
+    /// - Throws: ``WormholeError/Code/decodingFailed`` when the message is not a `type`, and the codes of
+    ///   ``Transiting/readMessage(identifier:)`` for a damaged file.
+    public func message<Message: Decodable>(
+        withIdentifier identifier: String, as type: Message.Type = Message.self
+    ) throws(WormholeError) -> Message? {
+        guard let envelope = try transiting.readMessage(identifier: identifier) else { return nil }
+        return try decode(type, from: envelope, identifier: identifier)
+    }
+
+    /// The newest message of a mailbox as stored bytes, or nil when the mailbox is empty.
+    public func messageData(withIdentifier identifier: String) throws(WormholeError) -> Data? {
+        try transiting.readMessage(identifier: identifier)?.payload
+    }
+
+    /// The newest message of a mailbox with its sequence, sender and time, or nil when the mailbox is empty.
+    public func envelope(withIdentifier identifier: String) throws(WormholeError) -> Envelope? {
+        try transiting.readMessage(identifier: identifier)
+    }
+
+    /// The identifiers of the mailboxes that hold a message, sorted.
+    public func identifiers() throws(WormholeError) -> [String] {
+        try transiting.identifiers()
+    }
+
+    func decode<Message: Decodable>(
+        _ type: Message.Type, from envelope: Envelope, identifier: String
+    ) throws(WormholeError) -> Message {
+        do {
+            return try coder.decode(type, from: envelope.payload)
+        } catch {
+            throw WormholeError(
+                .decodingFailed,
+                "The message in the mailbox is not a \(Message.self) (passed by \(envelope.sender), sequence "
+                    + "\(envelope.sequence)): \(error). Check that both sides use the same message type.",
+                identifier: identifier, underlyingError: error)
+        }
+    }
+
+    // MARK: Clearing
+
+    /// Empties one mailbox. Listeners are not called; the next message passed is delivered as usual.
+    public func clearMessageContents(forIdentifier identifier: String) throws(WormholeError) {
+        try transiting.deleteMessage(identifier: identifier)
+    }
+
+    /// Empties every mailbox of the wormhole.
+    public func clearAllMessageContents() throws(WormholeError) {
+        try transiting.deleteAllMessages()
+    }
+}
