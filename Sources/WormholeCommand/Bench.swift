@@ -1,0 +1,258 @@
+import ArgumentParser
+import Foundation
+import Synchronization
+import WormholeKit
+
+#if canImport(CWormholeSystem)
+import CWormholeSystem
+#endif
+
+/// The message of the benchmark: a counter and padding that make about 64 bytes of JSON.
+struct BenchMessage: Codable, Sendable {
+    var sequence: Int
+    var padding: String
+
+    init(sequence: Int) {
+        self.sequence = sequence
+        self.padding = String(repeating: "x", count: 36)
+    }
+}
+
+/// One-way latencies in nanoseconds, with the figures a report wants.
+struct LatencySamples {
+    var values: [UInt64]
+
+    init(_ values: [UInt64]) { self.values = values.sorted() }
+
+    func percentile(_ p: Double) -> Double {
+        guard !values.isEmpty else { return .nan }
+        return Double(values[min(values.count - 1, Int(Double(values.count) * p))]) / 1000
+    }
+    var p50: Double { percentile(0.50) }
+    var p99: Double { percentile(0.99) }
+}
+
+enum Placement: String, ExpressibleByArgument, CaseIterable {
+    /// Both processes on CPU 0: no cross-CPU wake-up in the figures.
+    case same
+    /// The benchmark on CPU 0, its peer on CPU 1: each message crosses CPUs (about 25 µs more here).
+    case split
+}
+
+func monotonicNanoseconds() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
+
+struct Bench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Measure mailbox latency between two processes, against a hand-written floor in the same run.",
+        discussion: """
+            For each directory (the default group root and /dev/shm), runs ping-pong between this process and a \
+            peer process: the wormhole (pass → decoded in the peer's listener → pass back), and two floors \
+            written by hand with the same message size: write a temporary file, rename it, inotify wake-up, read \
+            (the classic way); and an in-place write with an inotify wake-up. One-way latency is half the round \
+            trip. Figures print as ratios to the floors, measured in the same run. Also measures how many \
+            mailbox writes a second one process passes. Build with -c release for meaningful figures.
+            """)
+
+    @Option(help: "Round trips per case (after the warm-up).")
+    var roundTrips = 10_000
+
+    @Option(help: "Warm-up round trips per case, not counted.")
+    var warmUp = 1_000
+
+    @Option(help: "Mailbox writes for the throughput figure.")
+    var writes = 100_000
+
+    @Option(help: "Where the two processes run: same (both on CPU 0) or split (CPU 0 and CPU 1).")
+    var placement: Placement = .same
+
+    @Option(
+        parsing: .upToNextOption,
+        help: "Directories to measure in; 'default' is the default group root.")
+    var locations: [String] = ["default", "/dev/shm"]
+
+    func validate() throws {
+        if roundTrips < 100 { throw ValidationError("--round-trips must be at least 100.") }
+        if warmUp < 0 || writes < 1 { throw ValidationError("--warm-up must be ≥ 0 and --writes ≥ 1.") }
+    }
+
+    func run() throws {
+        #if canImport(CWormholeSystem)
+        guard cwormhole_pin_to_cpu(0) == 0 else { throw Output.fail("could not pin the benchmark to CPU 0") }
+        #endif
+        let peerCPU = placement == .same ? 0 : 1
+        #if DEBUG
+        Output.line("warning: a debug build; run `swift run -c release wormhole bench` for real figures")
+        #endif
+        Output.line(
+            "wormhole bench: \(roundTrips) round trips per case after \(warmUp) warm-up, ~64-byte messages, "
+                + "placement \(placement.rawValue) (benchmark on CPU 0, peer on CPU \(peerCPU))")
+        Output.line("")
+        Output.line(pad("location", 30) + pad("case", 34) + pad("p50 µs", 10) + pad("p99 µs", 10) + "p50 ratio")
+        var summary: [String] = []
+        for location in locations {
+            let base = try benchDirectory(location)
+            defer { try? FileManager.default.removeItem(atPath: base) }
+            let label = location == "default" ? "default (\(GroupContainer.rootDirectory()))" : location
+            let renameFloor = try runFloor(.rename, directory: base + "/floor-rename", peerCPU: peerCPU)
+            let inPlaceFloor = try runFloor(.inPlace, directory: base + "/floor-in-place", peerCPU: peerCPU)
+            let wormhole = try runWormhole(directory: base + "/wormhole", peerCPU: peerCPU)
+            let rows: [(String, LatencySamples, String)] = [
+                ("floor: write, rename, inotify", renameFloor, "1.00"),
+                ("floor: in-place write, inotify", inPlaceFloor, String(format: "%.2f", inPlaceFloor.p50 / renameFloor.p50)),
+                ("wormhole mailbox", wormhole, String(format: "%.2f", wormhole.p50 / renameFloor.p50)),
+            ]
+            for (name, samples, ratio) in rows {
+                Output.line(
+                    pad(String(label.prefix(29)), 30) + pad(name, 34) + pad(String(format: "%.1f", samples.p50), 10)
+                        + pad(String(format: "%.1f", samples.p99), 10) + ratio)
+            }
+            summary.append(
+                String(
+                    format: "%@: wormhole p50 %.1f µs = %.2fx the rename floor, %.2fx the in-place floor",
+                    location, wormhole.p50, wormhole.p50 / renameFloor.p50, wormhole.p50 / inPlaceFloor.p50))
+            let rate = try measureWrites(directory: base + "/throughput")
+            summary.append(String(format: "%@: %.0f mailbox writes a second from one process", location, rate))
+        }
+        Output.line("")
+        for line in summary { Output.line(line) }
+    }
+
+    private func pad(_ text: String, _ width: Int) -> String {
+        text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)
+    }
+
+    private func benchDirectory(_ location: String) throws -> String {
+        let root = location == "default" ? GroupContainer.rootDirectory() + "/group.wormhole.bench" : location
+        let path = root + "/wormhole-bench-\(getpid())"
+        try FileManager.default.createDirectory(
+            atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        return path
+    }
+
+    // MARK: The wormhole
+
+    private func runWormhole(directory: String, peerCPU: Int) throws -> LatencySamples {
+        let wormhole = try Wormhole(directory: directory)
+        let peer = try ChildProcess(
+            arguments: ["bench-peer", "wormhole", "--directory", directory, "--cpu", String(peerCPU)], readyLine: "ready"
+        ) { line in Output.line("peer: " + line) }
+        defer { peer.terminate() }
+        guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the peer did not start") }
+
+        let total = warmUp + roundTrips
+        let counted = warmUp
+        struct State {
+            var sentAt: UInt64 = 0
+            var samples: [UInt64] = []
+        }
+        let state = Mutex(State())
+        let done = DispatchSemaphore(value: 0)
+        let failure = Mutex<WormholeError?>(nil)
+        // Driven from the listener itself: each pong passes the next ping, so no thread hop is timed.
+        let listener = try wormhole.listenForMessage(
+            withIdentifier: "pong", as: BenchMessage.self, on: .notifierThread,
+            errorHandler: { error in failure.withLock { $0 = error }; done.signal() }
+        ) { message in
+            let now = monotonicNanoseconds()
+            let next = message.sequence + 1
+            state.withLock { state in
+                if message.sequence >= counted { state.samples.append((now - state.sentAt) / 2) }
+                state.sentAt = monotonicNanoseconds()
+            }
+            guard next < total else {
+                done.signal()
+                return
+            }
+            do throws(WormholeError) {
+                try wormhole.passMessageObject(BenchMessage(sequence: next), identifier: "ping")
+            } catch {
+                failure.withLock { $0 = error }
+                done.signal()
+            }
+        }
+        state.withLock { $0.sentAt = monotonicNanoseconds() }
+        try wormhole.passMessageObject(BenchMessage(sequence: 0), identifier: "ping")
+        guard done.wait(timeout: .now() + 300) == .success else { throw Output.fail("the wormhole ping-pong stalled") }
+        listener.cancel()
+        if let error = failure.withLock({ $0 }) { throw error }
+        return LatencySamples(state.withLock { $0.samples })
+    }
+
+    // MARK: The floors
+
+    private func runFloor(_ kind: FloorKind, directory: String, peerCPU: Int) throws -> LatencySamples {
+        try FileManager.default.createDirectory(
+            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let floor = try FloorEndpoint(kind: kind, directory: directory, receives: "pong", sends: "ping")
+        let peer = try ChildProcess(
+            arguments: ["bench-peer", kind.rawValue, "--directory", directory, "--cpu", String(peerCPU)],
+            readyLine: "ready"
+        ) { line in Output.line("peer: " + line) }
+        defer { peer.terminate() }
+        guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the floor peer did not start") }
+        var samples: [UInt64] = []
+        samples.reserveCapacity(roundTrips)
+        for sequence in 0..<(warmUp + roundTrips) {
+            let start = monotonicNanoseconds()
+            try floor.send(UInt64(sequence))
+            let answer = try floor.receive()
+            let elapsed = monotonicNanoseconds() - start
+            guard answer == UInt64(sequence) else { throw Output.fail("the floor peer answered \(answer) to \(sequence)") }
+            if sequence >= warmUp { samples.append(elapsed / 2) }
+        }
+        return LatencySamples(samples)
+    }
+
+    // MARK: Throughput
+
+    private func measureWrites(directory: String) throws -> Double {
+        let wormhole = try Wormhole(directory: directory)
+        let message = BenchMessage(sequence: 0)
+        for _ in 0..<1000 { try wormhole.passMessageObject(message, identifier: "throughput") }
+        let start = monotonicNanoseconds()
+        for sequence in 0..<writes {
+            try wormhole.passMessageObject(BenchMessage(sequence: sequence), identifier: "throughput")
+        }
+        let seconds = Double(monotonicNanoseconds() - start) / 1e9
+        guard try wormhole.message(withIdentifier: "throughput", as: BenchMessage.self)?.sequence == writes - 1 else {
+            throw Output.fail("the last write of the throughput run was not read back")
+        }
+        return Double(writes) / seconds
+    }
+}
+
+/// The benchmark's peer process; hidden from help.
+struct BenchPeer: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench-peer", abstract: "Answer the benchmark's pings.", shouldDisplay: false)
+
+    enum Mode: String, ExpressibleByArgument { case wormhole, rename, inPlace = "in-place" }
+
+    @Argument var mode: Mode
+    @Option var directory: String
+    @Option var cpu = 0
+
+    func run() throws {
+        #if canImport(CWormholeSystem)
+        _ = cwormhole_pin_to_cpu(Int32(cpu))
+        #endif
+        switch mode {
+        case .wormhole:
+            let wormhole = try Wormhole(directory: directory)
+            let listener = try wormhole.listenForMessage(
+                withIdentifier: "ping", as: BenchMessage.self, on: .notifierThread,
+                errorHandler: { Output.error("\($0)") }
+            ) { message in
+                do { try wormhole.passMessageObject(message, identifier: "pong") } catch { Output.error("\(error)") }
+            }
+            Output.line("ready")
+            // Answer until the benchmark ends this process.
+            while !listener.isCancelled { sleep(60) }
+        case .rename, .inPlace:
+            let floor = try FloorEndpoint(
+                kind: mode == .rename ? .rename : .inPlace, directory: directory, receives: "ping", sends: "pong")
+            Output.line("ready")
+            while true { try floor.send(try floor.receive()) }
+        }
+    }
+}

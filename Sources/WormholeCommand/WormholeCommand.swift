@@ -1,0 +1,116 @@
+import ArgumentParser
+import Foundation
+import WormholeKit
+
+/// The `wormhole` command-line tool.
+@main
+struct WormholeCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "wormhole",
+        abstract: "Pass messages between processes through a shared directory, with live notifications.",
+        discussion: """
+            Each command works on a wormhole directory, named either by an application group and an optional \
+            subdirectory (--group, --optional-directory), under $WORMHOLE_APP_GROUPS or \
+            ~/.local/share/app-groups, or by a path (--directory). Messages are JSON, so what the tool sends a \
+            Swift program reads, and the reverse.
+
+            Start with `wormhole demo`.
+            """,
+        version: "0.1.0",
+        subcommands: [
+            Send.self, Read.self, Listen.self, Clear.self, List.self, Demo.self, Bench.self,
+            DemoRole.self, BenchPeer.self,
+        ]
+    )
+}
+
+/// Where a command's wormhole lives.
+struct LocationOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("The application group identifier, such as group.com.example.app.", valueName: "id"))
+    var group: String?
+
+    @Option(name: .long, help: ArgumentHelp("A subdirectory of the group's container for the wormhole.", valueName: "name"))
+    var optionalDirectory: String?
+
+    @Option(name: .long, help: ArgumentHelp("An explicit wormhole directory, instead of a group.", valueName: "path"))
+    var directory: String?
+
+    @Flag(name: .long, help: "Coordinate with a directory-wide lock (CoordinatedFileTransiting).")
+    var coordinated = false
+
+    @Option(name: .long, help: ArgumentHelp("Poll for changes every N milliseconds instead of using inotify.", valueName: "ms"))
+    var pollInterval: Int?
+
+    func validate() throws {
+        switch (group, directory) {
+        case (nil, nil): throw ValidationError("Name a wormhole with --group ID or --directory PATH.")
+        case (_?, _?): throw ValidationError("Give --group or --directory, not both.")
+        default: break
+        }
+        if optionalDirectory != nil && group == nil {
+            throw ValidationError("--optional-directory goes with --group.")
+        }
+    }
+
+    func makeWormhole() throws -> Wormhole {
+        var configuration = Wormhole.Configuration()
+        configuration.coordination = coordinated ? .coordinated : .none
+        if let pollInterval { configuration.notification = .polling(interval: .milliseconds(pollInterval)) }
+        if let group {
+            return try Wormhole(
+                applicationGroupIdentifier: group, optionalDirectory: optionalDirectory, configuration: configuration)
+        }
+        return try Wormhole(directory: directory!, configuration: configuration)
+    }
+
+    /// The arguments that name the same wormhole in a child process.
+    var arguments: [String] {
+        var result: [String] = []
+        if let group { result += ["--group", group] }
+        if let optionalDirectory { result += ["--optional-directory", optionalDirectory] }
+        if let directory { result += ["--directory", directory] }
+        if coordinated { result.append("--coordinated") }
+        if let pollInterval { result += ["--poll-interval", String(pollInterval)] }
+        return result
+    }
+}
+
+/// Output helpers: whole lines, written straight to the descriptor so that each one is flushed at once.
+enum Output {
+    static func line(_ text: String) {
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
+
+    static func error(_ text: String) {
+        FileHandle.standardError.write(Data(("wormhole: " + text + "\n").utf8))
+    }
+
+    /// Exits with `status` after saying why on standard error.
+    static func fail(_ text: String, status: Int32 = 1) -> ExitCode {
+        error(text)
+        return ExitCode(status)
+    }
+
+    /// A payload as one line of JSON: compact JSON as it is, other JSON re-serialised without newlines.
+    static func jsonLine(_ payload: Data) -> String {
+        if !payload.contains(UInt8(ascii: "\n")) { return String(decoding: payload, as: UTF8.self) }
+        if let object = try? JSONSerialization.jsonObject(with: payload, options: [.fragmentsAllowed]),
+            let compact = try? JSONSerialization.data(withJSONObject: object, options: [.fragmentsAllowed, .sortedKeys])
+        {
+            return String(decoding: compact, as: UTF8.self)
+        }
+        return String(decoding: payload, as: UTF8.self).replacingOccurrences(of: "\n", with: " ")
+    }
+
+    /// An envelope as one JSON object: sequence, generation, sender, time and the payload (as JSON when it is).
+    static func envelopeLine(_ envelope: Envelope) -> String {
+        let time = ISO8601DateFormatter.string(
+            from: envelope.date, timeZone: .gmt, formatOptions: [.withInternetDateTime, .withFractionalSeconds])
+        let payload = (try? JSONSerialization.jsonObject(with: envelope.payload, options: [.fragmentsAllowed])) != nil
+            ? jsonLine(envelope.payload)
+            : "\"" + envelope.payload.base64EncodedString() + "\""
+        let sender = String(decoding: try! JSONEncoder().encode(envelope.sender), as: UTF8.self)
+        return "{\"sequence\":\(envelope.sequence),\"generation\":\(envelope.generation),\"sender\":\(sender),"
+            + "\"time\":\"\(time)\",\"payload\":\(payload)}"
+    }
+}

@@ -1,0 +1,71 @@
+import Synchronization
+import WormholeKit
+
+/// A notifier that delivers only when the test says so, on the test's own thread.
+///
+/// Posts are recorded in ``postedNames``; ``deliverPendingNotifications()`` calls the observers of every name
+/// posted since the last delivery, once per name. With `deliversImmediately`, a post calls the observers at
+/// once instead.
+public final class ManualNotifier: Notifier {
+    private struct State {
+        var observers: [String: [UInt64: @Sendable () -> Void]] = [:]
+        var pending: [String] = []
+        var posted: [String] = []
+        var nextID: UInt64 = 1
+    }
+    private let state = Mutex(State())
+    private let delivering = Mutex(())
+    /// Whether a post calls the observers at once, on the posting thread.
+    public let deliversImmediately: Bool
+
+    /// Creates a notifier; by default posts wait for ``deliverPendingNotifications()``.
+    public init(deliversImmediately: Bool = false) {
+        self.deliversImmediately = deliversImmediately
+    }
+
+    /// Every name posted so far, in order.
+    public var postedNames: [String] { state.withLock { $0.posted } }
+
+    /// How many observations are active.
+    public var observationCount: Int { state.withLock { $0.observers.values.reduce(0) { $0 + $1.count } } }
+
+    public func post(_ name: String) throws(WormholeError) {
+        state.withLock { state in
+            state.posted.append(name)
+            if !state.pending.contains(name) { state.pending.append(name) }
+        }
+        if deliversImmediately { deliverPendingNotifications() }
+    }
+
+    public func observe(
+        _ name: String, handler: @escaping @Sendable () -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        let id = state.withLock { state in
+            defer { state.nextID += 1 }
+            state.observers[name, default: [:]][state.nextID] = handler
+            return state.nextID
+        }
+        return NotifierObservation { [weak self] in
+            self?.state.withLock { state in
+                state.observers[name]?[id] = nil
+                if state.observers[name]?.isEmpty == true { state.observers[name] = nil }
+            }
+        }
+    }
+
+    /// Calls the observers of each name posted since the last delivery; returns how many calls were made.
+    @discardableResult
+    public func deliverPendingNotifications() -> Int {
+        // One delivery at a time, so that observers' calls never overlap, as the Notifier contract says.
+        delivering.withLock { _ in
+            let handlers = state.withLock { state in
+                defer { state.pending = [] }
+                return state.pending.flatMap { name in
+                    (state.observers[name] ?? [:]).sorted { $0.key < $1.key }.map(\.value)
+                }
+            }
+            for handler in handlers { handler() }
+            return handlers.count
+        }
+    }
+}
