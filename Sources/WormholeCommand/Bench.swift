@@ -112,6 +112,10 @@ struct Bench: ParsableCommand {
                     location, wormhole.p50, wormhole.p50 / renameFloor.p50, wormhole.p50 / inPlaceFloor.p50))
             let rate = try measureWrites(directory: base + "/throughput")
             summary.append(String(format: "%@: %.0f mailbox writes a second from one process", location, rate))
+            let parts = try measureParts(directory: base + "/parts")
+            summary.append(
+                "\(location): where a pass and a read go, in µs each: "
+                    + parts.map { String(format: "%@ %.2f", $0.0, $0.1) }.joined(separator: ", "))
         }
         Output.line("")
         for line in summary { Output.line(line) }
@@ -201,6 +205,29 @@ struct Bench: ParsableCommand {
             if sequence >= warmUp { samples.append(elapsed / 2) }
         }
         return LatencySamples(samples)
+    }
+
+    // MARK: Where the time goes
+
+    /// The average cost of each step of a pass and of a read, in µs, measured in this process.
+    private func measureParts(directory: String) throws -> [(String, Double)] {
+        let wormhole = try Wormhole(directory: directory)
+        let message = BenchMessage(sequence: 1)
+        let payload = try wormhole.coder.encode(message)
+        let count = max(1000, writes / 5)
+        func average(_ body: () throws -> Void) rethrows -> Double {
+            for _ in 0..<100 { try body() }
+            let start = monotonicNanoseconds()
+            for _ in 0..<count { try body() }
+            return Double(monotonicNanoseconds() - start) / Double(count) / 1000
+        }
+        return [
+            ("encode", try average { _ = try wormhole.coder.encode(message) }),
+            ("store", try average { _ = try wormhole.transiting.writeMessage(payload, sender: "bench", identifier: "parts") }),
+            ("post", try average { try wormhole.notifier.post("mailbox.parts") }),
+            ("read", try average { _ = try wormhole.transiting.readMessage(identifier: "parts") }),
+            ("decode", try average { _ = try wormhole.coder.decode(BenchMessage.self, from: payload) }),
+        ]
     }
 
     // MARK: Throughput

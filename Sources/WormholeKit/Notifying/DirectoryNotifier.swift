@@ -6,6 +6,8 @@ import Musl
 import Darwin
 #endif
 import Logging
+import SystemPackage
+import Synchronization
 
 /// The default notifier on Linux: a post writes a small file, observers are woken by inotify.
 ///
@@ -39,6 +41,9 @@ public final class DirectoryNotifier: Notifier {
     public let strategy: Strategy
     let handle: DirectoryHandle
     private let logger: Logger
+    private let openFiles = OpenFileCache()
+    private let tokenBase = UInt64.random(in: 0...UInt64.max)
+    private let tokenCounter = Atomic<UInt64>(0)
 
     /// Creates a notifier for a wormhole directory, creating its `.notifications` subdirectory (mode 0700).
     ///
@@ -61,15 +66,29 @@ public final class DirectoryNotifier: Notifier {
 
     public func post(_ name: String) throws(WormholeError) {
         try MessageIdentifier.validate(name)
-        let file: OwnedDescriptor
-        do {
-            file = try handle.openFile(named: name, flags: O_WRONLY | O_CREAT)
-        } catch {
-            throw WormholeError.fileSystem(error, "open the notification file", path: handle.filePath(name))
-        }
         // A fresh value each time, so that a poller can tell one post from the next.
-        if case .failure(let errno) = file.write(PollingMonitor.token(UInt64.random(in: 1...UInt64.max)), at: 0) {
-            throw WormholeError.fileSystem(errno, "write the notification file", path: handle.filePath(name))
+        let token = PollingMonitor.token(tokenBase &+ tokenCounter.add(1, ordering: .relaxed).newValue)
+        try openFiles.entry(name).descriptor.withLock { (cached) throws(WormholeError) in
+            for _ in 0..<100 {
+                if cached < 0 {
+                    do throws(Errno) {
+                        cached = try handle.openFile(named: name, flags: O_WRONLY | O_CREAT).release()
+                    } catch {
+                        throw WormholeError.fileSystem(error, "open the notification file", path: handle.filePath(name))
+                    }
+                }
+                let file = Descriptor(rawValue: cached)
+                // A removed file would swallow the post: check that the name still leads to this file.
+                guard case .success(let status) = file.status(), status.linkCount > 0 else {
+                    closeCached(&cached)
+                    continue
+                }
+                if case .failure(let errno) = file.write(token, at: 0) {
+                    closeCached(&cached)
+                    throw WormholeError.fileSystem(errno, "write the notification file", path: handle.filePath(name))
+                }
+                return
+            }
         }
     }
 

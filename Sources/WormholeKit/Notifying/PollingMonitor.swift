@@ -35,7 +35,7 @@ final class PollingMonitor: Sendable {
 
     static func readToken(_ directory: DirectoryHandle, _ name: String) -> [UInt8]? {
         guard let file = try? directory.openFile(named: name, flags: O_RDONLY) else { return nil }
-        return try? file.read(count: 8, at: 0).get()
+        return try? file.descriptor.read(count: 8, at: 0).get()
     }
 
     func observe(

@@ -124,7 +124,7 @@ final class DirectoryHandle: Sendable {
     /// Checks that an opened file is one the wormhole may trust: a regular file with one link, owned by this
     /// user (unless the directory is shared). Returns nil when the file was unlinked (link count 0).
     func trustedStatus(
-        of file: borrowing OwnedDescriptor, name: String, identifier: String?
+        of file: Descriptor, name: String, identifier: String?
     ) throws(WormholeError) -> FileStatus? {
         let status: FileStatus
         switch file.status() {
@@ -163,8 +163,8 @@ final class DirectoryHandle: Sendable {
         let temporary = ".tmp-\(ProcessFacts.processID)-\(UInt64.random(in: 0...UInt64.max))"
         let file: OwnedDescriptor
         do { file = try openFile(named: temporary, flags: O_WRONLY | O_CREAT | O_EXCL) } catch { return .failure(error) }
-        var result = file.write(bytes, at: 0)
-        if case .success = result, synchronize { result = file.synchronize() }
+        var result = file.descriptor.write(bytes, at: 0)
+        if case .success = result, synchronize { result = file.descriptor.synchronize() }
         // Creating the file applied the umask; set the mode the wormhole was configured with.
         let raw = file.rawValue
         if case .success = result { result = valueOrErrno { fchmod(raw, filePermissions) }.map { _ in } }

@@ -50,7 +50,8 @@ struct FileStatus: Sendable {
 
 /// A file descriptor that this code owns: it is closed exactly once, when the value goes away.
 ///
-/// Being `~Copyable`, a descriptor can be neither leaked by a copy nor closed twice.
+/// Being `~Copyable`, a descriptor can be neither leaked by a copy nor closed twice. Its operations live on
+/// ``Descriptor``, the non-owning view that ``descriptor`` gives.
 struct OwnedDescriptor: ~Copyable {
     let rawValue: Int32
 
@@ -65,6 +66,14 @@ struct OwnedDescriptor: ~Copyable {
         return value
     }
 
+    /// The descriptor's operations; valid while this value lives.
+    var descriptor: Descriptor { Descriptor(rawValue: rawValue) }
+}
+
+/// The operations on an open descriptor, without ownership: whoever made it closes it.
+struct Descriptor {
+    let rawValue: Int32
+
     func status() -> Result<FileStatus, Errno> {
         var raw = stat()
         return valueOrErrno { fstat(rawValue, &raw) }.map { _ in FileStatus(raw) }
@@ -72,44 +81,37 @@ struct OwnedDescriptor: ~Copyable {
 
     /// Reads up to `count` bytes at `offset`, looping over short reads; fewer bytes mean the end of the file.
     func read(count: Int, at offset: Int) -> Result<[UInt8], Errno> {
-        var buffer = [UInt8](repeating: 0, count: count)
-        var done = 0
-        let failure: Errno? = buffer.withUnsafeMutableBytes { bytes in
+        var failure: Errno?
+        let buffer = [UInt8](unsafeUninitializedCapacity: count) { bytes, initialized in
+            var done = 0
             while done < count {
                 switch valueOrErrno({ pread(rawValue, bytes.baseAddress! + done, count - done, off_t(offset + done)) }) {
-                case .success(0): return nil
+                case .success(0): initialized = done; return
                 case .success(let n): done += n
-                case .failure(let error): return error
+                case .failure(let error):
+                    failure = error
+                    initialized = 0
+                    return
                 }
             }
-            return nil
+            initialized = done
         }
         if let failure { return .failure(failure) }
-        if done < count { buffer.removeLast(count - done) }
         return .success(buffer)
     }
 
     /// Writes all of `bytes` at `offset`, looping over short writes.
-    func write<Bytes: Collection<UInt8>>(_ bytes: Bytes, at offset: Int) -> Result<Void, Errno> {
-        let result: Result<Void, Errno>? = bytes.withContiguousStorageIfAvailable { buffer in
-            writeAll(UnsafeRawBufferPointer(buffer), at: offset)
-        }
-        return result ?? Array(bytes).withUnsafeBytes { writeAll($0, at: offset) }
-    }
-
-    private func writeAll(_ buffer: UnsafeRawBufferPointer, at offset: Int) -> Result<Void, Errno> {
-        var done = 0
-        while done < buffer.count {
-            switch valueOrErrno({ pwrite(rawValue, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done)) }) {
-            case .success(let n): done += n
-            case .failure(let error): return .failure(error)
+    func write(_ bytes: [UInt8], at offset: Int) -> Result<Void, Errno> {
+        bytes.withUnsafeBytes { buffer in
+            var done = 0
+            while done < buffer.count {
+                switch valueOrErrno({ pwrite(rawValue, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done)) }) {
+                case .success(let n): done += n
+                case .failure(let error): return .failure(error)
+                }
             }
+            return .success(())
         }
-        return .success(())
-    }
-
-    func truncate(to size: Int) -> Result<Void, Errno> {
-        valueOrErrno { ftruncate(rawValue, off_t(size)) }.map { _ in }
     }
 
     func synchronize() -> Result<Void, Errno> {
@@ -119,15 +121,20 @@ struct OwnedDescriptor: ~Copyable {
     /// Takes a whole-file advisory lock (`flock`): shared for readers, exclusive for writers.
     ///
     /// `flock` locks belong to the open file description, so two descriptors in one process exclude each other
-    /// just as two processes do, unlike POSIX record locks.
+    /// just as two processes do, unlike POSIX record locks; threads sharing one description do not.
     func lock(exclusive: Bool) -> Result<Void, Errno> {
         valueOrErrno { flock(rawValue, exclusive ? LOCK_EX : LOCK_SH) }.map { _ in }
+    }
+
+    func unlock() {
+        _ = flock(rawValue, LOCK_UN)
     }
 }
 
 /// Process-wide facts used in file checks and envelopes.
 enum ProcessFacts {
-    static var effectiveUserID: UInt32 { UInt32(geteuid()) }
+    /// Read once: a process that changes its user mid-run is not one a wormhole serves.
+    static let effectiveUserID = UInt32(geteuid())
     static var processID: Int32 { getpid() }
 
     /// The executable's name, for the default sender of a message.

@@ -49,7 +49,7 @@ public final class CoordinatedFileTransiting: Transiting {
         }
         // A fresh open file description per call: flock locks held through one description do not exclude
         // each other, so threads of this process must not share one.
-        if case .failure(let errno) = lock.lock(exclusive: exclusive) {
+        if case .failure(let errno) = lock.descriptor.lock(exclusive: exclusive) {
             throw WormholeError.fileSystem(errno, "take the coordination lock", path: path)
         }
         return try body()

@@ -63,6 +63,7 @@ public final class FileTransiting: Transiting {
     /// The options it was made with.
     public let options: Options
     let handle: DirectoryHandle
+    private let openFiles = OpenFileCache()
 
     /// Opens (and by default creates, mode 0700) a directory of mailboxes.
     ///
@@ -110,6 +111,43 @@ public final class FileTransiting: Transiting {
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
         let name = Self.fileName(identifier)
+        let contents = try openFiles.entry(name).descriptor.withLock {
+            (cached) throws(WormholeError) -> MailboxFormat.Contents? in
+            for _ in 0..<1000 {
+                if cached < 0 {
+                    do throws(Errno) {
+                        cached = try handle.openFile(named: name, flags: O_RDWR).release()
+                    } catch .noSuchFileOrDirectory {
+                        return nil
+                    } catch .permissionDenied {
+                        // A shared directory may give this user read access only: read without caching.
+                        return try readUncached(name: name, identifier: identifier)
+                    } catch {
+                        throw openError(error, identifier: identifier)
+                    }
+                }
+                do throws(WormholeError) {
+                    let file = Descriptor(rawValue: cached)
+                    guard let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) else {
+                        closeCached(&cached)  // replaced or removed: open the file that has the name now
+                        continue
+                    }
+                    return try contentsOrThrow(file, size: status.size, identifier: identifier)
+                } catch {
+                    closeCached(&cached)
+                    throw error
+                }
+            }
+            throw keptBeingReplaced(identifier)
+        }
+        guard let (_, record) = contents?.newest, !record.isCleared else { return nil }
+        return Envelope(
+            sequence: record.sequence, generation: contents!.header.generation,
+            sender: String(decoding: record.sender, as: UTF8.self),
+            timestampNanoseconds: record.timestampNanoseconds, payload: Data(record.payload))
+    }
+
+    private func readUncached(name: String, identifier: String) throws(WormholeError) -> MailboxFormat.Contents? {
         let file: OwnedDescriptor
         do {
             file = try handle.openFile(named: name, flags: O_RDONLY)
@@ -118,23 +156,26 @@ public final class FileTransiting: Transiting {
         } catch {
             throw openError(error, identifier: identifier)
         }
-        do {
-            guard let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) else {
-                return nil
-            }
-            let contents = try decode(file, size: status.size, identifier: identifier)
-            guard case .success(let found) = contents else {
-                if case .failure(let problem) = contents {
-                    throw MailboxFormat.error(for: problem, identifier: identifier, path: handle.filePath(name))
-                }
-                return nil
-            }
-            guard let (_, record) = found.newest, !record.isCleared else { return nil }
-            return Envelope(
-                sequence: record.sequence, generation: found.header.generation,
-                sender: String(decoding: record.sender, as: UTF8.self),
-                timestampNanoseconds: record.timestampNanoseconds, payload: Data(record.payload))
+        guard let status = try handle.trustedStatus(of: file.descriptor, name: name, identifier: identifier) else {
+            return nil
         }
+        return try contentsOrThrow(file.descriptor, size: status.size, identifier: identifier)
+    }
+
+    private func contentsOrThrow(
+        _ file: Descriptor, size: Int, identifier: String
+    ) throws(WormholeError) -> MailboxFormat.Contents {
+        switch try decode(file, size: size, identifier: identifier) {
+        case .success(let contents): return contents
+        case .failure(let problem):
+            throw MailboxFormat.error(for: problem, identifier: identifier, path: handle.filePath(Self.fileName(identifier)))
+        }
+    }
+
+    private func keptBeingReplaced(_ identifier: String) -> WormholeError {
+        WormholeError(
+            .ioFailure, "The mailbox file kept being replaced while in use; is another program rewriting it?",
+            identifier: identifier, path: handle.filePath(Self.fileName(identifier)))
     }
 
     /// Empties a mailbox by writing a "cleared" record: the file stays, so its sequence keeps growing and a
@@ -191,80 +232,112 @@ public final class FileTransiting: Transiting {
         makeRecord: (UInt64) -> MailboxFormat.Record
     ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
         let name = Self.fileName(identifier)
-        let path = handle.filePath(name)
-        // A few rounds at most: each retry means another process created or replaced the file meanwhile.
-        for _ in 0..<1000 {
-            let file: OwnedDescriptor
-            do {
-                file = try handle.openFile(named: name, flags: O_RDWR)
-            } catch .noSuchFileOrDirectory {
-                guard createIfMissing else { return nil }
-                let record = makeRecord(1)
-                let header = MailboxFormat.Header(
-                    slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
-                    generation: UInt64.random(in: 1...UInt64.max))
-                switch handle.createFile(
-                    named: name, bytes: MailboxFormat.encodeFile(header: header, record: record), replacing: false,
-                    synchronize: options.synchronizesWrites)
-                {
-                case .success: return (record, header.generation)
-                case .failure(.fileExists): continue  // another process created it first: write into theirs
-                case .failure(let errno):
-                    throw WormholeError.fileSystem(errno, "create the mailbox file", identifier: identifier, path: path)
+        return try openFiles.entry(name).descriptor.withLock {
+            (cached) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? in
+            // A few rounds at most: each retry means another process created or replaced the file meanwhile.
+            for _ in 0..<1000 {
+                if cached < 0 {
+                    do throws(Errno) {
+                        cached = try handle.openFile(named: name, flags: O_RDWR).release()
+                    } catch .noSuchFileOrDirectory {
+                        guard createIfMissing else { return nil }
+                        if let created = try create(name: name, identifier: identifier, makeRecord: makeRecord) {
+                            return created
+                        }
+                        continue  // another process created it first: write into theirs
+                    } catch {
+                        throw openError(error, identifier: identifier)
+                    }
                 }
-            } catch {
-                throw openError(error, identifier: identifier)
-            }
-            do {
-                guard try handle.trustedStatus(of: file, name: name, identifier: identifier) != nil else { continue }
+                let file = Descriptor(rawValue: cached)
                 if case .failure(let errno) = file.lock(exclusive: true) {
-                    throw WormholeError.fileSystem(errno, "lock the mailbox file", identifier: identifier, path: path)
+                    closeCached(&cached)
+                    throw WormholeError.fileSystem(
+                        errno, "lock the mailbox file", identifier: identifier, path: handle.filePath(name))
                 }
-                // The file may have been replaced while this process waited for the lock.
-                guard let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) else {
-                    continue
+                let outcome: Result<(stored: (MailboxFormat.Record, UInt64)?, replaced: Bool)?, WormholeError>
+                do throws(WormholeError) {
+                    // The file may have been replaced or removed while this process waited for the lock.
+                    if let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) {
+                        outcome = .success(
+                            try update(
+                                locked: file, size: status.size, name: name, identifier: identifier,
+                                createIfMissing: createIfMissing, makeRecord: makeRecord))
+                    } else {
+                        outcome = .success(nil)
+                    }
+                } catch {
+                    outcome = .failure(error)
                 }
-                return try update(
-                    locked: file, size: status.size, name: name, identifier: identifier,
-                    createIfMissing: createIfMissing, makeRecord: makeRecord)
+                // Unlock before closing: once closed, the descriptor's number may belong to another open file.
+                file.unlock()
+                switch outcome {
+                case .success(nil):
+                    closeCached(&cached)
+                case .success(let done?):
+                    if done.replaced { closeCached(&cached) }
+                    return done.stored
+                case .failure(let error):
+                    closeCached(&cached)
+                    throw error
+                }
             }
+            throw keptBeingReplaced(identifier)
         }
-        throw WormholeError(
-            .ioFailure, "The mailbox file kept being replaced while writing; is another program rewriting it?",
-            identifier: identifier, path: path)
     }
 
+    /// Creates a new mailbox holding its first record; nil when another process created it first.
+    private func create(
+        name: String, identifier: String, makeRecord: (UInt64) -> MailboxFormat.Record
+    ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
+        let record = makeRecord(1)
+        let header = MailboxFormat.Header(
+            slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
+            generation: UInt64.random(in: 1...UInt64.max))
+        switch handle.createFile(
+            named: name, bytes: MailboxFormat.encodeFile(header: header, record: record), replacing: false,
+            synchronize: options.synchronizesWrites)
+        {
+        case .success: return (record, header.generation)
+        case .failure(.fileExists): return nil
+        case .failure(let errno):
+            throw WormholeError.fileSystem(
+                errno, "create the mailbox file", identifier: identifier, path: handle.filePath(name))
+        }
+    }
+
+    /// Stores the next record in a locked file. `replaced` says the file was replaced by a new one, so that the
+    /// cached descriptor is stale.
     private func update(
-        locked file: borrowing OwnedDescriptor,
+        locked file: Descriptor,
         size: Int,
         name: String,
         identifier: String,
         createIfMissing: Bool,
         makeRecord: (UInt64) -> MailboxFormat.Record
-    ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
-        let path = handle.filePath(name)
+    ) throws(WormholeError) -> (stored: (MailboxFormat.Record, UInt64)?, replaced: Bool) {
         let contents: MailboxFormat.Contents
         switch try decode(file, size: size, identifier: identifier) {
         case .success(let decoded):
             contents = decoded
-        case .failure(let problem):
+        case .failure:
             // A damaged file holds nothing to keep: replace it with a fresh mailbox of a new generation, so
             // listeners accept the new message whatever sequence the damaged file claimed.
             guard createIfMissing else {
                 if case .failure(let errno) = handle.removeFile(named: name) {
-                    throw WormholeError.fileSystem(errno, "remove the damaged mailbox file", identifier: identifier, path: path)
+                    throw WormholeError.fileSystem(
+                        errno, "remove the damaged mailbox file", identifier: identifier, path: handle.filePath(name))
                 }
-                return nil
+                return (nil, true)
             }
-            _ = problem
             let record = makeRecord(1)
             let header = MailboxFormat.Header(
                 slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
                 generation: UInt64.random(in: 1...UInt64.max))
             try replace(name: name, identifier: identifier, header: header, record: record)
-            return (record, header.generation)
+            return ((record, header.generation), true)
         }
-        if !createIfMissing, contents.newest == nil || contents.newest?.record.isCleared == true { return nil }
+        if !createIfMissing, contents.newest == nil || contents.newest?.record.isCleared == true { return (nil, false) }
         let record = makeRecord((contents.newest?.record.sequence ?? 0) + 1)
         let header = contents.header
         guard record.encodedSize <= header.slotCapacity else {
@@ -273,16 +346,17 @@ public final class FileTransiting: Transiting {
                 slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
                 generation: header.generation)
             try replace(name: name, identifier: identifier, header: grown, record: record)
-            return (record, header.generation)
+            return ((record, header.generation), true)
         }
         let slot = contents.newest.map { 1 - $0.slot } ?? 0
         if case .failure(let errno) = file.write(MailboxFormat.encodeRecord(record), at: header.slotOffset(slot)) {
-            throw WormholeError.fileSystem(errno, "write the message", identifier: identifier, path: path)
+            throw WormholeError.fileSystem(errno, "write the message", identifier: identifier, path: handle.filePath(name))
         }
         if options.synchronizesWrites, case .failure(let errno) = file.synchronize() {
-            throw WormholeError.fileSystem(errno, "flush the message to disk", identifier: identifier, path: path)
+            throw WormholeError.fileSystem(
+                errno, "flush the message to disk", identifier: identifier, path: handle.filePath(name))
         }
-        return (record, header.generation)
+        return ((record, header.generation), false)
     }
 
     private func replace(
@@ -299,7 +373,7 @@ public final class FileTransiting: Transiting {
     // MARK: Reading
 
     private func decode(
-        _ file: borrowing OwnedDescriptor, size: Int, identifier: String
+        _ file: Descriptor, size: Int, identifier: String
     ) throws(WormholeError) -> Result<MailboxFormat.Contents, MailboxFormat.FileProblem> {
         let path = handle.filePath(Self.fileName(identifier))
         return try MailboxFormat.decodeFile(size: size) { (count, offset) throws(WormholeError) in

@@ -1,0 +1,49 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Synchronization
+
+/// Descriptors kept open by name, so that a pass costs a few system calls and no path lookup.
+///
+/// Each entry has its own lock, held while its descriptor is used: `flock` does not exclude threads that share
+/// one open file description, so this process's threads take turns here before they lock against other
+/// processes. A user of an entry checks the file's link count after locking it and reopens a file that was
+/// replaced or removed (link count 0). At most `capacity` names are kept; an evicted entry's descriptor is
+/// closed when its last user lets go of it.
+final class OpenFileCache: Sendable {
+    final class Entry: Sendable {
+        /// The open descriptor, or -1 before the first open and after a replaced file was closed.
+        let descriptor = Mutex<Int32>(-1)
+
+        deinit {
+            descriptor.withLock { descriptor in
+                if descriptor >= 0 { _ = close(descriptor) }
+            }
+        }
+    }
+
+    private let entries = Mutex<[String: Entry]>([:])
+    private let capacity: Int
+
+    init(capacity: Int = 256) { self.capacity = capacity }
+
+    func entry(_ name: String) -> Entry {
+        entries.withLock { entries in
+            if let entry = entries[name] { return entry }
+            if entries.count >= capacity { entries.remove(at: entries.startIndex) }
+            let entry = Entry()
+            entries[name] = entry
+            return entry
+        }
+    }
+}
+
+/// Closes a cached descriptor and marks the entry for reopening.
+func closeCached(_ descriptor: inout Int32) {
+    if descriptor >= 0 { _ = close(descriptor) }
+    descriptor = -1
+}

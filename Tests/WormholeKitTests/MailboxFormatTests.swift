@@ -1,0 +1,91 @@
+import Foundation
+import Testing
+@testable import WormholeKit
+
+@Suite("Mailbox file format")
+struct MailboxFormatTests {
+    let header = MailboxFormat.Header(slotCapacity: 512, generation: 42)
+    let record = MailboxFormat.Record(
+        sequence: 7, timestampNanoseconds: 1_700_000_000_000_000_000, isCleared: false, sender: Array("app[1]".utf8),
+        payload: Array(#"{"number":1}"#.utf8))
+
+    func decode(_ bytes: [UInt8]) throws -> Result<MailboxFormat.Contents, MailboxFormat.FileProblem> {
+        try MailboxFormat.decodeFile(size: bytes.count) { (count, offset) throws(WormholeError) in
+            Array(bytes[min(offset, bytes.count)..<min(offset + count, bytes.count)])
+        }
+    }
+
+    @Test("A file round-trips its header and newest record")
+    func roundTrip() throws {
+        let file = MailboxFormat.encodeFile(header: header, record: record)
+        #expect(file.count == header.fileSize)
+        let contents = try decode(file).get()
+        #expect(contents.header == header)
+        #expect(contents.newest?.slot == 0)
+        #expect(contents.newest?.record == record)
+    }
+
+    @Test("The newest valid slot wins; a torn newer slot falls back to the older whole one")
+    func newestValidSlotWins() throws {
+        var file = MailboxFormat.encodeFile(header: header, record: record)
+        var newer = record
+        newer.sequence = 8
+        newer.payload = Array(#"{"number":2}"#.utf8)
+        let encoded = MailboxFormat.encodeRecord(newer)
+        file.replaceSubrange(header.slotOffset(1)..<header.slotOffset(1) + encoded.count, with: encoded)
+        #expect(try decode(file).get().newest?.record == newer)
+        // Tear the newer record (a write under way): the reader keeps the previous message.
+        file[header.slotOffset(1) + encoded.count - 1] ^= 0xFF
+        #expect(try decode(file).get().newest?.record == record)
+    }
+
+    @Test("A file truncated at any byte is reported as truncated, never read wrong")
+    func truncatedAtEveryByte() throws {
+        let file = MailboxFormat.encodeFile(header: header, record: record)
+        for length in 0..<file.count {
+            let result = try decode(Array(file.prefix(length)))
+            switch result {
+            case .failure(.header(.truncated)), .failure(.truncated): continue
+            default: Issue.record("length \(length) gave \(result)")
+            }
+        }
+    }
+
+    @Test("A wrong magic, an unknown version, a damaged header and huge lengths are caught")
+    func damagedHeaders() throws {
+        var file = MailboxFormat.encodeFile(header: header, record: record)
+        var wrongMagic = file
+        wrongMagic[0] = UInt8(ascii: "X")
+        #expect(try decode(wrongMagic).failureValue == .header(.badMagic))
+
+        var futureVersion = file
+        futureVersion.store(UInt16(9), at: 4)
+        #expect(try decode(futureVersion).failureValue == .header(.unsupportedVersion(9)))
+
+        var flipped = file
+        flipped[20] ^= 1
+        #expect(try decode(flipped).failureValue == .header(.badChecksum))
+
+        // A record claiming a payload far larger than its slot.
+        file.store(UInt32.max, at: header.slotOffset(0) + 24)
+        #expect(try decode(file).failureValue == .noValidRecord)
+    }
+
+    @Test("Random bytes are never accepted as a message")
+    func randomBytes() throws {
+        var generator = SystemRandomNumberGenerator()
+        for size in [0, 1, 63, 64, 100, 1088, 5000] {
+            let bytes = (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            if case .success(let contents) = try decode(bytes) {
+                Issue.record("random bytes of size \(size) decoded as \(contents.header)")
+            }
+        }
+    }
+}
+
+extension Result {
+    var failureValue: Failure? {
+        if case .failure(let failure) = self { return failure }
+        return nil
+    }
+}

@@ -1,0 +1,35 @@
+import Foundation
+
+/// A fresh directory for one test, removed when the value goes away.
+final class TemporaryDirectory: Sendable {
+    let path: String
+
+    init() {
+        let template = FileManager.default.temporaryDirectory.path + "/wormhole-test-XXXXXX"
+        var bytes = Array(template.utf8CString)
+        guard let created = mkdtemp(&bytes) else { fatalError("mkdtemp failed: \(String(cString: strerror(errno)))") }
+        path = String(cString: created)
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+
+    /// A path inside the directory.
+    func callAsFunction(_ name: String) -> String { path + "/" + name }
+}
+
+/// Polls `condition` every 5 ms until it holds or `timeout` seconds pass; returns whether it held.
+func eventually(timeout: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if try condition() { return true }
+        usleep(5_000)
+    }
+    return try condition()
+}
+
+/// The POSIX permission bits of a path, without following a final symbolic link.
+func permissions(_ path: String) -> Int {
+    var status = stat()
+    guard lstat(path, &status) == 0 else { return -1 }
+    return Int(status.st_mode & 0o7777)
+}

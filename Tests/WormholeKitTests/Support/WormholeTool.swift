@@ -1,0 +1,95 @@
+import Foundation
+import Synchronization
+import Testing
+
+/// Runs the package's own `wormhole` executable, built next to the test bundle.
+enum WormholeTool {
+    /// The built executable: `$WORMHOLE_EXECUTABLE`, or `wormhole` in the build directory of the tests.
+    static let path: String = {
+        if let path = ProcessInfo.processInfo.environment["WORMHOLE_EXECUTABLE"] { return path }
+        let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        var directory = URL(fileURLWithPath: me).deletingLastPathComponent()
+        // The test binary sits in PackageTests.xctest (or a .xctest bundle directory); the tool next to it.
+        while directory.path != "/" {
+            let candidate = directory.appendingPathComponent("wormhole").path
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+            directory = directory.deletingLastPathComponent()
+        }
+        return "wormhole-executable-not-found"
+    }()
+
+    struct Result {
+        var status: Int32
+        var output: String
+        var error: String
+        var lines: [String] { output.split(separator: "\n").map(String.init) }
+    }
+
+    /// Runs `wormhole ARGUMENTS` to its end, with standard input, within `timeout` seconds.
+    static func run(_ arguments: [String], input: String? = nil, timeout: Double = 30) throws -> Result {
+        let process = try RunningTool(arguments, input: input)
+        return process.finish(timeout: timeout)
+    }
+}
+
+/// A running `wormhole` process whose output is collected as it comes.
+final class RunningTool: Sendable {
+    private let process: Process
+    private let output = Mutex(Data())
+    private let errorOutput = Mutex(Data())
+    private let readers = DispatchGroup()
+
+    init(_ arguments: [String], input: String? = nil) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: WormholeTool.path)
+        process.arguments = arguments
+        let outPipe = Pipe()
+        let errPipe = Pipe()
+        let inPipe = Pipe()
+        process.standardOutput = outPipe
+        process.standardError = errPipe
+        process.standardInput = inPipe
+        self.process = process
+        try process.run()
+        if let input { inPipe.fileHandleForWriting.write(Data(input.utf8)) }
+        try inPipe.fileHandleForWriting.close()
+        collect(outPipe, isError: false)
+        collect(errPipe, isError: true)
+    }
+
+    private func collect(_ pipe: Pipe, isError: Bool) {
+        readers.enter()
+        let handle = pipe.fileHandleForReading
+        Thread { [self] in
+            while case let chunk = handle.availableData, !chunk.isEmpty {
+                if isError { errorOutput.withLock { $0.append(chunk) } } else { output.withLock { $0.append(chunk) } }
+            }
+            readers.leave()
+        }.start()
+    }
+
+    var outputSoFar: String { output.withLock { String(decoding: $0, as: UTF8.self) } }
+    var errorSoFar: String { errorOutput.withLock { String(decoding: $0, as: UTF8.self) } }
+    var outputLines: [String] { outputSoFar.split(separator: "\n").map(String.init) }
+    var processIdentifier: Int32 { process.processIdentifier }
+    var isRunning: Bool { process.isRunning }
+
+    /// Waits until standard error says the listener is ready.
+    func waitUntilListening(timeout: Double = 20) -> Bool {
+        eventually(timeout: timeout) { errorSoFar.contains("listening to") }
+    }
+
+    /// Waits for the process to end, killing it after `timeout` seconds.
+    func finish(timeout: Double = 30) -> WormholeTool.Result {
+        let ended = eventually(timeout: timeout) { !process.isRunning }
+        if !ended {
+            Foundation.kill(process.processIdentifier, SIGKILL)
+            Issue.record("wormhole \(process.arguments ?? []) did not finish within \(timeout) s; killed it")
+        }
+        process.waitUntilExit()
+        _ = readers.wait(timeout: .now() + 10)
+        return WormholeTool.Result(status: process.terminationStatus, output: outputSoFar, error: errorSoFar)
+    }
+
+    func kill(signal: Int32 = SIGKILL) { Foundation.kill(process.processIdentifier, signal) }
+}
