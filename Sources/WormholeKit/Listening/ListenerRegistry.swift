@@ -131,6 +131,9 @@ final class ListenerRegistry: Sendable {
         emptied?.stop()
     }
 
+    /// How many identifiers have listeners; for tests.
+    var countForTesting: Int { subscriptions.withLock { $0.count } }
+
     func removeAll(identifier: String) {
         let removed = subscriptions.withLock { $0.removeValue(forKey: identifier) }
         guard let removed else { return }

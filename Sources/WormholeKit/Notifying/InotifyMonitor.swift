@@ -120,9 +120,10 @@ final class InotifyMonitor: Sendable {
         }
 
         func start() {
-            let thread = Thread { [self] in run() }
-            thread.name = "wormhole.inotify"
-            thread.start()
+            Thread { [self] in
+                Thread.current.name = "wh-inotify"  // pthread names hold 15 characters
+                run()
+            }.start()
         }
 
         func stop() {

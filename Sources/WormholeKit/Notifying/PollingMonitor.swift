@@ -52,9 +52,10 @@ final class PollingMonitor: Sendable {
             return (id, !state.running)
         }
         if start {
-            let thread = Thread { [self] in run() }
-            thread.name = "wormhole.polling"
-            thread.start()
+            Thread { [self] in
+                Thread.current.name = "wh-polling"  // pthread names hold 15 characters
+                run()
+            }.start()
         }
         return NotifierObservation { [self] in state.withLock { _ = $0.observations.removeValue(forKey: id) } }
     }
