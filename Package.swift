@@ -18,12 +18,12 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
     ],
     targets: [
-        // The few Linux calls that Glibc does not import (eventfd, CPU affinity).
+        // CRC-32C in hardware, and the few Linux calls that Glibc does not import (eventfd, renameat2, CPU affinity).
         .target(name: "CWormholeSystem"),
         .target(
             name: "WormholeKit",
             dependencies: [
-                .target(name: "CWormholeSystem", condition: .when(platforms: [.linux, .android])),
+                "CWormholeSystem",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]

@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 import WormholeKit
 
-#if canImport(CWormholeSystem)
+#if os(Linux) || os(Android)
 import CWormholeSystem
 #endif
 
@@ -76,7 +76,7 @@ struct Bench: ParsableCommand {
     }
 
     func run() throws {
-        #if canImport(CWormholeSystem)
+        #if os(Linux) || os(Android)
         guard cwormhole_pin_to_cpu(0) == 0 else { throw Output.fail("could not pin the benchmark to CPU 0") }
         #endif
         let peerCPU = placement == .same ? 0 : 1
@@ -260,7 +260,7 @@ struct BenchPeer: ParsableCommand {
     @Option var cpu = 0
 
     func run() throws {
-        #if canImport(CWormholeSystem)
+        #if os(Linux) || os(Android)
         _ = cwormhole_pin_to_cpu(Int32(cpu))
         #endif
         switch mode {

@@ -164,6 +164,8 @@ final class InotifyMonitor: Sendable {
         private func drainEvents(_ buffer: UnsafeMutableRawPointer, size: Int) {
             var keys: [(Int32, String)] = []
             var overflowed = false
+            // An event takes at most this much room; a read that left more free emptied the queue.
+            let largestEvent = MemoryLayout<inotify_event>.size + Int(NAME_MAX) + 1
             while true {
                 let count = read(inotifyDescriptor, buffer, size)
                 if count <= 0 { break }
@@ -178,6 +180,7 @@ final class InotifyMonitor: Sendable {
                     }
                     offset += MemoryLayout<inotify_event>.size + Int(event.len)
                 }
+                if count < size - largestEvent { break }
             }
             let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
                 var chosen: [UInt64: @Sendable () -> Void] = [:]

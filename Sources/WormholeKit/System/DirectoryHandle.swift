@@ -5,7 +5,7 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-#if canImport(CWormholeSystem)
+#if os(Linux) || os(Android)
 import CWormholeSystem
 #endif
 import SystemPackage
@@ -176,7 +176,7 @@ final class DirectoryHandle: Sendable {
 
     private func rename(_ from: String, to: String, replacing: Bool) -> Result<Void, Errno> {
         if replacing { return valueOrErrno { renameat(descriptor, from, descriptor, to) }.map { _ in } }
-        #if canImport(CWormholeSystem)
+        #if os(Linux) || os(Android)
         let result = valueOrErrno { cwormhole_rename_noreplace(descriptor, from, descriptor, to) }
         if case .failure(let errno) = result, errno == .invalidArgument || errno == .noFunction {
             return linkThenUnlink(from, to: to)

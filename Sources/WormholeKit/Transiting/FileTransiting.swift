@@ -111,7 +111,7 @@ public final class FileTransiting: Transiting {
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
         let name = Self.fileName(identifier)
-        let contents = try openFiles.entry(name).descriptor.withLock {
+        let contents = try openFiles.entry(identifier).descriptor.withLock {
             (cached) throws(WormholeError) -> MailboxFormat.Contents? in
             for _ in 0..<1000 {
                 if cached < 0 {
@@ -232,7 +232,7 @@ public final class FileTransiting: Transiting {
         makeRecord: (UInt64) -> MailboxFormat.Record
     ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
         let name = Self.fileName(identifier)
-        return try openFiles.entry(name).descriptor.withLock {
+        return try openFiles.entry(identifier).descriptor.withLock {
             (cached) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? in
             // A few rounds at most: each retry means another process created or replaced the file meanwhile.
             for _ in 0..<1000 {
@@ -375,12 +375,13 @@ public final class FileTransiting: Transiting {
     private func decode(
         _ file: Descriptor, size: Int, identifier: String
     ) throws(WormholeError) -> Result<MailboxFormat.Contents, MailboxFormat.FileProblem> {
-        let path = handle.filePath(Self.fileName(identifier))
-        return try MailboxFormat.decodeFile(size: size) { (count, offset) throws(WormholeError) in
+        try MailboxFormat.decodeFile(size: size) { (count, offset) throws(WormholeError) in
             switch file.read(count: count, at: offset) {
             case .success(let bytes): return bytes
             case .failure(let errno):
-                throw WormholeError.fileSystem(errno, "read the mailbox file", identifier: identifier, path: path)
+                throw WormholeError.fileSystem(
+                    errno, "read the mailbox file", identifier: identifier,
+                    path: handle.filePath(Self.fileName(identifier)))
             }
         }
     }
