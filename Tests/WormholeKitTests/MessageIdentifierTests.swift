@@ -1,6 +1,16 @@
 import Testing
 @testable import WormholeKit
 
+/// An identifier as a test argument, shown short and escaped in the test log.
+struct IdentifierCase: CustomTestStringConvertible, Sendable {
+    let value: String
+    init(_ value: String) { self.value = value }
+    var testDescription: String {
+        let escaped = value.unicodeScalars.prefix(24).map { $0.isASCII && $0.value >= 0x20 ? String($0) : "\\u{\(String($0.value, radix: 16))}" }.joined()
+        return value.unicodeScalars.count > 24 ? "\(escaped)… (\(value.utf8.count) bytes)" : escaped
+    }
+}
+
 @Suite("Message identifiers")
 struct MessageIdentifierTests {
     @Test(
@@ -9,8 +19,9 @@ struct MessageIdentifierTests {
             "", ".", "..", "../x", "a/b", "/etc/passwd", ".hidden", "nul\u{0}byte", "line\nbreak", "tab\tbed",
             "bell\u{7}", "del\u{7F}", "c1\u{85}", String(repeating: "x", count: 201), String(repeating: "é", count: 101),
             String(repeating: "a", count: 10_000),
-        ])
-    func refused(_ identifier: String) {
+        ].map(IdentifierCase.init))
+    func refused(_ identifierCase: IdentifierCase) {
+        let identifier = identifierCase.value
         #expect(!MessageIdentifier.isValid(identifier))
         #expect(throws: WormholeError.self) { try MessageIdentifier.validate(identifier) }
         do {
@@ -27,8 +38,8 @@ struct MessageIdentifierTests {
         arguments: [
             "button", "com.example.tap", "a..b", "with space", "émoji-🚀", "division∕slash", "fullwidth／slash",
             String(repeating: "x", count: 200),
-        ])
-    func accepted(_ identifier: String) throws {
-        try MessageIdentifier.validate(identifier)
+        ].map(IdentifierCase.init))
+    func accepted(_ identifierCase: IdentifierCase) throws {
+        try MessageIdentifier.validate(identifierCase.value)
     }
 }

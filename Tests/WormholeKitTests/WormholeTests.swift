@@ -263,3 +263,55 @@ extension ListenerRegistry {
     /// Whether no identifier is listened to (tests only).
     var isEmpty: Bool { countForTesting == 0 }
 }
+
+@Suite("Notifiers", .timeLimit(.minutes(1)))
+struct NotifierTests {
+    let directory = TemporaryDirectory()
+
+    @Test("A post wakes the observers of its name only")
+    func postWakesItsNameOnly() throws {
+        let notifier = try DirectoryNotifier(directory: directory("w"), strategy: .inotify)
+        let pings = Collector<Int>()
+        let pongs = Collector<Int>()
+        let a = try notifier.observe("ping") { pings.append(1) }
+        let b = try notifier.observe("pong") { pongs.append(1) }
+        try notifier.post("ping")
+        #expect(eventually { pings.count == 1 })
+        usleep(100_000)
+        #expect(pongs.count == 0)
+        _ = (a, b)
+    }
+
+    @Test("Observers keep working after the notification file is deleted from under them")
+    func deletedNotificationFile() throws {
+        let notifier = try DirectoryNotifier(directory: directory("w"), strategy: .inotify)
+        let fired = Collector<Int>()
+        let observation = try notifier.observe("ping") { fired.append(1) }
+        try notifier.post("ping")
+        #expect(eventually { fired.count >= 1 })
+        #expect(unlink(directory("w/.notifications/ping")) == 0)
+        #expect(eventually { FileManager.default.fileExists(atPath: directory("w/.notifications/ping")) })
+        let before = fired.count
+        try notifier.post("ping")
+        #expect(eventually { fired.count > before })
+        _ = observation
+    }
+
+    @Test("A cancelled observation is not called again")
+    func cancelledObservation() throws {
+        let notifier = try DirectoryNotifier(directory: directory("w"), strategy: .inotify)
+        let fired = Collector<Int>()
+        let observation = try notifier.observe("ping") { fired.append(1) }
+        observation.cancel()
+        try notifier.post("ping")
+        usleep(100_000)
+        #expect(fired.count == 0)
+    }
+
+    @Test("Notification names follow the identifier rules")
+    func invalidNames() throws {
+        let notifier = try DirectoryNotifier(directory: directory("w"))
+        #expect(throws: WormholeError.self) { try notifier.post("../x") }
+        #expect(throws: WormholeError.self) { try notifier.observe("a/b") {} }
+    }
+}

@@ -12,8 +12,9 @@ import Synchronization
 /// The default notifier on Linux: a post writes a small file, observers are woken by inotify.
 ///
 /// Each notification name is a file in the hidden `.notifications` subdirectory of the wormhole directory.
-/// ``post(_:)`` writes 8 fresh random bytes into it in place; ``observe(_:handler:)`` watches the subdirectory
-/// with inotify, on one monitor thread per process that waits in `poll(2)` and is stopped through an eventfd,
+/// ``post(_:)`` writes 8 fresh bytes into it in place; ``observe(_:handler:)`` watches that file with inotify (the
+/// file, not the directory, so a post wakes only that name's observers), on one monitor thread per process that
+/// waits in `poll(2)` and is stopped through an eventfd,
 /// so no blocking call ever runs on Swift's cooperative thread pool. Wormholes in one process and in different
 /// processes wake each other alike.
 ///
@@ -121,7 +122,7 @@ public final class DirectoryNotifier: Notifier {
         _ name: String, handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         #if os(Linux) || os(Android)
-        return try InotifyMonitor.shared.observe(directory: handle.path, name: name, handler: handler)
+        return try InotifyMonitor.shared.observe(path: handle.filePath(name), handler: handler)
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: handle.path)
         #endif

@@ -10,27 +10,27 @@ import Synchronization
 
 /// The process's one inotify instance and the thread that waits on it.
 ///
-/// The thread starts with the first observation and stops, closing its descriptors, when the last one ends, so
-/// listening and stopping leaves no descriptor behind. It waits in `poll(2)` on the inotify descriptor and an
-/// eventfd; writing the eventfd wakes it to stop. Handlers run on this thread, one at a time.
+/// Each observed notification file is watched on its own (not its directory), so a post wakes only the processes
+/// that observe that name, and a process is never woken by its own posts to other names. The thread starts with
+/// the first observation and stops, closing its descriptors, when the last one ends, so listening and stopping
+/// leaves no descriptor behind. It waits in `poll(2)` on the inotify descriptor and an eventfd; writing the eventfd
+/// wakes it to stop. Handlers run on this thread, one at a time.
 final class InotifyMonitor: Sendable {
     static let shared = InotifyMonitor()
 
     private let current = Mutex<Instance?>(nil)
     private let nextID = Atomic<UInt64>(1)
 
-    /// Watches `name` in `directory`; the handler runs after each modification of that file.
-    func observe(
-        directory: String, name: String, handler: @escaping @Sendable () -> Void
-    ) throws(WormholeError) -> NotifierObservation {
+    /// Watches the file at `path` (created if missing); the handler runs after each modification of it.
+    func observe(path: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let instance = try current.withLock { (current) throws(WormholeError) -> Instance in
-            if let running = current { 
-                try running.add(id: id, directory: directory, name: name, handler: handler)
+            if let running = current {
+                try running.add(id: id, path: path, handler: handler)
                 return running
             }
             let started = try Instance()
-            try started.add(id: id, directory: directory, name: name, handler: handler)
+            try started.add(id: id, path: path, handler: handler)
             started.start()
             current = started
             return started
@@ -49,14 +49,22 @@ final class InotifyMonitor: Sendable {
     /// One inotify descriptor, its wake-up eventfd, its watches and its thread.
     final class Instance: Sendable {
         private struct Watch {
-            var handlers: [String: [UInt64: @Sendable () -> Void]] = [:]
-            var count = 0
+            var path: String
+            var inode: UInt64
+            var handlers: [UInt64: @Sendable () -> Void] = [:]
         }
         private struct Registry {
             var watches: [Int32: Watch] = [:]
-            var names: [UInt64: (descriptor: Int32, name: String)] = [:]
+            var byID: [UInt64: Int32] = [:]
             var stopping = false
         }
+
+        private static let mask =
+            UInt32(IN_MODIFY) | UInt32(IN_ATTRIB) | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF)
+            | UInt32(IN_DONT_FOLLOW)
+        /// The events that say the watched file may no longer be the one at the path.
+        private static let replacedMask =
+            UInt32(IN_ATTRIB) | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF) | UInt32(IN_IGNORED)
 
         private let inotifyDescriptor: Int32
         private let wakeDescriptor: Int32
@@ -80,42 +88,44 @@ final class InotifyMonitor: Sendable {
             wakeDescriptor = wake
         }
 
-        func add(
-            id: UInt64, directory: String, name: String, handler: @escaping @Sendable () -> Void
-        ) throws(WormholeError) {
+        func add(id: UInt64, path: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) {
             try registry.withLock { (registry) throws(WormholeError) in
-                let mask = UInt32(IN_MODIFY) | UInt32(IN_ONLYDIR) | UInt32(IN_DONT_FOLLOW)
-                let watch = inotify_add_watch(inotifyDescriptor, directory, mask)
-                guard watch >= 0 else {
-                    let errno = currentErrno
-                    throw WormholeError(
-                        .notifierUnavailable,
-                        errno == .noSpace
-                            ? "inotify's watch limit (fs.inotify.max_user_watches) is reached."
-                            : "inotify_add_watch failed: \(errno).",
-                        path: directory, underlyingError: errno)
-                }
-                // Watching one directory twice gives the same descriptor: count the users.
-                registry.watches[watch, default: Watch()].handlers[name, default: [:]][id] = handler
-                registry.watches[watch]!.count += 1
-                registry.names[id] = (watch, name)
+                let (watch, inode) = try addWatch(path)
+                // Watching one file twice gives the same descriptor: the handlers share it.
+                registry.watches[watch, default: Watch(path: path, inode: inode)].handlers[id] = handler
+                registry.byID[id] = watch
             }
+        }
+
+        /// Creates the file if it is missing, and watches it; returns the watch descriptor and the file's inode.
+        private func addWatch(_ path: String) throws(WormholeError) -> (Int32, UInt64) {
+            let file = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0o600)
+            if file >= 0 { _ = close(file) }
+            let watch = inotify_add_watch(inotifyDescriptor, path, Self.mask)
+            guard watch >= 0 else {
+                let errno = currentErrno
+                throw WormholeError(
+                    .notifierUnavailable,
+                    errno == .noSpace
+                        ? "inotify's watch limit (fs.inotify.max_user_watches) is reached."
+                        : "inotify_add_watch failed: \(errno).",
+                    path: path, underlyingError: errno)
+            }
+            var status = stat()
+            let inode = lstat(path, &status) == 0 ? UInt64(status.st_ino) : 0
+            return (watch, inode)
         }
 
         /// Ends one observation; returns true when it was the last.
         func remove(id: UInt64) -> Bool {
             registry.withLock { registry in
-                guard let (watch, name) = registry.names.removeValue(forKey: id) else { return registry.names.isEmpty }
-                registry.watches[watch]?.handlers[name]?[id] = nil
-                if registry.watches[watch]?.handlers[name]?.isEmpty == true {
-                    registry.watches[watch]?.handlers[name] = nil
-                }
-                registry.watches[watch]?.count -= 1
-                if registry.watches[watch]?.count == 0 {
+                guard let watch = registry.byID.removeValue(forKey: id) else { return registry.byID.isEmpty }
+                registry.watches[watch]?.handlers[id] = nil
+                if registry.watches[watch]?.handlers.isEmpty == true {
                     registry.watches[watch] = nil
                     _ = inotify_rm_watch(inotifyDescriptor, watch)
                 }
-                return registry.names.isEmpty
+                return registry.byID.isEmpty
             }
         }
 
@@ -162,7 +172,8 @@ final class InotifyMonitor: Sendable {
         /// Reads every queued event, then calls each affected handler once: a burst of posts wakes a handler
         /// once, which is enough, as it reads the newest state.
         private func drainEvents(_ buffer: UnsafeMutableRawPointer, size: Int) {
-            var keys: [(Int32, String)] = []
+            var woken = Set<Int32>()
+            var replaced = Set<Int32>()
             var overflowed = false
             // An event takes at most this much room; a read that left more free emptied the queue.
             let largestEvent = MemoryLayout<inotify_event>.size + Int(NAME_MAX) + 1
@@ -172,33 +183,45 @@ final class InotifyMonitor: Sendable {
                 var offset = 0
                 while offset + MemoryLayout<inotify_event>.size <= count {
                     let event = buffer.load(fromByteOffset: offset, as: inotify_event.self)
-                    let nameStart = buffer + offset + MemoryLayout<inotify_event>.size
                     if event.mask & UInt32(IN_Q_OVERFLOW) != 0 { overflowed = true }
-                    if event.len > 0 {
-                        let name = String(cString: nameStart.assumingMemoryBound(to: CChar.self))
-                        keys.append((event.wd, name))
-                    }
+                    woken.insert(event.wd)
+                    if event.mask & Self.replacedMask != 0 { replaced.insert(event.wd) }
                     offset += MemoryLayout<inotify_event>.size + Int(event.len)
                 }
                 if count < size - largestEvent { break }
             }
             let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
                 var chosen: [UInt64: @Sendable () -> Void] = [:]
-                if overflowed {
-                    // The kernel dropped events: wake everyone, who will read the newest state.
-                    for watch in registry.watches.values {
-                        for group in watch.handlers.values { chosen.merge(group) { first, _ in first } }
-                    }
+                // After an overflow the kernel dropped events: wake everyone, who will read the newest state.
+                let affected = overflowed ? Set(registry.watches.keys) : woken
+                for watch in affected {
+                    if let group = registry.watches[watch]?.handlers { chosen.merge(group) { first, _ in first } }
                 }
-                for (watch, name) in keys {
-                    if let group = registry.watches[watch]?.handlers[name] { chosen.merge(group) { first, _ in first } }
-                }
+                for watch in replaced { rewatchIfReplaced(watch, in: &registry) }
                 return chosen
             }
             for id in handlers.keys.sorted() {
                 // A handler cancelled by an earlier handler in this batch is skipped.
-                if registry.withLock({ $0.names[id] != nil }) { handlers[id]!() }
+                if registry.withLock({ $0.byID[id] != nil }) { handlers[id]!() }
             }
+        }
+
+        /// The watched file was removed, renamed or had its links changed: if the path now leads elsewhere (or
+        /// nowhere), create the file again and watch the new one, keeping the handlers.
+        private func rewatchIfReplaced(_ watch: Int32, in registry: inout Registry) {
+            guard let entry = registry.watches[watch] else { return }
+            var status = stat()
+            if lstat(entry.path, &status) == 0, UInt64(status.st_ino) == entry.inode { return }
+            // Cannot watch it again (the watch limit is reached): keep the entry so that cancelling still works;
+            // the handlers were woken for this event and the polling fallback is for the next observation.
+            guard let (newWatch, inode) = try? addWatch(entry.path) else { return }
+            registry.watches[watch] = nil
+            if newWatch != watch { _ = inotify_rm_watch(inotifyDescriptor, watch) }
+            var moved = registry.watches[newWatch] ?? Watch(path: entry.path, inode: inode)
+            moved.inode = inode
+            moved.handlers.merge(entry.handlers) { first, _ in first }
+            registry.watches[newWatch] = moved
+            for id in entry.handlers.keys { registry.byID[id] = newWatch }
         }
     }
 }
