@@ -103,7 +103,7 @@ struct DemoRole: ParsableCommand {
     @OptionGroup var location: LocationOptions
 
     func run() throws {
-        let wormhole = try location.makeWormhole()
+        let wormhole = try location.makeWormhole(sender: role.rawValue)
         switch role {
         case .widget: try runWidget(wormhole)
         case .app: try runApp(wormhole)

@@ -52,8 +52,10 @@ struct LocationOptions: ParsableArguments {
         }
     }
 
-    func makeWormhole() throws -> Wormhole {
+    /// Opens the wormhole; `sender` names this process in the messages it passes (by default `wormhole[pid]`).
+    func makeWormhole(sender: String? = nil) throws -> Wormhole {
         var configuration = Wormhole.Configuration()
+        if let sender { configuration.sender = "\(sender)[\(ProcessInfo.processInfo.processIdentifier)]" }
         configuration.coordination = coordinated ? .coordinated : .none
         if let pollInterval { configuration.notification = .polling(interval: .milliseconds(pollInterval)) }
         if let group {

@@ -1,0 +1,85 @@
+import Foundation
+import Testing
+@testable import WormholeKit
+
+/// Faults that need the operating system's help: another user, and a full disk. These run as root (as CI does),
+/// which can switch to `nobody` with setpriv and mount a tiny tmpfs in a private mount namespace with unshare.
+@Suite(
+    "System faults", .timeLimit(.minutes(1)),
+    .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
+        && FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"), "needs root, setpriv and unshare"))
+struct SystemFaultTests {
+    let directory = TemporaryDirectory()
+
+    /// Runs a shell command line, returning its status and combined output.
+    func shell(_ command: String) throws -> (status: Int32, output: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", command]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+
+    var tool: String { "'\(WormholeTool.path)'" }
+    let asNobody = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+
+    @Test("Another user can neither read nor write a private wormhole")
+    func otherUserIsKeptOut() throws {
+        chmod(directory.path, 0o755)
+        let wormhole = try Wormhole(directory: directory("private"))
+        try wormhole.passMessageObject("secret", identifier: "a")
+        let read = try shell("\(asNobody) \(tool) read --directory \(directory("private")) a")
+        #expect(read.status != 0)
+        #expect(read.output.contains("WormholeError"), "\(read.output)")
+        let write = try shell("\(asNobody) \(tool) send --directory \(directory("private")) a '\"theirs\"'")
+        #expect(write.status != 0)
+        #expect(try wormhole.message(withIdentifier: "a", as: String.self) == "secret")
+    }
+
+    @Test("A directory the process cannot write is refused at once with directoryUnavailable")
+    func unwritableDirectory() throws {
+        chmod(directory.path, 0o755)
+        #expect(mkdir(directory("readonly"), 0o500) == 0)
+        #expect(chown(directory("readonly"), 65534, 65534) == 0)
+        let result = try shell("\(asNobody) \(tool) send --directory \(directory("readonly")) a 1")
+        #expect(result.status != 0)
+        #expect(result.output.contains("directory unavailable"), "\(result.output)")
+        #expect(result.output.contains("not writable"), "\(result.output)")
+    }
+
+    @Test("A full disk fails the pass with diskFull, keeps the previous message, and recovers once space is freed")
+    func diskFull() throws {
+        let mount = directory("small")
+        #expect(mkdir(mount, 0o700) == 0)
+        let large = "\"" + String(repeating: "x", count: 200_000) + "\""
+        try large.write(toFile: directory("large.json"), atomically: true, encoding: .utf8)
+        let script = """
+            set -u
+            mount -t tmpfs -o size=256k tmpfs \(mount) || exit 90
+            \(tool) send --directory \(mount)/w a '"first"' || exit 91
+            dd if=/dev/zero of=\(mount)/fill bs=4k count=1000 2>/dev/null
+            \(tool) send --directory \(mount)/w a < \(directory("large.json")); echo "grow=$?"
+            \(tool) send --directory \(mount)/w b '"new mailbox"'; echo "create=$?"
+            \(tool) send --directory \(mount)/w a '"fits in place"'; echo "in-place=$?"
+            \(tool) read --directory \(mount)/w a
+            rm \(mount)/fill
+            \(tool) send --directory \(mount)/w b '"after freeing"'; echo "freed=$?"
+            \(tool) read --directory \(mount)/w b
+            """
+        let result = try shell("unshare -m sh -c '\(script.replacingOccurrences(of: "'", with: "'\\''"))'")
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("grow=1"), "\(result.output)")
+        #expect(result.output.contains("create=1"), "\(result.output)")
+        #expect(result.output.contains("disk full"), "\(result.output)")
+        // The mailbox's slots were allocated when it was made, so a message that fits still passes.
+        #expect(result.output.contains("in-place=0"), "\(result.output)")
+        #expect(result.output.contains("\"fits in place\""), "\(result.output)")
+        #expect(result.output.contains("freed=0"), "\(result.output)")
+        #expect(result.output.contains("\"after freeing\""), "\(result.output)")
+    }
+}
