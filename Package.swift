@@ -7,6 +7,8 @@ let package = Package(
     products: [
         // The library: mailboxes between processes that share a directory.
         .library(name: "WormholeKit", targets: ["WormholeKit"]),
+        // A shared SQLite database (GRDB) whose commits reach every other process, with history.
+        .library(name: "WormholeStore", targets: ["WormholeStore"]),
         // Test doubles for users' own tests: an in-memory transiting and a manual notifier.
         .library(name: "WormholeTesting", targets: ["WormholeTesting"]),
         // The command-line tool: send, read, listen, clear, list, demo, bench.
@@ -16,6 +18,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
     ],
     targets: [
         // CRC-32C in hardware, and the few Linux calls that Glibc does not import (eventfd, renameat2, CPU affinity).
@@ -29,10 +32,20 @@ let package = Package(
             ]
         ),
         .target(name: "WormholeTesting", dependencies: ["WormholeKit"]),
+        // GRDB stays out of WormholeKit: only the store, its tests and the tool depend on it.
+        .target(
+            name: "WormholeStore",
+            dependencies: [
+                "WormholeKit",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .executableTarget(
             name: "WormholeCommand",
             dependencies: [
                 "WormholeKit",
+                "WormholeStore",
                 .target(name: "CWormholeSystem", condition: .when(platforms: [.linux, .android])),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -41,6 +54,10 @@ let package = Package(
         .testTarget(
             name: "WormholeKitTests",
             dependencies: ["WormholeKit", "WormholeTesting", "WormholeCommand"]
+        ),
+        .testTarget(
+            name: "WormholeStoreTests",
+            dependencies: ["WormholeStore", "WormholeCommand", .product(name: "GRDB", package: "GRDB.swift")]
         ),
     ],
     swiftLanguageModes: [.v6]

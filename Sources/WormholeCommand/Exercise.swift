@@ -1,6 +1,9 @@
 import ArgumentParser
 import Foundation
+import GRDB
+import Synchronization
 import WormholeKit
+import WormholeStore
 
 /// Workloads that the package's tests run in child processes; hidden from help.
 struct Exercise: ParsableCommand {
@@ -37,6 +40,64 @@ struct Exercise: ParsableCommand {
             for index in 0..<count {
                 try wormhole.passMessageObject(["writer": tag, "index": String(index)], identifier: identifier)
             }
+        }
+    }
+}
+
+/// Store workloads that the package's tests run in child processes; hidden from help.
+struct ExerciseStore: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "exercise-store", abstract: "Run a store workload for the package's tests.", shouldDisplay: false)
+
+    enum Workload: String, ExpressibleByArgument {
+        /// Open the store with the test migration (a table `item`), then exit.
+        case open
+        /// Insert count rows into `item`, one transaction each, as author --tag.
+        case write
+        /// Consume remote changes as durable consumer --tag: merge the first, then die (SIGKILL) while merging the
+        /// second.
+        case consumeThenCrash = "consume-then-crash"
+    }
+
+    @Argument var workload: Workload
+    @Option var path: String
+    @Option var count = 100
+    @Option var tag = "w"
+
+    /// The migration the store tests use.
+    static var testMigrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("items") { db in
+            try db.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, writer TEXT, value INTEGER)")
+            // Counts how often the migration ran: two processes opening a new store must run it once.
+            try db.execute(sql: "CREATE TABLE migration_run (id INTEGER PRIMARY KEY AUTOINCREMENT)")
+            try db.execute(sql: "INSERT INTO migration_run DEFAULT VALUES")
+        }
+        return migrator
+    }
+
+    func run() throws {
+        let store = try SharedStore(
+            path: path, migrator: Self.testMigrator, configuration: .init(author: tag, observesRemoteChanges: false))
+        switch workload {
+        case .open:
+            return
+        case .write:
+            for index in 0..<count {
+                try store.write { db in
+                    try db.execute(sql: "INSERT INTO item(writer, value) VALUES (?, ?)", arguments: [tag, index])
+                }
+            }
+        case .consumeThenCrash:
+            let seen = Mutex(0)
+            let observer = try store.observeRemoteChanges(consumer: tag) { transaction in
+                let number = seen.withLock { $0 += 1; return $0 }
+                Output.line("merging \(transaction.id)")
+                if number == 2 { kill(getpid(), SIGKILL) }  // dies before this one is acknowledged
+            }
+            FileHandle.standardError.write(Data("watching\n".utf8))
+            Thread.sleep(forTimeInterval: 30)
+            observer.cancel()
         }
     }
 }

@@ -1,0 +1,344 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+import GRDB
+import Logging
+import Synchronization
+import WormholeKit
+
+/// One SQLite database shared by every process of a group, each told at once what the others changed.
+///
+/// A store is a GRDB `DatabasePool` in the group's container, set up for sharing between processes as GRDB's sharing
+/// guide advises: WAL, a busy timeout, IMMEDIATE write transactions, and set-up (creation, migrations) done by one
+/// process at a time. On top of it:
+///
+/// - **History.** Every committed write is recorded with its author, time, and per table the inserted, updated and
+///   deleted primary keys (see ``StoreTransaction``). Triggers record it, so writes by other tools are seen too.
+/// - **Remote changes.** After a write through ``write(_:)`` commits, the other processes are notified at once, and
+///   receive the transactions since their own history token: ``remoteChanges(consumer:tables:includingOwnWrites:)``.
+/// - **Cross-process GRDB observation.** A `ValueObservation` or `DatabaseRegionObservation` in this process fires
+///   after another process commits a change to its region.
+///
+/// ```swift
+/// var migrator = DatabaseMigrator()
+/// migrator.registerMigration("v1") { db in
+///     try db.create(table: "counter") { t in
+///         t.primaryKey("id", .integer)
+///         t.column("value", .integer).notNull()
+///     }
+/// }
+/// let store = try SharedStore(
+///     applicationGroupIdentifier: "group.com.example.app", name: "shared.sqlite", migrator: migrator,
+///     configuration: .init(author: "app"))
+/// try store.write { db in try db.execute(sql: "UPDATE counter SET value = value + 1") }
+///
+/// for try await transaction in store.remoteChanges(consumer: "app", tables: ["counter"]) {
+///     print(transaction.author, "changed", transaction.tableNames)
+/// }
+/// ```
+public final class SharedStore: Sendable {
+    /// The database, for reads and for GRDB observation. Write through ``write(_:)``, which records and notifies.
+    public let databasePool: DatabasePool
+    /// The database file.
+    public let path: String
+    /// Who this process is in the history: the ``Configuration/author``.
+    public let author: String
+    /// The settings the store was opened with.
+    public let configuration: Configuration
+
+    let notifier: DirectoryNotifier
+    let notificationName: String
+    let logger: Logger
+    private let schemaVersion = Mutex<Int?>(nil)
+    private let bridge = Mutex<NotifierObservation?>(nil)
+    private let bridgedThrough = Mutex<Int64>(0)
+    private let lastPurge = Mutex<Date>(.distantPast)
+    /// Where the store's own notification work runs: never on the notifier's thread, never on the cooperative pool.
+    let queue = DispatchQueue(label: "wormhole.store")
+
+    /// Opens (creating if needed) a store named `name` in an application group's container.
+    ///
+    /// - Throws: ``StoreError``; a bad group or name is ``StoreError/Code/unavailable``.
+    public convenience init(
+        applicationGroupIdentifier: String,
+        optionalDirectory: String? = nil,
+        name: String = "store.sqlite",
+        migrator: DatabaseMigrator = DatabaseMigrator(),
+        configuration: Configuration = Configuration()
+    ) throws(StoreError) {
+        let directory: String
+        do {
+            try MessageIdentifier.validate(name)
+            directory = try GroupContainer.directory(
+                forApplicationGroupIdentifier: applicationGroupIdentifier, optionalDirectory: optionalDirectory)
+        } catch {
+            throw StoreError(.unavailable, error.message, underlyingError: error)
+        }
+        try self.init(path: directory + "/" + name, migrator: migrator, configuration: configuration)
+    }
+
+    /// Opens (creating if needed) the store at `path`; its directory is created with mode 0700.
+    ///
+    /// Creation, the history tables and the migrations run under a file lock, so several processes may open a new
+    /// store at once: one sets it up, the others find it ready.
+    ///
+    /// - Throws: ``StoreError/Code/unavailable`` when the file cannot be opened,
+    ///   ``StoreError/Code/migrationFailed`` when a migration throws.
+    public init(
+        path: String,
+        migrator: DatabaseMigrator = DatabaseMigrator(),
+        configuration: Configuration = Configuration()
+    ) throws(StoreError) {
+        self.path = path
+        self.author = configuration.author
+        self.configuration = configuration
+        self.logger = configuration.logger
+        let url = URL(fileURLWithPath: path)
+        let name = url.lastPathComponent
+        guard MessageIdentifier.isValid(name) else {
+            throw StoreError(.unavailable, "The store's file name \"\(name)\" is not a valid name.", path: path)
+        }
+        notificationName = "store." + name
+        do {
+            notifier = try DirectoryNotifier(
+                directory: url.deletingLastPathComponent().path, strategy: configuration.notification,
+                logger: configuration.logger)
+        } catch {
+            throw StoreError(.unavailable, "The store's directory is unusable: \(error.message)", path: path, underlyingError: error)
+        }
+
+        var grdb = configuration.databaseConfiguration
+        grdb.busyMode = .timeout(configuration.busyTimeout)
+        grdb.journalMode = .wal
+        let pool: DatabasePool
+        let lock = try SetupLock(path: path + ".wormhole-lock")
+        do {
+            defer { lock.unlock() }
+            // Made here with mode 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
+            let created = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+            if created >= 0 { _ = close(created) }
+            do {
+                pool = try DatabasePool(path: path, configuration: grdb)
+            } catch {
+                throw StoreError(.unavailable, "The database could not be opened: \(error)", path: path, underlyingError: error)
+            }
+            do {
+                try pool.write { db in try HistorySchema.create(db) }
+            } catch {
+                throw Self.storeError(error, "create the history tables", path: path)
+            }
+            do {
+                try migrator.migrate(pool)
+            } catch {
+                throw StoreError(.migrationFailed, "A migration failed: \(error)", path: path, underlyingError: error)
+            }
+            do {
+                try pool.write { db in try HistorySchema.installTriggers(db, untracked: configuration.untrackedTables) }
+            } catch {
+                throw Self.storeError(error, "install the history triggers", path: path)
+            }
+        }
+        databasePool = pool
+        if configuration.observesRemoteChanges { try startBridge() }
+    }
+
+    deinit { bridge.withLock { $0?.cancel() } }
+
+    // MARK: Writing
+
+    /// Runs `updates` in an IMMEDIATE write transaction, records it in the history as this store's author, and after
+    /// it commits, notifies the other processes.
+    ///
+    /// Changes that other tools made since the last write through a store are first recorded as a transaction of
+    /// their own, of author `external`. A table created inside `updates` is tracked from the next write on.
+    ///
+    /// - Throws: ``StoreError/Code/busy`` when another process held the database longer than the busy timeout, or
+    ///   the error `updates` throws (the transaction is then rolled back).
+    @discardableResult
+    public func write<T>(_ updates: (Database) throws -> T) throws -> T {
+        let (value, recorded): (T, Int64?)
+        do {
+            (value, recorded) = try databasePool.write { db in
+                try prepareWrite(db)
+                let value = try updates(db)
+                return (value, try HistorySchema.claimUnclaimedChanges(db, author: author))
+            }
+        } catch let error as DatabaseError {
+            throw Self.storeError(error, "write", path: path)
+        }
+        if recorded != nil { notifyOtherProcesses() }
+        return value
+    }
+
+    /// The asynchronous form of ``write(_:)``: the database work runs on GRDB's writer queue, not on the caller's
+    /// thread.
+    @discardableResult
+    public func write<T: Sendable>(_ updates: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        let (value, recorded): (T, Int64?)
+        do {
+            (value, recorded) = try await databasePool.write { [self] db in
+                try prepareWrite(db)
+                let value = try updates(db)
+                return (value, try HistorySchema.claimUnclaimedChanges(db, author: author))
+            }
+        } catch let error as DatabaseError {
+            throw Self.storeError(error, "write", path: path)
+        }
+        if recorded != nil { notifyOtherProcesses() }
+        return value
+    }
+
+    /// Claims what other tools wrote, and tracks tables created since the last write.
+    private func prepareWrite(_ db: Database) throws {
+        _ = try HistorySchema.claimUnclaimedChanges(db, author: HistorySchema.externalAuthor)
+        let version = try Int.fetchOne(db, sql: "PRAGMA schema_version")
+        if schemaVersion.withLock({ $0 }) != version {
+            try HistorySchema.installTriggers(db, untracked: configuration.untrackedTables)
+            let installed = try Int.fetchOne(db, sql: "PRAGMA schema_version")
+            schemaVersion.withLock { $0 = installed }
+        }
+    }
+
+    private func notifyOtherProcesses() {
+        do {
+            try notifier.post(notificationName)
+        } catch {
+            // The commit stands; other processes will see it on their next notification or start.
+            logger.error("Could not notify other processes of a commit", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// Reads from the database (a GRDB read: concurrent with writes, in WAL mode).
+    public func read<T>(_ value: (Database) throws -> T) throws -> T {
+        do {
+            return try databasePool.read(value)
+        } catch let error as DatabaseError {
+            throw Self.storeError(error, "read", path: path)
+        }
+    }
+
+    // MARK: History
+
+    /// The recorded transactions after `token` (all of them from 0), oldest first, at most `limit`.
+    public func transactions(after token: Int64 = 0, tables: Set<String>? = nil, limit: Int = 100) throws -> [StoreTransaction] {
+        try read { db in try HistorySchema.transactions(db, after: token, limit: limit, tables: tables).transactions }
+    }
+
+    /// The newest history token: the id of the last recorded transaction, or 0.
+    public func currentToken() throws -> Int64 {
+        try read { db in try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(id), 0) FROM wormhole_transaction") ?? 0 }
+    }
+
+    /// Deletes the history that every registered consumer has merged, and consumers (with what only they needed)
+    /// not seen for longer than `maximumAge` (by default ``Configuration/historyMaximumAge``).
+    ///
+    /// With no consumer registered, history older than `maximumAge` is deleted. Returns how many transactions went.
+    @discardableResult
+    public func purgeHistory(maximumAge: TimeInterval? = nil) throws -> Int {
+        let cutoff = Date().timeIntervalSince1970 - (maximumAge ?? configuration.historyMaximumAge)
+        do {
+            return try databasePool.write { db in
+                try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
+                let merged = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
+                let condition = "id <= ? OR timestamp < ?"
+                let arguments: StatementArguments = [merged ?? 0, cutoff]
+                try db.execute(
+                    sql: "DELETE FROM wormhole_change WHERE transaction_id IN (SELECT id FROM wormhole_transaction WHERE \(condition))",
+                    arguments: arguments)
+                try db.execute(sql: "DELETE FROM wormhole_transaction WHERE \(condition)", arguments: arguments)
+                return db.changesCount
+            }
+        } catch {
+            throw Self.storeError(error, "purge the history", path: path)
+        }
+    }
+
+    /// Purges at most once a second, after consumers move on.
+    func purgeIfDue() {
+        let due = lastPurge.withLock { last in
+            guard Date().timeIntervalSince(last) > 1 else { return false }
+            last = Date()
+            return true
+        }
+        if due {
+            do { try purgeHistory() } catch { logger.warning("History purge failed", metadata: ["error": "\(error)"]) }
+        }
+    }
+
+    // MARK: GRDB observation across processes
+
+    /// Observes the store's notifications and tells this process's GRDB observers which tables other processes
+    /// changed, with `Database.notifyChanges(in:)`.
+    private func startBridge() throws(StoreError) {
+        let start: Int64
+        do { start = try currentToken() } catch { throw Self.storeError(error, "read the history", path: path) }
+        bridgedThrough.withLock { $0 = start }
+        let observation: NotifierObservation
+        do {
+            observation = try notifier.observe(notificationName) { [weak self] in
+                guard let self else { return }
+                queue.async { self.bridgeRemoteChanges() }
+            }
+        } catch {
+            throw StoreError(.notification, "Could not observe other processes' commits: \(error.message)", path: path, underlyingError: error)
+        }
+        bridge.withLock { $0 = observation }
+    }
+
+    private func bridgeRemoteChanges() {
+        do {
+            let after = bridgedThrough.withLock { $0 }
+            var tables = Set<String>()
+            var last = after
+            try databasePool.read { db in
+                var token = after
+                while true {
+                    let (batch, scanned) = try HistorySchema.transactions(db, after: token, limit: 500, tables: nil)
+                    for transaction in batch where transaction.author != author { tables.formUnion(transaction.tableNames) }
+                    if scanned == token { break }
+                    token = scanned
+                }
+                last = token
+            }
+            bridgedThrough.withLock { $0 = last }
+            guard !tables.isEmpty else { return }
+            try databasePool.write { db in
+                for table in tables { try db.notifyChanges(in: Table(table)) }
+            }
+        } catch {
+            logger.error("Could not pass other processes' changes to GRDB observers", metadata: ["error": "\(error)"])
+        }
+    }
+
+    static func storeError(_ error: any Error, _ action: String, path: String) -> StoreError {
+        if let error = error as? StoreError { return error }
+        if let database = error as? DatabaseError, database.resultCode == .SQLITE_BUSY {
+            return StoreError(
+                .busy, "Could not \(action): another process held the database longer than the busy timeout.",
+                path: path, underlyingError: error)
+        }
+        return StoreError(.database, "Could not \(action): \(error)", path: path, underlyingError: error)
+    }
+}
+
+/// An exclusive `flock` lock on a file next to the database, held while a process sets the store up.
+struct SetupLock: ~Copyable {
+    private let descriptor: Int32
+
+    init(path: String) throws(StoreError) {
+        descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard descriptor >= 0 else {
+            throw StoreError(.unavailable, "Could not open the set-up lock: \(String(cString: strerror(errno))).", path: path)
+        }
+        while flock(descriptor, LOCK_EX) != 0 && errno == EINTR {}
+    }
+
+    func unlock() { _ = flock(descriptor, LOCK_UN) }
+
+    deinit { _ = close(descriptor) }
+}

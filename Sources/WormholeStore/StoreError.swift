@@ -1,0 +1,70 @@
+/// The error type that WormholeStore throws.
+///
+/// As ``WormholeKit/WormholeError`` does for mailboxes: a stable ``code``, a message that says what went wrong and
+/// what to do, and the cause underneath (a GRDB `DatabaseError`, a ``WormholeKit/WormholeError``) in
+/// ``underlyingError``.
+public struct StoreError: Error, Sendable, CustomStringConvertible {
+    /// A stable code for a kind of failure.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Value: Hashable, Sendable {
+            case unavailable, migrationFailed, busy, corruptHistory, database, notification
+        }
+        private let value: Value
+        private init(_ value: Value) { self.value = value }
+
+        /// The database could not be opened or created (a bad path, a missing directory, permissions).
+        public static let unavailable = Code(.unavailable)
+        /// A migration failed; the database keeps the migrations that were applied before it.
+        public static let migrationFailed = Code(.migrationFailed)
+        /// Another process held the database longer than the busy timeout (`SQLITE_BUSY`).
+        public static let busy = Code(.busy)
+        /// A history row cannot be read (a malformed primary key or operation); the other rows are delivered.
+        public static let corruptHistory = Code(.corruptHistory)
+        /// Another database error; ``StoreError/underlyingError`` holds GRDB's `DatabaseError`.
+        public static let database = Code(.database)
+        /// Other processes could not be notified, or notifications could not be observed.
+        public static let notification = Code(.notification)
+
+        public var description: String {
+            switch value {
+            case .unavailable: "store unavailable"
+            case .migrationFailed: "migration failed"
+            case .busy: "database busy"
+            case .corruptHistory: "corrupt history"
+            case .database: "database error"
+            case .notification: "notification failed"
+            }
+        }
+    }
+
+    /// The kind of failure.
+    public var code: Code
+    /// What went wrong and what to do, in a sentence or two.
+    public var message: String
+    /// The database file involved.
+    public var path: String?
+    /// The error underneath.
+    public var underlyingError: (any Error)?
+
+    /// Creates an error.
+    public init(_ code: Code, _ message: String, path: String? = nil, underlyingError: (any Error)? = nil) {
+        self.code = code
+        self.message = message
+        self.path = path
+        self.underlyingError = underlyingError
+    }
+
+    public var description: String {
+        var text = "StoreError(\(code)): \(message)"
+        if let path { text += " [path: \(path)]" }
+        if let underlyingError { text += " [cause: \(underlyingError)]" }
+        return text
+    }
+}
+
+extension StoreError.Code {
+    /// Lets `catch` clauses match a code directly: `catch StoreError.Code.busy { … }`.
+    public static func ~= (code: StoreError.Code, error: any Error) -> Bool {
+        (error as? StoreError)?.code == code
+    }
+}

@@ -1,0 +1,127 @@
+import Foundation
+
+/// One committed write transaction of a shared store, as its history recorded it.
+///
+/// Its ``id`` is the history token: a consumer that has merged this transaction resumes after it.
+public struct StoreTransaction: Sendable, Hashable, Codable {
+    /// The history token: transactions are numbered in commit order.
+    public var id: Int64
+    /// Who wrote it: a store's ``SharedStore/author``, or `external` for a tool that wrote to the file directly.
+    public var author: String
+    /// When it was committed.
+    public var date: Date
+    /// The changed rows, by table name.
+    public var tables: [String: TableChanges]
+    /// History rows of this transaction that could not be read; the other rows are in ``tables``.
+    public var damagedChanges: [DamagedChange]
+
+    /// Creates a transaction record.
+    public init(
+        id: Int64, author: String, date: Date, tables: [String: TableChanges], damagedChanges: [DamagedChange] = []
+    ) {
+        self.id = id
+        self.author = author
+        self.date = date
+        self.tables = tables
+        self.damagedChanges = damagedChanges
+    }
+
+    /// The names of the tables it changed, sorted.
+    public var tableNames: [String] { Array(Set(tables.keys).union(damagedChanges.map(\.table))).sorted() }
+}
+
+/// The rows of one table that a transaction inserted, updated and deleted, by primary key.
+public struct TableChanges: Sendable, Hashable, Codable {
+    /// Inserted rows, in order.
+    public var inserted: [PrimaryKey] = []
+    /// Updated rows, in order (a row updated twice is listed twice).
+    public var updated: [PrimaryKey] = []
+    /// Deleted rows, in order.
+    public var deleted: [PrimaryKey] = []
+
+    /// Creates a set of changes.
+    public init(inserted: [PrimaryKey] = [], updated: [PrimaryKey] = [], deleted: [PrimaryKey] = []) {
+        self.inserted = inserted
+        self.updated = updated
+        self.deleted = deleted
+    }
+}
+
+/// A row's primary key: its columns and their values (`rowid` for tables without a declared primary key).
+public struct PrimaryKey: Sendable, Hashable, Codable, CustomStringConvertible {
+    /// The primary key's columns and values.
+    public var columns: [String: PrimaryKeyValue]
+
+    /// Creates a primary key.
+    public init(_ columns: [String: PrimaryKeyValue]) { self.columns = columns }
+
+    /// The integer value of a single-column integer key (an `INTEGER PRIMARY KEY` or the rowid), if it is one.
+    public var integerValue: Int64? {
+        guard columns.count == 1, case .integer(let value) = columns.first!.value else { return nil }
+        return value
+    }
+
+    public var description: String {
+        columns.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")
+    }
+
+    public init(from decoder: any Decoder) throws { columns = try [String: PrimaryKeyValue](from: decoder) }
+    public func encode(to encoder: any Encoder) throws { try columns.encode(to: encoder) }
+}
+
+/// A value in a primary key. BLOB values are recorded as their hexadecimal text.
+public enum PrimaryKeyValue: Sendable, Hashable, Codable, CustomStringConvertible {
+    case integer(Int64)
+    case real(Double)
+    case text(String)
+    case null
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() {
+            self = .null
+        } else if let value = try? container.decode(Int64.self) {
+            self = .integer(value)
+        } else if let value = try? container.decode(Double.self) {
+            self = .real(value)
+        } else {
+            self = .text(try container.decode(String.self))
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .integer(let value): try container.encode(value)
+        case .real(let value): try container.encode(value)
+        case .text(let value): try container.encode(value)
+        case .null: try container.encodeNil()
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .integer(let value): "\(value)"
+        case .real(let value): "\(value)"
+        case .text(let value): value
+        case .null: "NULL"
+        }
+    }
+}
+
+/// A history row that could not be read: which one, and why.
+public struct DamagedChange: Sendable, Hashable, Codable {
+    /// The row's id in `wormhole_change`.
+    public var changeID: Int64
+    /// The table the row names.
+    public var table: String
+    /// What is wrong with it.
+    public var reason: String
+
+    /// Creates a record of a damaged row.
+    public init(changeID: Int64, table: String, reason: String) {
+        self.changeID = changeID
+        self.table = table
+        self.reason = reason
+    }
+}
