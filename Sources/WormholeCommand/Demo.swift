@@ -30,8 +30,10 @@ struct Demo: ParsableCommand {
             Starts a "widget" process that listens for taps, then an "app" process that passes taps and waits for \
             the widget's replies, then a third process, started after both have exited, that reads what was \
             left in the mailbox. Runs on the default group root ($WORMHOLE_APP_GROUPS or \
-            ~/.local/share/app-groups), in the group \(DemoDefaults.group).
-            """)
+            ~/.local/share/app-groups), in the group \(DemoDefaults.group). `wormhole demo store` shows a \
+            shared SQLite store instead.
+            """,
+        subcommands: [DemoStore.self])
 
     @Option(help: "How many taps the app passes.")
     var taps = 5
