@@ -51,13 +51,13 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // One test target, its folders mirroring the modules; it depends on the tool so that the tests can run it.
         .testTarget(
-            name: "WormholeKitTests",
-            dependencies: ["WormholeKit", "WormholeTesting", "WormholeCommand"]
-        ),
-        .testTarget(
-            name: "WormholeStoreTests",
-            dependencies: ["WormholeStore", "WormholeCommand", .product(name: "GRDB", package: "GRDB.swift")]
+            name: "WormholeTests",
+            dependencies: [
+                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCommand",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

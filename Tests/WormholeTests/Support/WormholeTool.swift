@@ -75,8 +75,11 @@ final class RunningTool: Sendable {
     var isRunning: Bool { process.isRunning }
 
     /// Waits until standard error says the listener is ready.
-    func waitUntilListening(timeout: Double = 20) -> Bool {
-        eventually(timeout: timeout) { errorSoFar.contains("listening to") }
+    func waitUntilListening(timeout: Double = 20) -> Bool { waitForError(containing: "listening to", timeout: timeout) }
+
+    /// Waits until standard error contains `text`.
+    func waitForError(containing text: String, timeout: Double = 20) -> Bool {
+        eventually(timeout: timeout) { errorSoFar.contains(text) }
     }
 
     /// Waits for the process to end, killing it after `timeout` seconds.
