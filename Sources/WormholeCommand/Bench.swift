@@ -41,8 +41,17 @@ enum Placement: String, ExpressibleByArgument, CaseIterable {
 
 func monotonicNanoseconds() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
 
+/// `wormhole bench`: the benchmarks; the mailbox one runs by default.
 struct Bench: ParsableCommand {
     static let configuration = CommandConfiguration(
+        abstract: "Measure the wormhole against baselines in the same run (`bench mailbox` by default).",
+        subcommands: [BenchMailbox.self, BenchStore.self],
+        defaultSubcommand: BenchMailbox.self)
+}
+
+struct BenchMailbox: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "mailbox",
         abstract: "Measure mailbox latency between two processes, against a hand-written floor in the same run.",
         discussion: """
             For each directory (the default group root and /dev/shm), runs ping-pong between this process and a \
@@ -50,7 +59,8 @@ struct Bench: ParsableCommand {
             written by hand with the same message size: write a temporary file, rename it, inotify wake-up, read \
             (the classic way); and an in-place write with an inotify wake-up. One-way latency is half the round \
             trip. Figures print as ratios to the floors, measured in the same run. Also measures how many \
-            mailbox writes a second one process passes. Build with -c release for meaningful figures.
+            mailbox writes a second one process passes. Build with -c release for meaningful figures. \
+            `wormhole bench store` measures the shared SQLite store.
             """)
 
     @Option(help: "Round trips per case (after the warm-up).")

@@ -1,32 +1,32 @@
 import Foundation
 import GRDB
 
-/// The tables and triggers that record a store's history.
+/// The table and triggers that record a store's history.
 ///
 /// History is recorded by SQLite triggers on every tracked table, not by a GRDB transaction observer, so that writes
-/// made by other tools (the `sqlite3` shell, another library) are recorded too, with their real primary keys. A
-/// trigger appends a row to `wormhole_change` with no transaction; a write through ``SharedStore`` ends by creating
-/// its `wormhole_transaction` row (author, time) and claiming its unclaimed changes. Changes that other tools left
-/// are claimed by the next store write, first, as one transaction of author `external`.
+/// made by other tools (the `sqlite3` shell, another library) are recorded too, with their real primary keys.
+///
+/// It is one append-only log, `wormhole_history`: a trigger appends a *change* row (operation, table, primary key as
+/// JSON); a write through ``SharedStore`` ends by appending a *commit* row (author, time) that closes the changes
+/// before it into one transaction, whose id is the commit row's id: the history token. One table, appended to at its
+/// end, keeps the extra pages a commit writes to a minimum. Changes left by other tools, with no commit row after
+/// them, are closed by the next store write, first, as a transaction of author `external`. Row ids are never reused:
+/// purging always keeps the newest row.
 enum HistorySchema {
     static let externalAuthor = "external"
+    static let commitOperation = "commit"
 
     static func create(_ db: Database) throws {
         try db.execute(
             sql: """
-                CREATE TABLE IF NOT EXISTS wormhole_transaction (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    author TEXT NOT NULL,
-                    timestamp REAL NOT NULL
-                );
-                CREATE TABLE IF NOT EXISTS wormhole_change (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    transaction_id INTEGER,
-                    table_name TEXT NOT NULL,
+                CREATE TABLE IF NOT EXISTS wormhole_history (
+                    id INTEGER PRIMARY KEY,
                     operation TEXT NOT NULL,
-                    primary_key TEXT NOT NULL
+                    table_name TEXT,
+                    primary_key TEXT,
+                    author TEXT,
+                    timestamp REAL
                 );
-                CREATE INDEX IF NOT EXISTS wormhole_change_by_transaction ON wormhole_change(transaction_id);
                 CREATE TABLE IF NOT EXISTS wormhole_consumer (
                     name TEXT PRIMARY KEY,
                     token INTEGER NOT NULL,
@@ -62,8 +62,8 @@ enum HistorySchema {
                 let trigger: String = """
                         CREATE TRIGGER IF NOT EXISTS \(quoted(triggerName(table, operation)))
                         AFTER \(event) ON \(quoted(table)) BEGIN
-                            INSERT INTO wormhole_change(table_name, operation, primary_key)
-                            VALUES (\(literal(table)), '\(operation)', json_object(\(key)));
+                            INSERT INTO wormhole_history(operation, table_name, primary_key)
+                            VALUES ('\(operation)', \(literal(table)), json_object(\(key)));
                         END
                         """
                 try db.execute(sql: trigger)
@@ -79,73 +79,94 @@ enum HistorySchema {
     /// An SQL string literal.
     static func literal(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "''") + "'" }
 
-    /// Gathers the changes no transaction has claimed into a new transaction of `author`; returns its id, or nil
-    /// when there were none.
-    static func claimUnclaimedChanges(_ db: Database, author: String) throws -> Int64? {
-        let pending = try Int64.fetchOne(
-            db, sql: "SELECT id FROM wormhole_change WHERE transaction_id IS NULL LIMIT 1")
-        guard pending != nil else { return nil }
-        try db.cachedStatement(sql: "INSERT INTO wormhole_transaction(author, timestamp) VALUES (?, ?)")
-            .execute(arguments: [author, Date().timeIntervalSince1970])
-        let transaction = db.lastInsertedRowID
-        try db.cachedStatement(sql: "UPDATE wormhole_change SET transaction_id = ? WHERE transaction_id IS NULL")
-            .execute(arguments: [transaction])
-        return transaction
+    /// The id of the last history row, after closing changes that other tools left into an `external` transaction.
+    static func beginWrite(_ db: Database) throws -> Int64 {
+        // Cached statements: these run in every write, and compiling them would cost more than running them.
+        guard let last = try Row.fetchOne(
+            db.cachedStatement(sql: "SELECT id, operation FROM wormhole_history ORDER BY id DESC LIMIT 1"))
+        else { return 0 }
+        let operation: String = last["operation"]
+        if operation == commitOperation { return last["id"] }
+        return try appendCommit(db, author: externalAuthor)
     }
 
-    /// The transactions after `token`, at most `limit` of them, keeping only changes to `tables` (all when nil).
+    /// Closes the changes appended since `lastID` into a transaction of `author`; returns its token, or nil when the
+    /// write changed nothing that is tracked.
+    static func endWrite(_ db: Database, since lastID: Int64, author: String) throws -> Int64? {
+        // One statement: append the commit row only if the triggers appended changes since the write began.
+        try db.cachedStatement(
+            sql: """
+                INSERT INTO wormhole_history(operation, author, timestamp)
+                SELECT 'commit', ?, ? WHERE (SELECT MAX(id) FROM wormhole_history) > ?
+                """
+        ).execute(arguments: [author, Date().timeIntervalSince1970, lastID])
+        return db.changesCount > 0 ? db.lastInsertedRowID : nil
+    }
+
+    private static func appendCommit(_ db: Database, author: String) throws -> Int64 {
+        try db.cachedStatement(
+            sql: "INSERT INTO wormhole_history(operation, author, timestamp) VALUES ('commit', ?, ?)"
+        ).execute(arguments: [author, Date().timeIntervalSince1970])
+        return db.lastInsertedRowID
+    }
+
+    /// The newest history token: the id of the last commit row, or 0.
+    static func currentToken(_ db: Database) throws -> Int64 {
+        try Int64.fetchOne(
+            db.cachedStatement(
+                sql: "SELECT id FROM wormhole_history WHERE operation = 'commit' ORDER BY id DESC LIMIT 1")) ?? 0
+    }
+
+    /// The transactions after `token`, at most about `limit` of them, keeping only changes to `tables` (all when
+    /// nil).
     ///
-    /// Returns the transactions that touch the tables, and the id of the last transaction looked at, so that a
+    /// Returns the transactions that touch the tables, and the token of the last transaction looked at, so that a
     /// consumer can move past transactions that do not concern it.
     static func transactions(
         _ db: Database, after token: Int64, limit: Int, tables: Set<String>?
     ) throws -> (transactions: [StoreTransaction], scannedThrough: Int64) {
-        let rows = try Row.fetchAll(
-            db,
-            sql: """
-                SELECT t.id, t.author, t.timestamp, c.id AS change_id, c.table_name, c.operation, c.primary_key
-                FROM (SELECT * FROM wormhole_transaction WHERE id > ? ORDER BY id LIMIT ?) AS t
-                LEFT JOIN wormhole_change AS c ON c.transaction_id = t.id
-                ORDER BY t.id, c.id
-                """,
-            arguments: [token, limit])
-        var result: [StoreTransaction] = []
-        var scanned = token
-        var current: StoreTransaction?
-        func flush() {
-            if let transaction = current, !transaction.tables.isEmpty || !transaction.damagedChanges.isEmpty {
-                result.append(transaction)
-            }
-        }
-        for row in rows {
-            let id: Int64 = row["id"]
-            if current?.id != id {
-                flush()
-                scanned = id
-                current = StoreTransaction(
-                    id: id, author: row["author"], date: Date(timeIntervalSince1970: row["timestamp"]), tables: [:])
-            }
-            guard let changeID: Int64 = row["change_id"] else { continue }
-            let table: String = row["table_name"]
-            if let tables, !tables.contains(table) { continue }
-            let operation: String? = row["operation"]
-            let keyText: String? = row["primary_key"]
-            switch decodeKey(keyText) {
-            case .success(let key):
-                switch operation {
-                case "insert": current!.tables[table, default: TableChanges()].inserted.append(key)
-                case "update": current!.tables[table, default: TableChanges()].updated.append(key)
-                case "delete": current!.tables[table, default: TableChanges()].deleted.append(key)
-                default:
-                    current!.damagedChanges.append(
-                        DamagedChange(changeID: changeID, table: table, reason: "unknown operation \(operation ?? "NULL")"))
+        var rowLimit = max(limit, 1) * 16
+        while true {
+            let rows = try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT * FROM wormhole_history WHERE id > ? ORDER BY id LIMIT ?"),
+                arguments: [token, rowLimit])
+            var result: [StoreTransaction] = []
+            var scanned = token
+            var pending = StoreTransaction(id: 0, author: "", date: Date(timeIntervalSince1970: 0), tables: [:])
+            for row in rows {
+                let id: Int64 = row["id"]
+                let operation: String? = row["operation"]
+                if operation == commitOperation {
+                    pending.id = id
+                    pending.author = row["author"] ?? "unknown"
+                    pending.date = Date(timeIntervalSince1970: row["timestamp"] ?? 0)
+                    if !pending.tables.isEmpty || !pending.damagedChanges.isEmpty { result.append(pending) }
+                    pending = StoreTransaction(id: 0, author: "", date: Date(timeIntervalSince1970: 0), tables: [:])
+                    scanned = id
+                    if result.count >= limit { return (result, scanned) }
+                    continue
                 }
-            case .failure(let reason):
-                current!.damagedChanges.append(DamagedChange(changeID: changeID, table: table, reason: reason.text))
+                let table: String = row["table_name"] ?? "?"
+                if let tables, !tables.contains(table) { continue }
+                switch (operation, decodeKey(row["primary_key"])) {
+                case ("insert", .success(let key)): pending.tables[table, default: TableChanges()].inserted.append(key)
+                case ("update", .success(let key)): pending.tables[table, default: TableChanges()].updated.append(key)
+                case ("delete", .success(let key)): pending.tables[table, default: TableChanges()].deleted.append(key)
+                case (_, .failure(let reason)):
+                    pending.damagedChanges.append(DamagedChange(changeID: id, table: table, reason: reason.text))
+                case (let operation, .success):
+                    pending.damagedChanges.append(
+                        DamagedChange(changeID: id, table: table, reason: "unknown operation \(operation ?? "NULL")"))
+                }
             }
+            // Rows after the last commit row belong to a transaction still open to this reader: one of more rows
+            // than fetched, or changes by another tool not yet closed. Fetch more only in the first case.
+            if scanned == token, rows.count == rowLimit {
+                rowLimit *= 4
+                continue
+            }
+            return (result, scanned)
         }
-        flush()
-        return (result, scanned)
     }
 
     private struct Reason: Error { var text: String }

@@ -78,7 +78,7 @@ final class ConsumerCursor: Sendable {
         self.includingOwnWrites = includingOwnWrites
         do {
             let start: Int64 = try store.databasePool.write { db in
-                let head = try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(id), 0) FROM wormhole_transaction") ?? 0
+                let head = try HistorySchema.currentToken(db)
                 guard let name else { return head }
                 try db.execute(
                     sql: """

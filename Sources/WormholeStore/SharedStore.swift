@@ -51,7 +51,8 @@ public final class SharedStore: Sendable {
     /// The settings the store was opened with.
     public let configuration: Configuration
 
-    let notifier: DirectoryNotifier
+    /// The notifier that tells other processes of commits.
+    public let notifier: DirectoryNotifier
     let notificationName: String
     let logger: Logger
     private let schemaVersion = Mutex<Int?>(nil)
@@ -164,9 +165,9 @@ public final class SharedStore: Sendable {
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try databasePool.write { db in
-                try prepareWrite(db)
+                let last = try prepareWrite(db)
                 let value = try updates(db)
-                return (value, try HistorySchema.claimUnclaimedChanges(db, author: author))
+                return (value, try HistorySchema.endWrite(db, since: last, author: author))
             }
         } catch let error as DatabaseError {
             throw Self.storeError(error, "write", path: path)
@@ -182,9 +183,9 @@ public final class SharedStore: Sendable {
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try await databasePool.write { [self] db in
-                try prepareWrite(db)
+                let last = try prepareWrite(db)
                 let value = try updates(db)
-                return (value, try HistorySchema.claimUnclaimedChanges(db, author: author))
+                return (value, try HistorySchema.endWrite(db, since: last, author: author))
             }
         } catch let error as DatabaseError {
             throw Self.storeError(error, "write", path: path)
@@ -193,15 +194,16 @@ public final class SharedStore: Sendable {
         return value
     }
 
-    /// Claims what other tools wrote, and tracks tables created since the last write.
-    private func prepareWrite(_ db: Database) throws {
-        _ = try HistorySchema.claimUnclaimedChanges(db, author: HistorySchema.externalAuthor)
-        let version = try Int.fetchOne(db, sql: "PRAGMA schema_version")
+    /// Closes what other tools wrote, and tracks tables created since the last write; returns the last history id.
+    private func prepareWrite(_ db: Database) throws -> Int64 {
+        let last = try HistorySchema.beginWrite(db)
+        let version = Int(try db.schemaVersion())
         if schemaVersion.withLock({ $0 }) != version {
             try HistorySchema.installTriggers(db, untracked: configuration.untrackedTables)
-            let installed = try Int.fetchOne(db, sql: "PRAGMA schema_version")
+            let installed = Int(try db.schemaVersion())
             schemaVersion.withLock { $0 = installed }
         }
+        return last
     }
 
     private func notifyOtherProcesses() {
@@ -231,7 +233,7 @@ public final class SharedStore: Sendable {
 
     /// The newest history token: the id of the last recorded transaction, or 0.
     public func currentToken() throws -> Int64 {
-        try read { db in try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(id), 0) FROM wormhole_transaction") ?? 0 }
+        try read { db in try HistorySchema.currentToken(db) }
     }
 
     /// Deletes the history that every registered consumer has merged, and consumers (with what only they needed)
@@ -244,14 +246,24 @@ public final class SharedStore: Sendable {
         do {
             return try databasePool.write { db in
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
+                // What every consumer has merged, and what is older than the cutoff, whichever reaches further.
                 let merged = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
-                let condition = "id <= ? OR timestamp < ?"
-                let arguments: StatementArguments = [merged ?? 0, cutoff]
+                let old = try Int64.fetchOne(
+                    db, sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
+                    arguments: [cutoff]) ?? 0
+                let through = max(merged ?? 0, old)
+                let transactions = try Int.fetchOne(
+                    db,
+                    sql: """
+                        SELECT COUNT(*) FROM wormhole_history WHERE operation = 'commit' AND id <= ?
+                        AND id < (SELECT MAX(id) FROM wormhole_history)
+                        """,
+                    arguments: [through]) ?? 0
+                // The newest row stays, so that row ids, and therefore tokens, are never reused.
                 try db.execute(
-                    sql: "DELETE FROM wormhole_change WHERE transaction_id IN (SELECT id FROM wormhole_transaction WHERE \(condition))",
-                    arguments: arguments)
-                try db.execute(sql: "DELETE FROM wormhole_transaction WHERE \(condition)", arguments: arguments)
-                return db.changesCount
+                    sql: "DELETE FROM wormhole_history WHERE id <= ? AND id < (SELECT MAX(id) FROM wormhole_history)",
+                    arguments: [through])
+                return transactions
             }
         } catch {
             throw Self.storeError(error, "purge the history", path: path)

@@ -111,7 +111,7 @@ public enum PrimaryKeyValue: Sendable, Hashable, Codable, CustomStringConvertibl
 
 /// A history row that could not be read: which one, and why.
 public struct DamagedChange: Sendable, Hashable, Codable {
-    /// The row's id in `wormhole_change`.
+    /// The row's id in `wormhole_history`.
     public var changeID: Int64
     /// The table the row names.
     public var table: String
