@@ -55,7 +55,7 @@ let package = Package(
         .testTarget(
             name: "WormholeTests",
             dependencies: [
-                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCommand",
+                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCommand", "CWormholeSystem",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

@@ -15,6 +15,7 @@ uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length);
 #if defined(__linux__)
 #include <sys/eventfd.h>
 #include <sched.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <errno.h>
@@ -28,6 +29,14 @@ static inline int cwormhole_pin_to_cpu(int cpu) {
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
     return sched_setaffinity(0, sizeof(set), &set);
+}
+
+/// Names the calling thread (at most 15 characters are kept), as `ps -L` and debuggers show it.
+static inline void cwormhole_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }
+
+/// Copies the calling thread's name into `buffer` (16 bytes are enough).
+static inline int cwormhole_thread_name(char *buffer, size_t size) {
+    return pthread_getname_np(pthread_self(), buffer, size);
 }
 
 /// The CPU the calling thread runs on now, or -1.

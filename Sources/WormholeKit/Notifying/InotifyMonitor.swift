@@ -131,7 +131,7 @@ final class InotifyMonitor: Sendable {
 
         func start() {
             Thread { [self] in
-                Thread.current.name = "wh-inotify"  // pthread names hold 15 characters
+                nameCurrentThread("wh-inotify")
                 run()
             }.start()
         }

@@ -53,7 +53,7 @@ final class PollingMonitor: Sendable {
         }
         if start {
             Thread { [self] in
-                Thread.current.name = "wh-polling"  // pthread names hold 15 characters
+                nameCurrentThread("wh-polling")
                 run()
             }.start()
         }

@@ -7,6 +7,9 @@ import Musl
 import Darwin
 #endif
 import SystemPackage
+#if os(Linux) || os(Android)
+import CWormholeSystem
+#endif
 
 /// Runs a system call that reports failure as -1 and `errno`, retrying on `EINTR` unless told not to.
 ///
@@ -129,6 +132,15 @@ struct Descriptor {
     func unlock() {
         _ = flock(rawValue, LOCK_UN)
     }
+}
+
+/// Names the calling thread for `ps -L`, debuggers and tests (pthread names hold 15 characters).
+func nameCurrentThread(_ name: String) {
+    #if os(Linux) || os(Android)
+    cwormhole_set_thread_name(name)
+    #else
+    Thread.current.name = name
+    #endif
 }
 
 /// Process-wide facts used in file checks and envelopes.

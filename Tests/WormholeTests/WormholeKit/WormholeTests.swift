@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import CWormholeSystem
 import Testing
 @testable import WormholeKit
 
@@ -157,11 +158,13 @@ struct WormholeTests {
             onQueue.append(DispatchQueue.getSpecific(key: key) == "mine")
         }
         let b = try wormhole.listenForMessage(withIdentifier: "x", as: Int.self, on: .notifierThread) { _ in
-            threads.append(Thread.current.name ?? "")
+            var name = [CChar](repeating: 0, count: 16)
+            _ = cwormhole_thread_name(&name, name.count)
+            threads.append(String(cString: name))
         }
         try wormhole.passMessageObject(1, identifier: "x")
         #expect(eventually { onQueue.values == [true] && threads.count == 1 })
-        #expect(threads.values.first?.hasPrefix("wh-") == true)
+        #expect(threads.values.first?.hasPrefix("wh-") == true, "ran on thread \(threads.values)")
         _ = (a, b)
     }
 
