@@ -138,14 +138,16 @@ struct BenchStore: ParsableCommand {
             var start = monotonicNanoseconds()
             for index in 0..<count {
                 try pool.write { db in
-                    try db.execute(sql: "INSERT INTO plain_item(writer, value) VALUES ('plain', ?)", arguments: [index])
+                    try db.cachedStatement(sql: "INSERT INTO plain_item(writer, value) VALUES ('plain', ?)")
+                        .execute(arguments: [index])
                 }
             }
             plain += monotonicNanoseconds() - start
             start = monotonicNanoseconds()
             for index in 0..<count {
                 try store.write { db in
-                    try db.execute(sql: "INSERT INTO item(writer, value) VALUES ('store', ?)", arguments: [index])
+                    try db.cachedStatement(sql: "INSERT INTO item(writer, value) VALUES ('store', ?)")
+                        .execute(arguments: [index])
                 }
             }
             recorded += monotonicNanoseconds() - start
@@ -159,10 +161,14 @@ struct BenchStore: ParsableCommand {
             return Double(monotonicNanoseconds() - start) / Double(steps) / 1000
         }
         let untracked = try timed { index in
-            try pool.write { db in try db.execute(sql: "INSERT INTO plain_item(writer, value) VALUES ('p', ?)", arguments: [index]) }
+            try pool.write { db in
+                try db.cachedStatement(sql: "INSERT INTO plain_item(writer, value) VALUES ('p', ?)").execute(arguments: [index])
+            }
         }
         let triggerOnly = try timed { index in
-            try pool.write { db in try db.execute(sql: "INSERT INTO item(writer, value) VALUES ('t', ?)", arguments: [index]) }
+            try pool.write { db in
+                try db.cachedStatement(sql: "INSERT INTO item(writer, value) VALUES ('t', ?)").execute(arguments: [index])
+            }
         }
         // Close what the trigger-only writes left, so that they do not count as one huge external transaction.
         try store.write { _ in }

@@ -197,6 +197,7 @@ public final class SharedStore: Sendable {
     /// Closes what other tools wrote, and tracks tables created since the last write; returns the last history id.
     private func prepareWrite(_ db: Database) throws -> Int64 {
         let last = try HistorySchema.beginWrite(db)
+        // GRDB runs the same cheap pragma before its reads; here it finds tables created since the last write.
         let version = Int(try db.schemaVersion())
         if schemaVersion.withLock({ $0 }) != version {
             try HistorySchema.installTriggers(db, untracked: configuration.untrackedTables)
