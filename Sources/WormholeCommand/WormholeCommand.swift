@@ -18,7 +18,8 @@ struct WormholeCommand: ParsableCommand {
             """,
         version: "0.1.0",
         subcommands: [
-            Send.self, Read.self, Listen.self, Clear.self, List.self, StoreCommand.self, Demo.self, Bench.self,
+            Send.self, Read.self, Listen.self, Clear.self, List.self, Enqueue.self, Consume.self,
+            QueueStatusCommand.self, StoreCommand.self, Demo.self, Bench.self,
             DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self,
         ]
     )

@@ -31,6 +31,10 @@ static inline int cwormhole_pin_to_cpu(int cpu) {
     return sched_setaffinity(0, sizeof(set), &set);
 }
 
+/// Frees the blocks of [offset, offset + length) without changing the file's size or later offsets
+/// (fallocate with FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE). Returns 0, or -1 with errno set.
+int cwormhole_punch_hole(int fd, long long offset, long long length);
+
 /// Names the calling thread (at most 15 characters are kept), as `ps -L` and debuggers show it.
 static inline void cwormhole_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }
 

@@ -16,8 +16,8 @@ final class PollingMonitor: Sendable {
     static let shared = PollingMonitor()
 
     private struct Observation {
-        var directory: DirectoryHandle
-        var name: String
+        /// Reads what a change alters: a notification file's token, a queue's size.
+        var probe: @Sendable () -> [UInt8]?
         var interval: Duration
         var lastToken: [UInt8]?
         var nextPoll: ContinuousClock.Instant
@@ -41,13 +41,19 @@ final class PollingMonitor: Sendable {
     func observe(
         _ directory: DirectoryHandle, name: String, interval: Duration, handler: @escaping @Sendable () -> Void
     ) -> NotifierObservation {
-        let initial = Self.readToken(directory, name)
+        observe(probe: { Self.readToken(directory, name) }, interval: interval, handler: handler)
+    }
+
+    /// Calls `handler` whenever what `probe` reads differs from the previous poll.
+    func observe(
+        probe: @escaping @Sendable () -> [UInt8]?, interval: Duration, handler: @escaping @Sendable () -> Void
+    ) -> NotifierObservation {
+        let initial = probe()
         let (id, start) = state.withLock { state in
             let id = state.nextID
             state.nextID += 1
             state.observations[id] = Observation(
-                directory: directory, name: name, interval: interval, lastToken: initial,
-                nextPoll: .now + interval, handler: handler)
+                probe: probe, interval: interval, lastToken: initial, nextPoll: .now + interval, handler: handler)
             defer { state.running = true }
             return (id, !state.running)
         }
@@ -66,7 +72,7 @@ final class PollingMonitor: Sendable {
                 state.observations.filter { $0.value.nextPoll <= .now }.map { ($0.key, $0.value) }
             }
             for (id, observation) in due {
-                let token = Self.readToken(observation.directory, observation.name)
+                let token = observation.probe()
                 let changed = state.withLock { state -> Bool in
                     guard state.observations[id] != nil else { return false }
                     state.observations[id]!.nextPoll = .now + observation.interval

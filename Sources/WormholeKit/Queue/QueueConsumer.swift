@@ -1,0 +1,273 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+import Synchronization
+
+/// A consumer's stored position: 16 bytes, `WHQC`, a CRC-32C of the offset, the offset (little-endian).
+final class QueueCursorFile: Sendable {
+    private static let magic: UInt32 = 0x4351_4857  // "WHQC"
+    private let descriptor: Int32
+    let name: String
+    let path: String
+
+    init(directory: DirectoryHandle, name: String, create: Bool) throws(WormholeError) {
+        try MessageIdentifier.validate(name)
+        self.name = name
+        self.path = directory.filePath(name)
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: name, flags: O_RDWR | (create ? O_CREAT : 0))
+        } catch {
+            throw WormholeError.fileSystem(error, "open the position of consumer \(name)", path: directory.filePath(name))
+        }
+        guard try directory.trustedStatus(of: file.descriptor, name: name, identifier: nil) != nil else {
+            throw WormholeError(.ioFailure, "The consumer's position file was removed while opening it.", path: path)
+        }
+        descriptor = file.release()
+    }
+
+    deinit { _ = close(descriptor) }
+
+    /// The stored offset, or nil for a consumer that has not handled anything yet.
+    func read() throws(WormholeError) -> UInt64? {
+        let bytes: [UInt8]
+        switch Descriptor(rawValue: descriptor).read(count: 16, at: 0) {
+        case .success(let read): bytes = read
+        case .failure(let errno): throw WormholeError.fileSystem(errno, "read the position of consumer \(name)", path: path)
+        }
+        if bytes.isEmpty { return nil }
+        let slice = bytes[...]
+        guard bytes.count == 16, slice.load(at: 0) as UInt32 == Self.magic,
+            slice.load(at: 4) as UInt32 == CRC32C.checksum(bytes[8..<16])
+        else {
+            throw WormholeError(
+                .corruptMessage,
+                "The position of consumer \(name) is damaged. Remove the file to start that consumer over from the "
+                    + "oldest message kept.",
+                path: path)
+        }
+        return slice.load(at: 8)
+    }
+
+    func write(_ offset: UInt64) throws(WormholeError) {
+        var bytes = [UInt8](repeating: 0, count: 16)
+        bytes.store(Self.magic, at: 0)
+        bytes.store(offset, at: 8)
+        bytes.store(CRC32C.checksum(bytes[8..<16]), at: 4)
+        if case .failure(let errno) = Descriptor(rawValue: descriptor).write(bytes, at: 0) {
+            throw WormholeError.fileSystem(errno, "store the position of consumer \(name)", path: path)
+        }
+    }
+
+    /// When the position was last stored: how recently the consumer was seen.
+    var lastWritten: Date? {
+        var raw = stat()
+        guard fstat(descriptor, &raw) == 0, raw.st_size > 0 else { return nil }
+        return Date(timeIntervalSince1970: Double(raw.st_mtim.tv_sec) + Double(raw.st_mtim.tv_nsec) / 1e9)
+    }
+}
+
+/// A consumer's reader and position, used by one delivery at a time.
+final class QueueConsumerState: @unchecked Sendable {
+    // Guarded by QueueConsumer's lock (or used by one iterator at a time): never touched concurrently.
+    let queue: WormholeQueue
+    let cursor: QueueCursorFile
+    var reader: QueueReader
+    var sinceReclaim: UInt64 = 0
+
+    init(queue: WormholeQueue, name: String) throws(WormholeError) {
+        self.queue = queue
+        cursor = try QueueCursorFile(directory: queue.consumers, name: name, create: true)
+        let start = try cursor.read() ?? 0
+        if try cursor.read() == nil { try cursor.write(0) }
+        reader = QueueReader(descriptor: try queue.openForReading(), position: start)
+    }
+
+    deinit { _ = close(reader.descriptor) }
+
+    /// Stores the position past a handled message; reclaims space now and then.
+    func acknowledge(_ item: QueueReader.Item) throws(WormholeError) {
+        try cursor.write(item.end)
+        reader.advance(to: item.end)
+        sinceReclaim += item.end - item.offset
+        if sinceReclaim > 4 << 20 {
+            sinceReclaim = 0
+            try queue.reclaimSpace()
+        }
+    }
+
+    /// Watches for appends: the log file itself, or the wormhole's notifier.
+    func observe(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
+        switch queue.wakeSource {
+        case .notifier(let notifier):
+            return try notifier.observe("queue." + queue.identifier, handler: handler)
+        case .logFile(let strategy):
+            let path = queue.logPath
+            let descriptor = reader.descriptor
+            let pollSize: @Sendable () -> [UInt8]? = {
+                var raw = stat()
+                guard fstat(descriptor, &raw) == 0 else { return nil }
+                return PollingMonitor.token(UInt64(raw.st_size))
+            }
+            switch strategy {
+            case .polling(let interval):
+                return PollingMonitor.shared.observe(probe: pollSize, interval: interval, handler: handler)
+            case .inotify, .automatic:
+                #if os(Linux) || os(Android)
+                do {
+                    return try InotifyMonitor.shared.observe(path: path, handler: handler)
+                } catch where strategy == .automatic {
+                    queue.logger.warning(
+                        "inotify is unavailable; polling the queue instead", metadata: ["cause": "\(error.message)"])
+                }
+                #endif
+                return PollingMonitor.shared.observe(
+                    probe: pollSize, interval: DirectoryNotifier.fallbackPollingInterval, handler: handler)
+            }
+        }
+    }
+}
+
+/// A running queue consumer; it stops when cancelled or released.
+public final class QueueConsumer: Sendable {
+    private let state: Mutex<QueueConsumerState>
+    private let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
+    private let deliver: @Sendable (QueueReader.Item) -> Bool
+    private let reportError: @Sendable (WormholeError) -> Void
+    private let observation = Mutex<NotifierObservation?>(nil)
+    private let cancelled = Atomic<Bool>(false)
+    private let scheduled = Atomic<Bool>(false)
+    /// The consumer's name.
+    public let name: String
+
+    init(
+        state: QueueConsumerState, execution: CallbackExecution,
+        deliver: @escaping @Sendable (QueueReader.Item) -> Bool,
+        reportError: @escaping @Sendable (WormholeError) -> Void
+    ) {
+        self.name = state.cursor.name
+        self.state = Mutex(state)
+        self.schedule = execution.makeScheduler(label: "wormhole.queue.\(state.queue.identifier).\(state.cursor.name)")
+        self.deliver = deliver
+        self.reportError = reportError
+    }
+
+    func start() throws(WormholeError) {
+        let watch = try state.withLock { (state) throws(WormholeError) in
+            try state.observe { [weak self] in self?.wake() }
+        }
+        observation.withLock { $0 = watch }
+        wake()  // catch up on what was appended while this consumer was away
+    }
+
+    /// The offset of the next message this consumer will handle.
+    public var position: UInt64 { state.withLock { $0.reader.position } }
+
+    /// Stops the consumer; a message being handled finishes (and is acknowledged if its handler returns).
+    public func cancel() {
+        cancelled.store(true, ordering: .relaxed)
+        let watch = observation.withLock { watch in
+            defer { watch = nil }
+            return watch
+        }
+        watch?.cancel()
+    }
+
+    deinit { cancel() }
+
+    private func wake() {
+        // Coalesce: one pass reads everything appended so far.
+        guard !scheduled.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        schedule { [self] in
+            scheduled.store(false, ordering: .releasing)
+            deliverPending()
+        }
+    }
+
+    private func deliverPending() {
+        state.withLock { state in
+            do throws(WormholeError) {
+                while !cancelled.load(ordering: .relaxed), let item = try state.reader.next() {
+                    guard deliver(item) else { return }
+                    try state.acknowledge(item)
+                }
+            } catch {
+                reportError(error)
+            }
+        }
+    }
+}
+
+/// The messages of a queue a consumer has not handled, then each new one; see
+/// ``WormholeQueue/messages(consumer:as:)``. Iterate it once.
+public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Sendable {
+    public typealias Element = QueueMessage<Message>
+
+    /// The consumer's state behind its lock.
+    final class Guarded: Sendable {
+        let state: Mutex<QueueConsumerState>
+        init(_ state: QueueConsumerState) { self.state = Mutex(state) }
+    }
+
+    final class Feed: Sendable {
+        let state: Result<Guarded, WormholeError>
+        let observation: NotifierObservation?
+        init(state: Result<Guarded, WormholeError>, observation: NotifierObservation?) {
+            self.state = state
+            self.observation = observation
+        }
+        deinit { observation?.cancel() }
+    }
+
+    private let feed: Feed
+    private let wakes: AsyncStream<Void>
+
+    init(queue: WormholeQueue, consumer: String) {
+        let (wakes, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        self.wakes = wakes
+        do throws(WormholeError) {
+            let state = try QueueConsumerState(queue: queue, name: consumer)
+            let observation = try state.observe { continuation.yield() }
+            feed = Feed(state: .success(Guarded(state)), observation: observation)
+        } catch {
+            feed = Feed(state: .failure(error), observation: nil)
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(feed: feed, wakes: wakes.makeAsyncIterator())
+    }
+
+    /// The iterator; asking for the next message acknowledges the previous one.
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let feed: Feed
+        var wakes: AsyncStream<Void>.AsyncIterator
+        var unacknowledged: QueueReader.Item?
+
+        /// The next message; throws a ``WormholeError`` when the queue cannot be read or a message decoded.
+        public mutating func next() async throws -> QueueMessage<Message>? {
+            let guarded = try feed.state.get()
+            while true {
+                // Reading the page cache does not wait; waiting for appends happens on the AsyncStream below.
+                let previous = unacknowledged
+                let item: QueueReader.Item? = try guarded.state.withLock { (state) throws(WormholeError) in
+                    if let previous { try state.acknowledge(previous) }
+                    return try state.reader.next()
+                }
+                unacknowledged = nil
+                if let item {
+                    let coder = guarded.state.withLock { $0.queue.coder }
+                    let value = try coder.decode(Message.self, from: Data(item.record.payload))
+                    unacknowledged = item
+                    return QueueMessage(item: item, value: value)
+                }
+                guard await wakes.next() != nil, !Task.isCancelled else { return nil }
+            }
+        }
+    }
+}

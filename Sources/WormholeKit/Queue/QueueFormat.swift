@@ -1,0 +1,99 @@
+import Foundation
+
+/// The bytes of a queue log, version 1 (`FORMAT.md` describes them).
+///
+/// A queue is one append-only file of records. Producers append a whole record with a single `write` on a
+/// descriptor opened with `O_APPEND`, which the kernel serialises, so producers in any number of processes need no
+/// lock. A record's position in the file (its offset) is its id: ids only grow, and one producer's records keep their
+/// order. Every record starts with a magic number and ends its header with a CRC-32C, so a reader can tell a record
+/// being written from a whole one, and step over a record left torn by a producer killed mid-write.
+enum QueueFormat {
+    /// "WHQR", little-endian.
+    static let magic: UInt32 = 0x5251_4857
+    /// Magic, body length, checksum.
+    static let headerSize = 12
+    /// Timestamp and sender length, before the sender and the payload.
+    static let bodyPrefixSize = 10
+    static let maximumBodySize = 64 << 20
+
+    struct Record: Equatable {
+        var timestampNanoseconds: Int64
+        var sender: [UInt8]
+        var payload: [UInt8]
+    }
+
+    enum Parsed: Equatable {
+        /// A whole record of `size` bytes.
+        case record(Record, size: Int)
+        /// The bytes end before the record does: being written, or not read far enough.
+        case incomplete
+        /// Not a record here: a torn record, a punched hole, or damage.
+        case invalid
+    }
+
+    static func encode(payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64) -> [UInt8] {
+        let bodySize = bodyPrefixSize + sender.count + payload.count
+        var bytes = [UInt8](repeating: 0, count: headerSize + bodySize)
+        bytes.store(magic, at: 0)
+        bytes.store(UInt32(bodySize), at: 4)
+        bytes.store(timestampNanoseconds, at: headerSize)
+        bytes.store(UInt16(sender.count), at: headerSize + 8)
+        bytes.replaceSubrange(headerSize + 10..<headerSize + 10 + sender.count, with: sender)
+        bytes.withUnsafeMutableBytes { buffer in
+            if payload.count > 0 {
+                (buffer.baseAddress! + headerSize + bodyPrefixSize + sender.count)
+                    .copyMemory(from: payload.baseAddress!, byteCount: payload.count)
+            }
+        }
+        // The checksum covers the length and the body, so a damaged length is caught as well.
+        let crc = bytes.withUnsafeBytes { buffer in
+            var crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: buffer[4..<8]))
+            crc = cwormholeCRC(crc, UnsafeRawBufferPointer(rebasing: buffer[headerSize...]))
+            return crc
+        }
+        bytes.store(crc, at: 8)
+        return bytes
+    }
+
+    /// Parses the record that starts at `offset` in `bytes`.
+    static func parse(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Parsed {
+        guard bytes.count - offset >= headerSize else { return .incomplete }
+        guard load(UInt32.self, bytes, offset) == magic else { return .invalid }
+        let bodySize = Int(load(UInt32.self, bytes, offset + 4))
+        guard bodySize >= bodyPrefixSize, bodySize <= maximumBodySize else { return .invalid }
+        guard bytes.count - offset >= headerSize + bodySize else { return .incomplete }
+        var crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[(offset + 4)..<(offset + 8)]))
+        crc = cwormholeCRC(crc, UnsafeRawBufferPointer(rebasing: bytes[(offset + headerSize)..<(offset + headerSize + bodySize)]))
+        guard crc == load(UInt32.self, bytes, offset + 8) else { return .invalid }
+        let body = offset + headerSize
+        let senderSize = Int(load(UInt16.self, bytes, body + 8))
+        guard bodyPrefixSize + senderSize <= bodySize else { return .invalid }
+        let senderStart = body + bodyPrefixSize
+        return .record(
+            Record(
+                timestampNanoseconds: load(Int64.self, bytes, body),
+                sender: Array(bytes[senderStart..<senderStart + senderSize]),
+                payload: Array(bytes[(senderStart + senderSize)..<(body + bodySize)])),
+            size: headerSize + bodySize)
+    }
+
+    /// The offset of the next whole record after `offset` (exclusive), if the bytes hold one.
+    static func nextRecord(in bytes: UnsafeRawBufferPointer, after offset: Int) -> Int? {
+        var candidate = offset + 1
+        while candidate + headerSize <= bytes.count {
+            if bytes[candidate] == 0x57, case .record = parse(bytes, at: candidate) { return candidate }
+            candidate += 1
+        }
+        return nil
+    }
+
+    static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: UnsafeRawBufferPointer, _ offset: Int) -> T {
+        T(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: T.self))
+    }
+}
+
+/// CRC-32C continued from `crc` over `bytes`.
+@inline(__always)
+func cwormholeCRC(_ crc: UInt32, _ bytes: UnsafeRawBufferPointer) -> UInt32 {
+    CRC32C.checksum(bytes, continuing: crc)
+}

@@ -1,0 +1,109 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+
+/// Reads a queue log record by record from a position, reading ahead in large chunks.
+///
+/// It steps over what is not a record: a hole punched where consumed messages were reclaimed, and a record torn by a
+/// producer killed mid-write. A record that does not parse is taken as torn only when a whole record follows it
+/// (appends are serialised, so a later whole record means the earlier one will never be finished); at the end of the
+/// log it is taken as being written, and the reader waits.
+struct QueueReader {
+    static let chunkSize = 256 * 1024
+
+    let descriptor: Int32
+    /// The offset of the next record to read.
+    private(set) var position: UInt64
+    private var buffer: [UInt8] = []
+    private var bufferStart: UInt64 = 0
+    private var bufferReachedEnd = false
+    /// How many torn records were stepped over.
+    private(set) var skippedTornRecords = 0
+
+    init(descriptor: Int32, position: UInt64) {
+        self.descriptor = descriptor
+        self.position = position
+    }
+
+    struct Item {
+        var record: QueueFormat.Record
+        var offset: UInt64
+        var end: UInt64
+    }
+
+    /// Moves past a record that was delivered (or given up on).
+    mutating func advance(to end: UInt64) { position = max(position, end) }
+
+    /// The record at the reading position, or nil when none is whole yet.
+    mutating func next() throws(WormholeError) -> Item? {
+        var freshlyRead = false
+        var wanted = Self.chunkSize
+        while true {
+            let inBuffer = position >= bufferStart && position < bufferStart + UInt64(buffer.count)
+            if !inBuffer || freshlyRead == false && bufferReachedEnd {
+                try fill(from: position, count: wanted)
+                freshlyRead = true
+                if buffer.isEmpty { return nil }
+            }
+            let offset = Int(position - bufferStart)
+            let parsed = buffer.withUnsafeBytes { QueueFormat.parse($0, at: offset) }
+            switch parsed {
+            case .record(let record, let size):
+                return Item(record: record, offset: position, end: position + UInt64(size))
+            case .incomplete:
+                if bufferReachedEnd && freshlyRead { return nil }  // being written: wait for it
+                // A record longer than what was read: read it whole.
+                let needed = buffer.withUnsafeBytes { bytes in
+                    bytes.count - offset >= 8 ? Int(QueueFormat.load(UInt32.self, bytes, offset + 4)) : 0
+                }
+                wanted = max(wanted, QueueFormat.headerSize + needed)
+                try fill(from: position, count: wanted)
+                freshlyRead = true
+            case .invalid:
+                if !freshlyRead {
+                    try fill(from: position, count: wanted)
+                    freshlyRead = true
+                    continue
+                }
+                if let next = buffer.withUnsafeBytes({ QueueFormat.nextRecord(in: $0, after: offset) }) {
+                    // A whole record follows: the one here was torn and will never be finished.
+                    skippedTornRecords += 1
+                    position = bufferStart + UInt64(next)
+                    continue
+                }
+                if bufferReachedEnd { return nil }
+                // A stretch with no record in it, such as a reclaimed hole: jump to the next data.
+                position = nextData(after: bufferStart + UInt64(max(buffer.count - QueueFormat.headerSize, 1)))
+                freshlyRead = false
+                buffer = []
+            }
+        }
+    }
+
+    private mutating func fill(from offset: UInt64, count: Int) throws(WormholeError) {
+        var bytes = [UInt8](repeating: 0, count: count)
+        let read = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, count, off_t(offset)) }
+        guard read >= 0 else {
+            throw WormholeError.fileSystem(currentErrno, "read the queue", path: nil)
+        }
+        bytes.removeLast(count - read)
+        buffer = bytes
+        bufferStart = offset
+        bufferReachedEnd = read < count
+    }
+
+    /// The first offset at or after `offset` that holds data (holes are skipped), or `offset`.
+    private func nextData(after offset: UInt64) -> UInt64 {
+        #if os(Linux) || os(Android)
+        let seekData: Int32 = 3  // SEEK_DATA, which Glibc's module does not import
+        let data = lseek(descriptor, off_t(offset), seekData)
+        if data >= 0 { return UInt64(data) }
+        #endif
+        return offset
+    }
+}

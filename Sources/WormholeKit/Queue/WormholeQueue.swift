@@ -1,0 +1,347 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+#if os(Linux) || os(Android)
+import CWormholeSystem
+#endif
+import Foundation
+import Logging
+import Synchronization
+
+/// A durable queue: every message passed to it is kept, in order, and each named consumer receives every one once.
+///
+/// MMWormhole kept only the newest message of an identifier; its most asked-for feature was a queue. Any number of
+/// producers in any number of processes ``enqueue(_:)``; each *consumer* (a durable name, like a consumer group)
+/// receives every message in append order, once, across restarts of either side. Its position is stored in the
+/// group directory and moves on only when the consumer has handled a message: a consumer killed while handling a
+/// message gets it again, and one that handled it never does. Several consumers each see everything. A consumer
+/// that was away catches up when it starts, then goes on live.
+///
+/// ```swift
+/// let jobs = try wormhole.queue("jobs")
+/// try jobs.enqueue(Job(id: 1))                       // in any process
+///
+/// let worker = try jobs.consume(consumer: "worker", as: Job.self) { message in
+///     try perform(message.value)                     // returning acknowledges; throwing retries it later
+/// }
+/// ```
+///
+/// Space is reclaimed once every registered consumer has passed it (the file keeps its offsets; the blocks are
+/// freed). A consumer not seen for ``retention`` no longer holds space back. `FORMAT.md` describes the files.
+public final class WormholeQueue: Sendable {
+    /// The queue's identifier.
+    public let identifier: String
+    /// How long a consumer may stay away and still hold back reclaiming; 7 days by default.
+    public let retention: Duration
+    let directory: DirectoryHandle
+    let consumers: DirectoryHandle
+    let logName: String
+    let coder: any MessageCoder
+    let sender: [UInt8]
+    let logger: Logger
+    /// How consumers are woken: the log file itself (inotify, or polling its size), or the wormhole's notifier.
+    let wakeSource: WakeSource
+    private let appendDescriptor = Mutex<Int32>(-1)
+
+    enum WakeSource: Sendable {
+        case logFile(DirectoryNotifier.Strategy)
+        case notifier(any Notifier)
+    }
+
+    var logPath: String { directory.filePath(logName) }
+
+    init(wormhole: Wormhole, identifier: String, retention: Duration) throws(WormholeError) {
+        try MessageIdentifier.validate(identifier)
+        guard let path = wormhole.directory else {
+            throw WormholeError(
+                .directoryUnavailable,
+                "Queues live in a directory; this wormhole was made with a custom transiting and has none.",
+                identifier: identifier)
+        }
+        let options: FileTransiting.Options
+        switch wormhole.transiting {
+        case let files as FileTransiting: options = files.options
+        case let coordinated as CoordinatedFileTransiting: options = coordinated.files.options
+        default: options = .init()
+        }
+        self.identifier = identifier
+        self.retention = retention
+        self.logName = identifier + ".queue"
+        self.directory = try DirectoryHandle.open(
+            path: path, create: true, directoryPermissions: mode_t(options.directoryPermissions),
+            filePermissions: mode_t(options.filePermissions), trustsOtherOwners: options.trustsOtherOwners)
+        self.consumers = try directory.subdirectory(
+            named: identifier + ".consumers", permissions: mode_t(options.directoryPermissions))
+        self.coder = wormhole.coder
+        self.sender = Array(wormhole.sender.utf8.prefix(Int(UInt16.max)))
+        self.logger = wormhole.logger
+        if let files = wormhole.notifier as? DirectoryNotifier {
+            wakeSource = .logFile(files.strategy)
+        } else {
+            wakeSource = .notifier(wormhole.notifier)
+        }
+    }
+
+    deinit {
+        appendDescriptor.withLock { if $0 >= 0 { _ = close($0) } }
+    }
+
+    // MARK: Producing
+
+    /// Encodes a message and appends it to the queue.
+    ///
+    /// - Throws: ``WormholeError/Code/encodingFailed``, ``WormholeError/Code/messageTooLarge``,
+    ///   ``WormholeError/Code/diskFull`` (nothing appended, or a torn record that consumers step over).
+    public func enqueue<Message: Encodable>(_ message: Message) throws(WormholeError) {
+        let payload: Data
+        do {
+            payload = try coder.encode(message)
+        } catch {
+            throw WormholeError(
+                .encodingFailed, "The message of type \(Message.self) could not be encoded: \(error).",
+                identifier: identifier, underlyingError: error)
+        }
+        try enqueueData(payload)
+    }
+
+    /// Appends bytes as they are to the queue; consumers read them back with ``QueueMessage/payload``.
+    public func enqueueData(_ payload: Data) throws(WormholeError) {
+        guard payload.count + QueueFormat.bodyPrefixSize + sender.count <= QueueFormat.maximumBodySize else {
+            throw WormholeError(
+                .messageTooLarge, "The message is \(payload.count) bytes; a queue accepts up to 64 MiB.",
+                identifier: identifier)
+        }
+        let record = payload.withUnsafeBytes { bytes in
+            QueueFormat.encode(
+                payload: bytes, sender: sender, timestampNanoseconds: ProcessFacts.wallClockNanoseconds())
+        }
+        try appendDescriptor.withLock { (descriptor) throws(WormholeError) in
+            if descriptor < 0 { descriptor = try openForAppending() }
+            // One write of the whole record: with O_APPEND the kernel puts it at the end, whole, whatever other
+            // processes append meanwhile.
+            let written = record.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+            guard written == record.count else {
+                let errno = written < 0 ? currentErrno : .noSpace
+                _ = close(descriptor)
+                descriptor = -1
+                throw WormholeError.fileSystem(errno, "append to the queue", identifier: identifier, path: logPath)
+            }
+        }
+        if case .notifier(let notifier) = wakeSource {
+            try notifier.post("queue." + identifier)
+        }
+    }
+
+    private func openForAppending() throws(WormholeError) -> Int32 {
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: logName, flags: O_WRONLY | O_APPEND | O_CREAT)
+        } catch {
+            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
+        }
+        guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
+            throw WormholeError(.ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
+        }
+        return file.release()
+    }
+
+    // MARK: Consuming
+
+    /// Calls `handler` with every message of the queue this consumer has not handled yet, in order, then with each
+    /// new one as it is appended.
+    ///
+    /// The handler returning acknowledges the message: the consumer's position is stored before the next one is
+    /// handled, so a message is never handled twice once acknowledged. A handler that throws leaves the message
+    /// unacknowledged: the error goes to `errorHandler`, and the message is offered again at the next append (or
+    /// when the consumer starts again). A message that cannot be decoded as `type` is reported as
+    /// ``WormholeError/Code/decodingFailed`` and passed over, so that it cannot block the queue.
+    ///
+    /// - Parameters:
+    ///   - consumer: The consumer's durable name (rules of ``MessageIdentifier``).
+    ///   - execution: Where the handler runs; a serial queue of the consumer's own by default.
+    /// - Returns: The consumer; it stops when cancelled or released.
+    public func consume<Message: Decodable & Sendable>(
+        consumer: String,
+        as type: Message.Type = Message.self,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        handler: @escaping @Sendable (QueueMessage<Message>) throws -> Void
+    ) throws(WormholeError) -> QueueConsumer {
+        let state = try QueueConsumerState(queue: self, name: consumer)
+        let core = QueueConsumer(state: state, execution: execution) { [self] item in
+            let value: Message
+            do {
+                value = try coder.decode(type, from: Data(item.record.payload))
+            } catch {
+                report(
+                    WormholeError(
+                        .decodingFailed,
+                        "Queue message at offset \(item.offset) is not a \(Message.self) (from "
+                            + "\(String(decoding: item.record.sender, as: UTF8.self))): \(error). It is passed over.",
+                        identifier: identifier, underlyingError: error),
+                    to: errorHandler)
+                return true
+            }
+            do {
+                try handler(QueueMessage(item: item, value: value))
+                return true
+            } catch {
+                report(
+                    WormholeError(
+                        .ioFailure, "The handler failed on the message at offset \(item.offset): \(error). "
+                            + "It stays unacknowledged and is offered again.",
+                        identifier: identifier, underlyingError: error),
+                    to: errorHandler)
+                return false
+            }
+        } reportError: { [self] error in report(error, to: errorHandler) }
+        try core.start()
+        return core
+    }
+
+    /// The messages this consumer has not handled yet, then each new one, as an `AsyncSequence`.
+    ///
+    /// A message counts as handled when the iteration asks for the next one. A message that cannot be decoded ends
+    /// the sequence with ``WormholeError/Code/decodingFailed`` (it stays unacknowledged); use
+    /// ``consume(consumer:as:on:errorHandler:handler:)`` to pass over such messages.
+    public func messages<Message: Decodable & Sendable>(
+        consumer: String, as type: Message.Type = Message.self
+    ) -> QueueSequence<Message> {
+        QueueSequence(queue: self, consumer: consumer)
+    }
+
+    func report(_ error: WormholeError, to handler: (@Sendable (WormholeError) -> Void)?) {
+        if let handler { handler(error) } else {
+            logger.error("Queue consumer error", metadata: ["queue": "\(identifier)", "error": "\(error)"])
+        }
+    }
+
+    // MARK: Status
+
+    /// The queue's size, and each consumer's position and how far behind it is.
+    public func status() throws(WormholeError) -> QueueStatus {
+        let reader = try openForReading()
+        defer { _ = close(reader) }
+        var raw = stat()
+        fstat(reader, &raw)
+        let end = UInt64(raw.st_size)
+        var result: [QueueStatus.Consumer] = []
+        for name in try consumers.entries().sorted() where MessageIdentifier.isValid(name) {
+            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
+            let position = try cursor.read() ?? 0
+            var scan = QueueReader(descriptor: reader, position: position)
+            var pending = 0
+            while let item = try scan.next() {
+                pending += 1
+                scan.advance(to: item.end)
+            }
+            result.append(.init(name: name, offset: position, lagBytes: end - min(end, position), lagMessages: pending))
+        }
+        return QueueStatus(identifier: identifier, endOffset: end, consumers: result)
+    }
+
+    func openForReading() throws(WormholeError) -> Int32 {
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: logName, flags: O_RDONLY | O_CREAT)
+        } catch {
+            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
+        }
+        guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
+            throw WormholeError(.ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
+        }
+        return file.release()
+    }
+
+    // MARK: Reclaiming
+
+    /// Frees the blocks that every consumer has passed; consumers not seen for ``retention`` are dropped first.
+    ///
+    /// Consumers call it as they move on; call it yourself after removing consumers.
+    public func reclaimSpace() throws(WormholeError) {
+        let now = Date()
+        var minimum: UInt64?
+        for name in try consumers.entries() where MessageIdentifier.isValid(name) {
+            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
+            if let seen = cursor.lastWritten, now.timeIntervalSince(seen) > Double(retention.components.seconds) {
+                _ = consumers.removeFile(named: name)
+                logger.warning("Dropped a queue consumer not seen within the retention", metadata: ["consumer": "\(name)"])
+                continue
+            }
+            let position = try cursor.read() ?? 0
+            minimum = min(minimum ?? position, position)
+        }
+        guard let minimum, minimum >= 4096 else { return }
+        #if os(Linux) || os(Android)
+        let descriptor = try openForReading()
+        defer { _ = close(descriptor) }
+        let through = minimum & ~4095
+        if cwormhole_punch_hole(descriptor, 0, Int64(through)) != 0 {
+            // Not every file system can punch holes; the queue still works, it only keeps its space.
+            logger.debug("Could not reclaim queue space", metadata: ["errno": "\(currentErrno)"])
+        }
+        #endif
+    }
+}
+
+extension Wormhole {
+    /// The durable queue named `identifier` in this wormhole's directory.
+    ///
+    /// - Parameter retention: How long a consumer may stay away and still hold back reclaiming.
+    /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/directoryUnavailable`` for a
+    ///   wormhole made with a custom transiting (queues live in a directory).
+    public func queue(_ identifier: String, retention: Duration = .seconds(7 * 24 * 3600)) throws(WormholeError) -> WormholeQueue {
+        try WormholeQueue(wormhole: self, identifier: identifier, retention: retention)
+    }
+}
+
+/// A message taken from a queue.
+public struct QueueMessage<Value: Sendable>: Sendable {
+    /// The message's position in the queue: its id, growing with each append.
+    public var offset: UInt64
+    /// Who enqueued it.
+    public var sender: String
+    /// When it was enqueued, in nanoseconds since 1970.
+    public var timestampNanoseconds: Int64
+    /// The encoded message.
+    public var payload: Data
+    /// The decoded message.
+    public var value: Value
+
+    init(item: QueueReader.Item, value: Value) {
+        offset = item.offset
+        sender = String(decoding: item.record.sender, as: UTF8.self)
+        timestampNanoseconds = item.record.timestampNanoseconds
+        payload = Data(item.record.payload)
+        self.value = value
+    }
+
+    /// When it was enqueued.
+    public var date: Date { Date(timeIntervalSince1970: Double(timestampNanoseconds) / 1e9) }
+}
+
+/// A queue's size and its consumers' positions.
+public struct QueueStatus: Sendable, Codable, Equatable {
+    /// A consumer's position.
+    public struct Consumer: Sendable, Codable, Equatable {
+        /// The consumer's name.
+        public var name: String
+        /// The offset of the next message it will handle.
+        public var offset: UInt64
+        /// How many bytes of the queue it has not handled.
+        public var lagBytes: UInt64
+        /// How many messages it has not handled.
+        public var lagMessages: Int
+    }
+
+    /// The queue's identifier.
+    public var identifier: String
+    /// The offset just past the last message.
+    public var endOffset: UInt64
+    /// The registered consumers, by name.
+    public var consumers: [Consumer]
+}
