@@ -17,6 +17,11 @@ struct Exercise: ParsableCommand {
         case passThenClear = "pass-then-clear"
         /// Pass count messages {"writer": tag, "index": i} to one identifier.
         case write
+        /// Enqueue count messages {"writer": tag, "index": i} to the queue --identifier.
+        case enqueue
+        /// Consume the queue --identifier as consumer --tag: print "handled INDEX" for the first message, then die
+        /// (SIGKILL) while handling the second.
+        case consumeThenCrash = "consume-then-crash"
     }
 
     @Argument var workload: Workload
@@ -40,8 +45,27 @@ struct Exercise: ParsableCommand {
             for index in 0..<count {
                 try wormhole.passMessageObject(["writer": tag, "index": String(index)], identifier: identifier)
             }
+        case .enqueue:
+            let queue = try wormhole.queue(identifier)
+            for index in 0..<count { try queue.enqueue(QueueExerciseMessage(writer: tag, index: index)) }
+        case .consumeThenCrash:
+            let seen = Mutex(0)
+            let consumer = try wormhole.queue(identifier).consume(consumer: tag, as: QueueExerciseMessage.self) { message in
+                let number = seen.withLock { $0 += 1; return $0 }
+                Output.line("handled \(message.value.index)")
+                if number == 2 { kill(getpid(), SIGKILL) }  // dies before the second is acknowledged
+            }
+            FileHandle.standardError.write(Data("consuming\n".utf8))
+            Thread.sleep(forTimeInterval: 30)
+            consumer.cancel()
         }
     }
+}
+
+/// The message of the queue workloads.
+struct QueueExerciseMessage: Codable, Sendable {
+    var writer: String
+    var index: Int
 }
 
 /// Store workloads that the package's tests run in child processes; hidden from help.

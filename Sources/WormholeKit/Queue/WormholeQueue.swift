@@ -277,13 +277,20 @@ public final class WormholeQueue: Sendable {
         }
         guard let minimum, minimum >= 4096 else { return }
         #if os(Linux) || os(Android)
-        let descriptor = try openForReading()
-        defer { _ = close(descriptor) }
+        // Punching a hole needs a descriptor open for writing.
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: logName, flags: O_WRONLY)
+        } catch {
+            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
+        }
+        let descriptor = file.descriptor.rawValue
         let through = minimum & ~4095
         if cwormhole_punch_hole(descriptor, 0, Int64(through)) != 0 {
             // Not every file system can punch holes; the queue still works, it only keeps its space.
             logger.debug("Could not reclaim queue space", metadata: ["errno": "\(currentErrno)"])
         }
+        _ = consume file
         #endif
     }
 }
