@@ -45,7 +45,7 @@ func monotonicNanoseconds() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
 struct Bench: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the wormhole against baselines in the same run (`bench mailbox` by default).",
-        subcommands: [BenchMailbox.self, BenchStore.self],
+        subcommands: [BenchMailbox.self, BenchQueue.self, BenchStore.self],
         defaultSubcommand: BenchMailbox.self)
 }
 
@@ -263,11 +263,15 @@ struct BenchPeer: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench-peer", abstract: "Answer the benchmark's pings.", shouldDisplay: false)
 
-    enum Mode: String, ExpressibleByArgument { case wormhole, rename, inPlace = "in-place" }
+    enum Mode: String, ExpressibleByArgument {
+        case wormhole, rename, inPlace = "in-place", append
+        case queueProduce = "queue-produce", appendProduce = "append-produce", queueEcho = "queue-echo"
+    }
 
     @Argument var mode: Mode
     @Option var directory: String
     @Option var cpu = 0
+    @Option var count = 0
 
     func run() throws {
         #if os(Linux) || os(Android)
@@ -285,11 +289,32 @@ struct BenchPeer: ParsableCommand {
             Output.line("ready")
             // Answer until the benchmark ends this process.
             while !listener.isCancelled { sleep(60) }
-        case .rename, .inPlace:
-            let floor = try FloorEndpoint(
-                kind: mode == .rename ? .rename : .inPlace, directory: directory, receives: "ping", sends: "pong")
+        case .rename, .inPlace, .append:
+            let kind: FloorKind = mode == .rename ? .rename : mode == .inPlace ? .inPlace : .append
+            let floor = try FloorEndpoint(kind: kind, directory: directory, receives: "ping", sends: "pong")
             Output.line("ready")
             while true { try floor.send(try floor.receive()) }
+        case .queueProduce:
+            let queue = try Wormhole(directory: directory).queue("throughput")
+            let payload = Data(repeating: 0x78, count: 64)
+            for _ in 0..<count { try queue.enqueueData(payload) }
+        case .appendProduce:
+            let descriptor = open(directory + "/floor.log", O_WRONLY | O_APPEND | O_CLOEXEC)
+            guard descriptor >= 0 else { throw Output.fail("could not open the floor log") }
+            let record = [UInt8](repeating: 0x78, count: 64)
+            for _ in 0..<count {
+                guard write(descriptor, record, 64) == 64 else { throw Output.fail("floor append failed") }
+            }
+            close(descriptor)
+        case .queueEcho:
+            let wormhole = try Wormhole(directory: directory)
+            let pong = try wormhole.queue("pong")
+            let consumer = try wormhole.queue("ping").consumeData(consumer: "echo", on: .notifierThread) { message in
+                try pong.enqueueData(message.value)
+            }
+            Output.line("ready")
+            while true { sleep(60) }
+            _ = consumer
         }
     }
 }

@@ -8,6 +8,8 @@ enum FloorKind: String {
     case rename
     /// Write the message file in place with pwrite; the reader wakes on IN_MODIFY.
     case inPlace = "in-place"
+    /// Append the message to a log with O_APPEND; the reader wakes on IN_MODIFY and reads on from its offset.
+    case append
 }
 
 /// One side of the hand-written floor: the least a file-based ping-pong can do, with no library in the way.
@@ -23,6 +25,7 @@ final class FloorEndpoint {
     private let buffer = UnsafeMutableRawPointer.allocate(byteCount: 4096, alignment: 8)
     private var message = [UInt8](repeating: 0x78, count: 64)
     private var sendDescriptor: Int32 = -1
+    private var readOffset = 0
 
     init(kind: FloorKind, directory: String, receives: String, sends: String) throws {
         self.kind = kind
@@ -31,11 +34,16 @@ final class FloorEndpoint {
         self.sends = sends
         inotify = inotify_init1(Int32(IN_CLOEXEC))
         let mask = kind == .rename ? UInt32(IN_MOVED_TO) : UInt32(IN_MODIFY)
+        if kind == .append {
+            // Both logs exist before either side watches them.
+            for name in [receives, sends] { close(open(directory + "/" + name, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)) }
+        }
         guard inotify >= 0, inotify_add_watch(inotify, directory, mask) >= 0 else {
             throw Output.fail("inotify failed in \(directory): \(String(cString: strerror(errno)))")
         }
-        if kind == .inPlace {
-            sendDescriptor = open(directory + "/" + sends, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        if kind == .inPlace || kind == .append {
+            let flags = kind == .append ? O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC : O_RDWR | O_CREAT | O_CLOEXEC
+            sendDescriptor = open(directory + "/" + sends, flags, 0o600)
             guard sendDescriptor >= 0 else { throw Output.fail("could not open \(sends)") }
         }
     }
@@ -61,6 +69,10 @@ final class FloorEndpoint {
             guard pwrite(sendDescriptor, message, message.count, 0) == message.count else {
                 throw Output.fail("floor pwrite failed")
             }
+        case .append:
+            guard Glibc.write(sendDescriptor, message, message.count) == message.count else {
+                throw Output.fail("floor append failed")
+            }
         }
     }
 
@@ -83,9 +95,10 @@ final class FloorEndpoint {
             let fd = open(directory + "/" + receives, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { throw Output.fail("floor open failed") }
             var incoming = [UInt8](repeating: 0, count: 64)
-            let got = pread(fd, &incoming, 64, 0)
+            let got = pread(fd, &incoming, 64, off_t(kind == .append ? readOffset : 0))
             close(fd)
             guard got == 64 else { continue }
+            if kind == .append { readOffset += 64 }
             return incoming.withUnsafeBytes { $0.load(as: UInt64.self) }
         }
     }

@@ -171,23 +171,51 @@ public final class WormholeQueue: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Message>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
-        let state = try QueueConsumerState(queue: self, name: consumer)
-        let core = QueueConsumer(state: state, execution: execution) { [self] item in
-            let value: Message
+        try startConsumer(consumer, execution: execution, errorHandler: errorHandler) { [self] item in
             do {
-                value = try coder.decode(type, from: Data(item.record.payload))
+                return .success(QueueMessage(item: item, value: try coder.decode(type, from: Data(item.record.payload))))
             } catch {
-                report(
+                return .failure(
                     WormholeError(
                         .decodingFailed,
                         "Queue message at offset \(item.offset) is not a \(Message.self) (from "
                             + "\(String(decoding: item.record.sender, as: UTF8.self))): \(error). It is passed over.",
-                        identifier: identifier, underlyingError: error),
-                    to: errorHandler)
-                return true
+                        identifier: identifier, underlyingError: error))
+            }
+        } handler: { try handler($0) }
+    }
+
+    /// Calls `handler` with every message of the queue as stored bytes, without decoding; otherwise as
+    /// ``consume(consumer:as:on:errorHandler:handler:)``.
+    public func consumeData(
+        consumer: String,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        handler: @escaping @Sendable (QueueMessage<Data>) throws -> Void
+    ) throws(WormholeError) -> QueueConsumer {
+        try startConsumer(consumer, execution: execution, errorHandler: errorHandler) { item in
+            .success(QueueMessage(item: item, value: Data(item.record.payload)))
+        } handler: { try handler($0) }
+    }
+
+    private func startConsumer<Value: Sendable>(
+        _ consumer: String,
+        execution: CallbackExecution,
+        errorHandler: (@Sendable (WormholeError) -> Void)?,
+        decode: @escaping @Sendable (QueueReader.Item) -> Result<QueueMessage<Value>, WormholeError>,
+        handler: @escaping @Sendable (QueueMessage<Value>) throws -> Void
+    ) throws(WormholeError) -> QueueConsumer {
+        let state = try QueueConsumerState(queue: self, name: consumer)
+        let core = QueueConsumer(state: state, execution: execution) { [self] item in
+            let message: QueueMessage<Value>
+            switch decode(item) {
+            case .success(let decoded): message = decoded
+            case .failure(let error):
+                report(error, to: errorHandler)
+                return true  // passed over, so that it cannot block the queue
             }
             do {
-                try handler(QueueMessage(item: item, value: value))
+                try handler(message)
                 return true
             } catch {
                 report(
