@@ -122,6 +122,7 @@ public final class RemoteChangeObserver: Sendable {
     private let handler: @Sendable (StoreTransaction) throws -> Void
     private let errorHandler: (@Sendable (StoreError) -> Void)?
     private let queue = DispatchQueue(label: "wormhole.store.observer")
+    private static let onQueue = DispatchSpecificKey<Bool>()
     private let observation = Mutex<NotifierObservation?>(nil)
     private let cancelled = Atomic<Bool>(false)
 
@@ -132,6 +133,7 @@ public final class RemoteChangeObserver: Sendable {
         self.cursor = cursor
         self.handler = handler
         self.errorHandler = errorHandler
+        queue.setSpecific(key: Self.onQueue, value: true)
     }
 
     func start(_ observation: NotifierObservation) {
@@ -144,10 +146,16 @@ public final class RemoteChangeObserver: Sendable {
     /// The consumer's history token.
     public var historyToken: Int64 { cursor.current }
 
-    /// Stops the observer; a transaction being handled finishes.
+    /// Stops the observer. A transaction being handled finishes first, and is acknowledged if its handler returns:
+    /// when `cancel()` returns (from outside a handler), nothing is left handled but unacknowledged.
     public func cancel() {
         cancelled.store(true, ordering: .relaxed)
-        observation.withLock { $0?.cancel(); $0 = nil }
+        let watch = observation.withLock { watch in
+            defer { watch = nil }
+            return watch
+        }
+        watch?.cancel()
+        if DispatchQueue.getSpecific(key: Self.onQueue) != true { queue.sync {} }
     }
 
     deinit { cancel() }

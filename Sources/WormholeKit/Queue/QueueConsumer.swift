@@ -133,6 +133,15 @@ final class QueueConsumerState: @unchecked Sendable {
     }
 }
 
+/// An identifier of the calling thread.
+func currentThreadID() -> UInt {
+    #if canImport(Darwin)
+    UInt(bitPattern: pthread_self())
+    #else
+    UInt(pthread_self())
+    #endif
+}
+
 /// A running queue consumer; it stops when cancelled or released.
 public final class QueueConsumer: Sendable {
     private let state: Mutex<QueueConsumerState>
@@ -142,6 +151,8 @@ public final class QueueConsumer: Sendable {
     private let observation = Mutex<NotifierObservation?>(nil)
     private let cancelled = Atomic<Bool>(false)
     private let scheduled = Atomic<Bool>(false)
+    /// The thread delivering right now, so that `cancel()` called from a handler does not wait for itself.
+    private let deliveringThread = Atomic<UInt>(0)
     /// The consumer's name.
     public let name: String
 
@@ -168,7 +179,8 @@ public final class QueueConsumer: Sendable {
     /// The offset of the next message this consumer will handle.
     public var position: UInt64 { state.withLock { $0.reader.position } }
 
-    /// Stops the consumer; a message being handled finishes (and is acknowledged if its handler returns).
+    /// Stops the consumer. A message being handled finishes first, and is acknowledged if its handler returns:
+    /// when `cancel()` returns (from outside a handler), no message is left handled but unacknowledged.
     public func cancel() {
         cancelled.store(true, ordering: .relaxed)
         let watch = observation.withLock { watch in
@@ -176,6 +188,10 @@ public final class QueueConsumer: Sendable {
             return watch
         }
         watch?.cancel()
+        // Wait for a delivery under way, unless this is that delivery's own thread.
+        if deliveringThread.load(ordering: .acquiring) != currentThreadID() {
+            state.withLock { _ in }
+        }
     }
 
     deinit { cancel() }
@@ -191,6 +207,8 @@ public final class QueueConsumer: Sendable {
 
     private func deliverPending() {
         state.withLock { state in
+            deliveringThread.store(currentThreadID(), ordering: .releasing)
+            defer { deliveringThread.store(0, ordering: .releasing) }
             do throws(WormholeError) {
                 while !cancelled.load(ordering: .relaxed), let item = try state.reader.next() {
                     guard deliver(item) else { return }
