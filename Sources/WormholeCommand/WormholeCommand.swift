@@ -19,10 +19,25 @@ struct WormholeCommand: ParsableCommand {
         version: "0.1.0",
         subcommands: [
             Send.self, Read.self, Listen.self, Clear.self, List.self, Enqueue.self, Consume.self,
-            QueueStatusCommand.self, StoreCommand.self, Demo.self, Bench.self,
+            QueueStatusCommand.self, Request.self, Respond.self, LiveSend.self, LiveListen.self, StoreCommand.self,
+            Demo.self, Bench.self,
             DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self,
         ]
     )
+}
+
+extension WormholeCommand {
+    /// Runs the tool. A write to a pipe or socket whose reader is gone (a command that does not read its input, a
+    /// closed `| head`) must fail that write, not kill the process: SIGPIPE is ignored.
+    static func main() {
+        signal(SIGPIPE, SIG_IGN)
+        do {
+            var command = try parseAsRoot()
+            try command.run()
+        } catch {
+            exit(withError: error)
+        }
+    }
 }
 
 /// Where a command's wormhole lives.

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import Synchronization
 
 /// A set of mailboxes shared by cooperating processes: pass a message in one, read it or be told of it in another.
 ///
@@ -36,6 +37,8 @@ public final class Wormhole: Sendable {
     public let directory: String?
     let logger: Logger
     let registry: ListenerRegistry
+    /// The `.live` directory of sockets, opened on first use.
+    let live = Mutex<DirectoryHandle?>(nil)
 
     /// Creates a wormhole in an application group's shared directory, as MMWormhole does.
     ///

@@ -20,7 +20,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         private enum Value: Hashable, Sendable {
             case invalidIdentifier, directoryUnavailable, untrustedFile, corruptMessage, truncatedMessage
             case unsupportedFormatVersion, encodingFailed, decodingFailed, messageTooLarge, diskFull
-            case ioFailure, notifierUnavailable
+            case ioFailure, notifierUnavailable, notReachable, timedOut, remoteFailure
         }
         private let value: Value
         private init(_ value: Value) { self.value = value }
@@ -50,6 +50,13 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         public static let ioFailure = Code(.ioFailure)
         /// Change notifications could not be set up.
         public static let notifierUnavailable = Code(.notifierUnavailable)
+        /// No process is listening for live messages or requests of this identifier right now.
+        public static let notReachable = Code(.notReachable)
+        /// A request got no reply within its time-out.
+        public static let timedOut = Code(.timedOut)
+        /// The responder threw while handling the request, or its process ended before replying; the message says
+        /// which.
+        public static let remoteFailure = Code(.remoteFailure)
 
         public var description: String {
             switch value {
@@ -65,6 +72,9 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case .diskFull: "disk full"
             case .ioFailure: "I/O failure"
             case .notifierUnavailable: "notifier unavailable"
+            case .notReachable: "not reachable"
+            case .timedOut: "timed out"
+            case .remoteFailure: "remote failure"
             }
         }
     }

@@ -35,6 +35,9 @@ static inline int cwormhole_pin_to_cpu(int cpu) {
 /// (fallocate with FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE). Returns 0, or -1 with errno set.
 int cwormhole_punch_hole(int fd, long long offset, long long length);
 
+/// The user id of the process at the other end of a connected Unix socket (SO_PEERCRED). Returns 0, or -1.
+int cwormhole_peer_uid(int socket, unsigned int *uid);
+
 /// Names the calling thread (at most 15 characters are kept), as `ps -L` and debuggers show it.
 static inline void cwormhole_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }
 

@@ -216,6 +216,9 @@ final class DirectoryHandle: Sendable {
     }
 
     func filePath(_ name: String) -> String { path + "/" + name }
+
+    /// The directory's descriptor, for calls that take one (it stays open as long as this handle lives).
+    var rawDescriptor: Int32 { descriptor }
 }
 
 // `open` is variadic in C; Glibc's overlay gives Swift a fixed-arity version, named here to keep call sites clear.

@@ -1,0 +1,216 @@
+import ArgumentParser
+import Foundation
+import Synchronization
+import WormholeKit
+
+/// Checks that a command-line message is JSON; returns its bytes.
+func validatedJSON(_ argument: String?, what: String) throws -> Data {
+    let text = argument.map { Data($0.utf8) } ?? FileHandle.standardInput.readDataToEndOfFile()
+    let trimmed = Data(String(decoding: text, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).utf8)
+    do {
+        _ = try JSONSerialization.jsonObject(with: trimmed, options: [.fragmentsAllowed])
+    } catch {
+        throw Output.fail("the \(what) is not valid JSON, so nothing was sent: \(error.localizedDescription)", status: 2)
+    }
+    return trimmed
+}
+
+struct Request: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Send a JSON request to a process answering IDENTIFIER and print its reply.",
+        discussion: """
+            Exits with status 1 and a message on standard error when nobody answers, the time-out passes, or the \
+            responder fails (or its process ends) before replying.
+            """)
+
+    @OptionGroup var location: LocationOptions
+
+    @Argument(help: "The identifier the responder answers.")
+    var identifier: String
+
+    @Argument(help: "The request, as JSON. Read from standard input when left out.")
+    var json: String?
+
+    @Option(help: "Seconds to wait for the reply.")
+    var timeout: Double = 5
+
+    func run() throws {
+        let payload = try validatedJSON(json, what: "request")
+        let wormhole = try location.makeWormhole()
+        let identifier = identifier
+        let timeout = timeout
+        let result = Mutex<Result<Data, WormholeError>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            do throws(WormholeError) {
+                let reply = try await wormhole.requestData(
+                    payload, identifier: identifier, timeout: .milliseconds(Int(timeout * 1000)))
+                result.withLock { $0 = .success(reply) }
+            } catch {
+                result.withLock { $0 = .failure(error) }
+            }
+            done.signal()
+        }
+        done.wait()
+        switch result.withLock({ $0 })! {
+        case .success(let reply): Output.line(Output.jsonLine(reply))
+        case .failure(let error): throw Output.fail("\(error)")
+        }
+    }
+}
+
+struct Respond: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Answer requests sent to IDENTIFIER by running a command for each one.",
+        discussion: """
+            The command runs with `sh -c`, the request's JSON on its standard input; what it prints is the reply. \
+            When it exits with a non-zero status, the requester gets an error with the command's standard error. \
+            "responding to IDENTIFIER" goes to standard error when ready.
+            """)
+
+    @OptionGroup var location: LocationOptions
+
+    @Argument(help: "The identifier to answer.")
+    var identifier: String
+
+    @Option(name: .customLong("exec"), help: "The command that makes each reply.")
+    var command: String
+
+    @Option(help: "Exit after answering this many requests.")
+    var count: Int?
+
+    func run() throws {
+        let wormhole = try location.makeWormhole()
+        let answered = Mutex(0)
+        let done = DispatchSemaphore(value: 0)
+        let command = command
+        let limit = count
+        let responder = try wormhole.respondToRequestData(withIdentifier: identifier) { request in
+            defer {
+                if answered.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
+            }
+            return try Self.run(command, input: request)
+        }
+        FileHandle.standardError.write(Data("responding to \(identifier)\n".utf8))
+        done.wait()
+        // Let the last reply leave before the process ends.
+        Thread.sleep(forTimeInterval: 0.1)
+        responder.cancel()
+    }
+
+    struct CommandFailed: Error, CustomStringConvertible {
+        var status: Int32
+        var message: String
+        var description: String { "the command exited with status \(status): \(message)" }
+    }
+
+    static func run(_ command: String, input: Data) throws -> Data {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", command]
+        let stdin = Pipe()
+        let stdout = Pipe()
+        let stderr = Pipe()
+        process.standardInput = stdin
+        process.standardOutput = stdout
+        process.standardError = stderr
+        try process.run()
+        // A command that does not read its input closes the pipe early: that is not an error of the request.
+        try? stdin.fileHandleForWriting.write(contentsOf: input)
+        try? stdin.fileHandleForWriting.close()
+        let output = stdout.fileHandleForReading.readDataToEndOfFile()
+        let errors = stderr.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw CommandFailed(
+                status: process.terminationStatus,
+                message: String(decoding: errors, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+        return Data(String(decoding: output, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).utf8)
+    }
+}
+
+struct LiveSend: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "live-send",
+        abstract: "Send a JSON message to the processes listening for IDENTIFIER right now; nothing is stored.",
+        discussion: "Prints how many processes it reached; exits with status 1 when nobody is listening.")
+
+    @OptionGroup var location: LocationOptions
+    @Argument(help: "The identifier.") var identifier: String
+    @Argument(help: "The message, as JSON. Read from standard input when left out.") var json: String?
+
+    func run() throws {
+        let payload = try validatedJSON(json, what: "message")
+        do {
+            Output.line("reached \(try location.makeWormhole().sendMessageData(payload, identifier: identifier))")
+        } catch let error as WormholeError where error.code == .notReachable {
+            throw Output.fail("\(error)")
+        }
+    }
+}
+
+struct LiveListen: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "live-listen",
+        abstract: "Print each live message sent to IDENTIFIER while listening, one JSON line each.")
+
+    @OptionGroup var location: LocationOptions
+    @Argument(help: "The identifier.") var identifier: String
+    @Option(help: "Exit after this many messages.") var count: Int?
+    @Option(help: "Exit after this many seconds.") var timeout: Double?
+
+    func run() throws {
+        let received = Mutex(0)
+        let done = DispatchSemaphore(value: 0)
+        let limit = count
+        let listener = try location.makeWormhole().listenForLiveMessages(
+            withIdentifier: identifier, as: JSONPassthrough.self
+        ) { message in
+            Output.line(Output.jsonLine(message.data))
+            if received.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
+        }
+        FileHandle.standardError.write(Data("listening to \(identifier)\n".utf8))
+        let finished = timeout.map { done.wait(timeout: .now() + $0) == .success } ?? { done.wait(); return true }()
+        listener.cancel()
+        if !finished, limit != nil { throw Output.fail("timed out") }
+    }
+}
+
+/// Any JSON value, kept as compact JSON text.
+struct JSONPassthrough: Decodable, Sendable {
+    var data: Data
+    init(from decoder: any Decoder) throws {
+        let value = try decoder.singleValueContainer().decode(AnyJSON.self)
+        data = (try? JSONSerialization.data(withJSONObject: value.object, options: [.fragmentsAllowed, .sortedKeys])) ?? Data()
+    }
+}
+
+/// A decoded JSON value of any shape.
+struct AnyJSON: Decodable {
+    var object: Any
+    init(from decoder: any Decoder) throws {
+        if let keyed = try? decoder.container(keyedBy: AnyKey.self) {
+            var dictionary: [String: Any] = [:]
+            for key in keyed.allKeys { dictionary[key.stringValue] = try keyed.decode(AnyJSON.self, forKey: key).object }
+            object = dictionary
+        } else if var unkeyed = try? decoder.unkeyedContainer() {
+            var array: [Any] = []
+            while !unkeyed.isAtEnd { array.append(try unkeyed.decode(AnyJSON.self).object) }
+            object = array
+        } else {
+            let single = try decoder.singleValueContainer()
+            if single.decodeNil() { object = NSNull() }
+            else if let bool = try? single.decode(Bool.self) { object = bool }
+            else if let number = try? single.decode(Double.self) { object = number }
+            else { object = try single.decode(String.self) }
+        }
+    }
+
+    struct AnyKey: CodingKey {
+        var stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
+    }
+}

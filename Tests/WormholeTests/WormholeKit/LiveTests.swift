@@ -1,0 +1,151 @@
+import Foundation
+import Testing
+@testable import WormholeKit
+
+struct Query: Codable, Sendable { var term: String }
+struct Answer: Codable, Sendable, Equatable { var result: String }
+struct Refusal: Error, CustomStringConvertible { var description: String { "no such term" } }
+
+/// Live messages and requests between real processes over Unix sockets.
+@Suite("Live messages and requests", .timeLimit(.minutes(2)))
+struct LiveTests {
+    let directory = TemporaryDirectory()
+    var location: [String] { ["--directory", directory("wormhole")] }
+    func makeWormhole() throws -> Wormhole { try Wormhole(directory: directory("wormhole")) }
+
+    func responder(_ command: String, count: Int = 100) throws -> RunningTool {
+        let tool = try RunningTool(["respond"] + location + ["lookup", "--exec", command, "--count", String(count)])
+        #expect(tool.waitForError(containing: "responding to"))
+        return tool
+    }
+
+    @Test("A request reaches a responder in another process and its reply comes back")
+    func requestAndReply() async throws {
+        let responder = try responder(#"sed 's/"term"/"result"/; s/swift/SWIFT/'"#)
+        let answer = try await makeWormhole().request(Query(term: "swift"), identifier: "lookup", as: Answer.self)
+        #expect(answer == Answer(result: "SWIFT"))
+        responder.kill()
+    }
+
+    @Test("In one process: typed requests, and a responder's error comes back to the caller")
+    func inProcess() async throws {
+        let wormhole = try makeWormhole()
+        let responder = try wormhole.respondToRequests(withIdentifier: "lookup", as: Query.self) { query in
+            guard query.term != "unknown" else { throw Refusal() }
+            return Answer(result: query.term.uppercased())
+        }
+        #expect(try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self) == Answer(result: "A"))
+        do {
+            _ = try await wormhole.request(Query(term: "unknown"), identifier: "lookup", as: Answer.self)
+            Issue.record("expected an error")
+        } catch {
+            #expect(error.code == .remoteFailure)
+            #expect(error.message.contains("no such term"))
+        }
+        responder.cancel()
+    }
+
+    @Test("Nobody listening: not reachable, at once")
+    func notReachable() async throws {
+        let wormhole = try makeWormhole()
+        let start = Date()
+        do {
+            _ = try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self, timeout: .seconds(10))
+            Issue.record("expected an error")
+        } catch {
+            #expect(error.code == .notReachable)
+        }
+        #expect(throws: WormholeError.self) { try wormhole.sendMessage(Query(term: "a"), identifier: "nobody") }
+        // Nothing waited: far less than any time-out (generous, for loaded machines).
+        #expect(Date().timeIntervalSince(start) < 8)
+    }
+
+    @Test("A slow responder: the request times out after its time-out")
+    func timeout() async throws {
+        let responder = try responder("sleep 3; cat")
+        let start = Date()
+        do {
+            _ = try await makeWormhole().request(Query(term: "a"), identifier: "lookup", as: Answer.self, timeout: .milliseconds(500))
+            Issue.record("expected a time-out")
+        } catch let error as WormholeError {
+            #expect(error.code == .timedOut)
+        }
+        #expect(Date().timeIntervalSince(start) >= 0.5, "not before its time-out")
+        responder.kill()
+    }
+
+    @Test("A responder that fails: its error comes back")
+    func responderFails() async throws {
+        let responder = try responder("echo 'boom: no index' >&2; exit 3")
+        do {
+            _ = try await makeWormhole().request(Query(term: "a"), identifier: "lookup", as: Answer.self)
+            Issue.record("expected an error")
+        } catch let error as WormholeError {
+            #expect(error.code == .remoteFailure)
+            #expect(error.message.contains("boom: no index"))
+        }
+        responder.kill()
+    }
+
+    @Test("A responder process that dies while answering: the caller fails fast, not at its time-out")
+    func responderDies() async throws {
+        // The command marks that the request has arrived, then takes far longer than the time-out allows.
+        let marker = directory("arrived")
+        let responder = try responder("touch '\(marker)'; sleep 20; cat")
+        let wormhole = try makeWormhole()
+        let start = Date()
+        let killer = Task {
+            while !FileManager.default.fileExists(atPath: marker) { try await Task.sleep(for: .milliseconds(10)) }
+            responder.kill()
+        }
+        do {
+            _ = try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self, timeout: .seconds(60))
+            Issue.record("expected an error")
+        } catch {
+            #expect(error.code == .remoteFailure)
+            #expect(error.message.contains("ended"))
+        }
+        #expect(Date().timeIntervalSince(start) < 30, "failed when the process ended, not at the 60 s time-out")
+        _ = try await killer.value
+        // Its socket is stale now: the next request finds nobody, and removes it.
+        do {
+            _ = try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self)
+            Issue.record("expected an error")
+        } catch {
+            #expect(error.code == .notReachable)
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live")).isEmpty)
+    }
+
+    @Test("A live message reaches every listening process; nothing is stored for later")
+    func liveBroadcast() throws {
+        let listeners = try (0..<3).map { _ in
+            try RunningTool(["live-listen"] + location + ["news", "--count", "1", "--timeout", "30"])
+        }
+        for listener in listeners { #expect(listener.waitUntilListening()) }
+        let sent = try WormholeTool.run(["live-send"] + location + ["news", #"{"headline":"hi"}"#])
+        #expect(sent.lines == ["reached 3"])
+        for listener in listeners {
+            let result = listener.finish()
+            #expect(result.status == 0)
+            #expect(result.lines == [#"{"headline":"hi"}"#])
+        }
+        let nobody = try WormholeTool.run(["live-send"] + location + ["news", #"{"headline":"late"}"#])
+        #expect(nobody.status == 1)
+        #expect(nobody.error.contains("not reachable"))
+    }
+
+    @Test("Live messages in one process, and oversize ones refused")
+    func inProcessLive() throws {
+        let wormhole = try makeWormhole()
+        let received = Collector<String>()
+        let listener = try wormhole.listenForLiveMessages(withIdentifier: "news", as: Query.self) { received.append($0.term) }
+        #expect(try wormhole.sendMessage(Query(term: "one"), identifier: "news") == 1)
+        #expect(eventually { received.values == ["one"] })
+        #expect(throws: WormholeError.self) {
+            try wormhole.sendMessageData(Data(count: 100_000), identifier: "news")
+        }
+        listener.cancel()
+        #expect(throws: WormholeError.self) { try wormhole.sendMessage(Query(term: "two"), identifier: "news") }
+    }
+}
