@@ -22,6 +22,9 @@ struct Exercise: ParsableCommand {
         /// Consume the queue --identifier as consumer --tag: print "handled INDEX" for the first message, then die
         /// (SIGKILL) while handling the second.
         case consumeThenCrash = "consume-then-crash"
+        /// Increment the key "counter" of the suite --identifier count times, each a read-modify-write, and add the
+        /// key "writer-TAG" each time too (two keys in one update).
+        case suiteIncrement = "suite-increment"
     }
 
     @Argument var workload: Workload
@@ -48,6 +51,14 @@ struct Exercise: ParsableCommand {
         case .enqueue:
             let queue = try wormhole.queue(identifier)
             for index in 0..<count { try queue.enqueue(QueueExerciseMessage(writer: tag, index: index)) }
+        case .suiteIncrement:
+            let suite = try wormhole.suite(identifier)
+            for _ in 0..<count {
+                try suite.update(direction: tag) { (values: inout SuiteValues) throws(WormholeError) in
+                    try values.set((values["counter", as: Int.self] ?? 0) + 1, forKey: "counter")
+                    try values.set((values["writer-\(tag)", as: Int.self] ?? 0) + 1, forKey: "writer-\(tag)")
+                }
+            }
         case .consumeThenCrash:
             let seen = Mutex(0)
             let consumer = try wormhole.queue(identifier).consume(consumer: tag, as: QueueExerciseMessage.self) { message in

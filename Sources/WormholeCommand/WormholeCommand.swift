@@ -19,7 +19,8 @@ struct WormholeCommand: ParsableCommand {
         version: "0.1.0",
         subcommands: [
             Send.self, Read.self, Listen.self, Clear.self, List.self, Enqueue.self, Consume.self,
-            QueueStatusCommand.self, Request.self, Respond.self, LiveSend.self, LiveListen.self, StoreCommand.self,
+            QueueStatusCommand.self, Request.self, Respond.self, LiveSend.self, LiveListen.self, Defaults.self,
+            StoreCommand.self,
             Demo.self, Bench.self,
             DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self,
         ]

@@ -95,7 +95,7 @@ public final class FileTransiting: Transiting {
         }
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
         let timestamp = ProcessFacts.wallClockNanoseconds()
-        let stored = try update(identifier: identifier, createIfMissing: true) { sequence in
+        let stored = try update(identifier: identifier, createIfMissing: true) { sequence, _ in
             MailboxFormat.Record(
                 sequence: sequence, timestampNanoseconds: timestamp, isCleared: false, sender: senderBytes,
                 payload: Array(payload))
@@ -110,8 +110,11 @@ public final class FileTransiting: Transiting {
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
-        let name = Self.fileName(identifier)
-        let contents = try openFiles.entry(identifier).descriptor.withLock {
+        return try readFile(name: Self.fileName(identifier), identifier: identifier)
+    }
+
+    private func readFile(name: String, identifier: String) throws(WormholeError) -> Envelope? {
+        let contents = try openFiles.entry(name).descriptor.withLock {
             (cached) throws(WormholeError) -> MailboxFormat.Contents? in
             for _ in 0..<1000 {
                 if cached < 0 {
@@ -184,7 +187,7 @@ public final class FileTransiting: Transiting {
         try MessageIdentifier.validate(identifier)
         let timestamp = ProcessFacts.wallClockNanoseconds()
         let sender = Array("\(ProcessFacts.processName)[\(ProcessFacts.processID)]".utf8)
-        _ = try update(identifier: identifier, createIfMissing: false) { sequence in
+        _ = try update(identifier: identifier, createIfMissing: false) { sequence, _ in
             MailboxFormat.Record(
                 sequence: sequence, timestampNanoseconds: timestamp, isCleared: true, sender: sender, payload: [])
         }
@@ -211,6 +214,37 @@ public final class FileTransiting: Transiting {
         return result
     }
 
+    /// Replaces the payload of the file `fileName` with what `transform` makes of the current one, atomically for
+    /// every process: the file's lock is held from the read to the write. Suites use it for read-modify-write.
+    func modify(
+        fileName: String, identifier: String, sender: String,
+        _ transform: (Data?) throws(WormholeError) -> Data
+    ) throws(WormholeError) -> Envelope {
+        let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
+        let timestamp = ProcessFacts.wallClockNanoseconds()
+        var payload = Data()
+        let stored = try update(identifier: identifier, fileName: fileName, createIfMissing: true) {
+            (sequence, current) throws(WormholeError) in
+            let previous = current.flatMap { $0.isCleared ? nil : Data($0.payload) }
+            payload = try transform(previous)
+            guard payload.count <= options.maximumMessageSize else {
+                throw WormholeError(.messageTooLarge, "The suite would be \(payload.count) bytes.", identifier: identifier)
+            }
+            return MailboxFormat.Record(
+                sequence: sequence, timestampNanoseconds: timestamp, isCleared: false, sender: senderBytes,
+                payload: Array(payload))
+        }
+        guard let (record, generation) = stored else { fatalError("update(createIfMissing: true) always stores a record") }
+        return Envelope(
+            sequence: record.sequence, generation: generation, sender: sender, timestampNanoseconds: timestamp,
+            payload: payload)
+    }
+
+    /// Reads the file `fileName` (a suite), as ``readMessage(identifier:)`` reads a mailbox.
+    func read(fileName: String, identifier: String) throws(WormholeError) -> Envelope? {
+        try readFile(name: fileName, identifier: identifier)
+    }
+
     /// The identifiers that have a mailbox file, empty or not.
     func mailboxFileIdentifiers() throws(WormholeError) -> [String] {
         try handle.entries().compactMap { name in
@@ -228,11 +262,12 @@ public final class FileTransiting: Transiting {
     /// already empty) and `createIfMissing` is false.
     private func update(
         identifier: String,
+        fileName: String? = nil,
         createIfMissing: Bool,
-        makeRecord: (UInt64) -> MailboxFormat.Record
+        makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
-        let name = Self.fileName(identifier)
-        return try openFiles.entry(identifier).descriptor.withLock {
+        let name = fileName ?? Self.fileName(identifier)
+        return try openFiles.entry(name).descriptor.withLock {
             (cached) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? in
             // A few rounds at most: each retry means another process created or replaced the file meanwhile.
             for _ in 0..<1000 {
@@ -288,9 +323,9 @@ public final class FileTransiting: Transiting {
 
     /// Creates a new mailbox holding its first record; nil when another process created it first.
     private func create(
-        name: String, identifier: String, makeRecord: (UInt64) -> MailboxFormat.Record
+        name: String, identifier: String, makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
-        let record = makeRecord(1)
+        let record = try makeRecord(1, nil)
         let header = MailboxFormat.Header(
             slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
             generation: UInt64.random(in: 1...UInt64.max))
@@ -314,7 +349,7 @@ public final class FileTransiting: Transiting {
         name: String,
         identifier: String,
         createIfMissing: Bool,
-        makeRecord: (UInt64) -> MailboxFormat.Record
+        makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (stored: (MailboxFormat.Record, UInt64)?, replaced: Bool) {
         let contents: MailboxFormat.Contents
         switch try decode(file, size: size, identifier: identifier) {
@@ -330,7 +365,7 @@ public final class FileTransiting: Transiting {
                 }
                 return (nil, true)
             }
-            let record = makeRecord(1)
+            let record = try makeRecord(1, nil)
             let header = MailboxFormat.Header(
                 slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
                 generation: UInt64.random(in: 1...UInt64.max))
@@ -338,7 +373,7 @@ public final class FileTransiting: Transiting {
             return ((record, header.generation), true)
         }
         if !createIfMissing, contents.newest == nil || contents.newest?.record.isCleared == true { return (nil, false) }
-        let record = makeRecord((contents.newest?.record.sequence ?? 0) + 1)
+        let record = try makeRecord((contents.newest?.record.sequence ?? 0) + 1, contents.newest?.record)
         let header = contents.header
         guard record.encodedSize <= header.slotCapacity else {
             // The message outgrew the slots: a new file with larger slots, same generation, renamed into place.

@@ -1,0 +1,126 @@
+import Foundation
+
+/// The keys and values of a suite: JSON values by key.
+public struct SuiteValues: Sendable, Equatable {
+    /// Each value as compact JSON text.
+    private(set) var storage: [String: Data] = [:]
+
+    /// The keys that are set, sorted.
+    public var keys: [String] { storage.keys.sorted() }
+
+    /// The value of `key` decoded as `type`, or nil when it is not set or not a `type`.
+    public subscript<Value: Decodable>(key: String, as type: Value.Type) -> Value? {
+        guard let data = storage[key] else { return nil }
+        return try? JSONDecoder().decode(type, from: data)
+    }
+
+    /// Sets the value of a key.
+    ///
+    /// - Throws: ``WormholeError/Code/encodingFailed`` when the value cannot be encoded as JSON.
+    public mutating func set<Value: Encodable>(_ value: Value, forKey key: String) throws(WormholeError) {
+        storage[key] = try Self.encode(value, key: key)
+    }
+
+    /// Removes a key.
+    public mutating func removeValue(forKey key: String) { storage[key] = nil }
+
+    /// The value of `key` as compact JSON, or nil.
+    public func json(forKey key: String) -> Data? { storage[key] }
+
+    mutating func set(raw: Data?, forKey key: String) { storage[key] = raw }
+
+    static func encode<Value: Encodable>(_ value: Value, key: String) throws(WormholeError) -> Data {
+        do {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            encoder.dateEncodingStrategy = .iso8601
+            return try encoder.encode(value)
+        } catch {
+            throw WormholeError(
+                .encodingFailed, "The value for \"\(key)\" could not be encoded as JSON: \(error).",
+                underlyingError: error)
+        }
+    }
+
+    /// The keys whose values differ between the two.
+    func changedKeys(comparedTo other: SuiteValues) -> Set<String> {
+        Set(storage.keys).union(other.storage.keys).filter { storage[$0] != other.storage[$0] }
+    }
+
+    /// The value as a Foundation JSON object, for NotificationCenter.
+    func foundationObject(forKey key: String) -> Any? {
+        storage[key].flatMap { try? JSONSerialization.jsonObject(with: $0, options: [.fragmentsAllowed]) }
+    }
+
+    init() {}
+
+    init(storage: [String: Data]) { self.storage = storage }
+}
+
+/// A suite file's payload: the values, a version, and the log of recent changes. JSON:
+/// `{"version": N, "values": {KEY: VALUE…}, "log": [{"version", "keys", "sender", "direction", "time"}…]}`.
+struct SuiteDocument {
+    struct Entry: Codable, Equatable {
+        var version: UInt64
+        var keys: [String]
+        var sender: String
+        var direction: String?
+        var time: Int64
+    }
+
+    var version: UInt64 = 0
+    var values = SuiteValues()
+    var log: [Entry] = []
+
+    init() {}
+
+    init(decoding data: Data, suite: String) throws(WormholeError) {
+        do {
+            guard let object = try JSONSerialization.jsonObject(with: data) as? [String: Any],
+                let version = (object["version"] as? NSNumber)?.uint64Value,
+                let values = object["values"] as? [String: Any]
+            else {
+                throw WormholeError(.corruptMessage, "The suite file does not hold a suite document.", identifier: suite)
+            }
+            self.version = version
+            var storage: [String: Data] = [:]
+            for (key, value) in values {
+                storage[key] = try JSONSerialization.data(withJSONObject: value, options: [.fragmentsAllowed, .sortedKeys])
+            }
+            self.values = SuiteValues(storage: storage)
+            // Read straight from the parsed objects: a Codable pass over the log on every update costs milliseconds.
+            self.log = try (object["log"] as? [[String: Any]] ?? []).map { (entry) throws(WormholeError) -> Entry in
+                guard let version = (entry["version"] as? NSNumber)?.uint64Value, let keys = entry["keys"] as? [String],
+                    let sender = entry["sender"] as? String, let time = (entry["time"] as? NSNumber)?.int64Value
+                else {
+                    throw WormholeError(.corruptMessage, "A change in the suite's log is damaged.", identifier: suite)
+                }
+                return Entry(version: version, keys: keys, sender: sender, direction: entry["direction"] as? String, time: time)
+            }
+        } catch let error as WormholeError {
+            throw error
+        } catch {
+            throw WormholeError(
+                .corruptMessage, "The suite file cannot be read: \(error).", identifier: suite, underlyingError: error)
+        }
+    }
+
+    func encoded() throws(WormholeError) -> Data {
+        do {
+            var values: [String: Any] = [:]
+            for (key, data) in self.values.storage { values[key] = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed]) }
+            let logObject: [[String: Any]] = log.map { entry in
+                var object: [String: Any] = [
+                    "version": entry.version, "keys": entry.keys, "sender": entry.sender, "time": entry.time,
+                ]
+                if let direction = entry.direction { object["direction"] = direction }
+                return object
+            }
+            return try JSONSerialization.data(
+                withJSONObject: ["version": version, "values": values, "log": logObject] as [String: Any],
+                options: [.sortedKeys])
+        } catch {
+            throw WormholeError(.encodingFailed, "The suite could not be encoded: \(error).", underlyingError: error)
+        }
+    }
+}
