@@ -22,6 +22,9 @@ struct Exercise: ParsableCommand {
         /// Consume the queue --identifier as consumer --tag: print "handled INDEX" for the first message, then die
         /// (SIGKILL) while handling the second.
         case consumeThenCrash = "consume-then-crash"
+        /// Receive files on the channel --identifier as consumer --tag into --into, and die (SIGKILL) in the handler of
+        /// the first file, after it was moved.
+        case transferReceiveThenCrash = "transfer-receive-then-crash"
         /// Increment the key "counter" of the suite --identifier count times, each a read-modify-write, and add the
         /// key "writer-TAG" each time too (two keys in one update).
         case suiteIncrement = "suite-increment"
@@ -31,6 +34,7 @@ struct Exercise: ParsableCommand {
     @Option var count = 1000
     @Option var identifier = "counter"
     @Option var tag = "w"
+    @Option var into: String?
     @OptionGroup var location: LocationOptions
 
     func run() throws {
@@ -51,6 +55,14 @@ struct Exercise: ParsableCommand {
         case .enqueue:
             let queue = try wormhole.queue(identifier)
             for index in 0..<count { try queue.enqueue(QueueExerciseMessage(writer: tag, index: index)) }
+        case .transferReceiveThenCrash:
+            let receiver = try wormhole.transfers(identifier).receive(consumer: tag, into: into ?? ".") { file in
+                Output.line("moved \(file.path)")
+                kill(getpid(), SIGKILL)
+            }
+            FileHandle.standardError.write(Data("receiving\n".utf8))
+            Thread.sleep(forTimeInterval: 30)
+            receiver.cancel()
         case .suiteIncrement:
             let suite = try wormhole.suite(identifier)
             for _ in 0..<count {

@@ -20,6 +20,7 @@ struct WormholeCommand: ParsableCommand {
         subcommands: [
             Send.self, Read.self, Listen.self, Clear.self, List.self, Enqueue.self, Consume.self,
             QueueStatusCommand.self, Request.self, Respond.self, LiveSend.self, LiveListen.self, Defaults.self,
+            TransferCommand.self,
             StoreCommand.self,
             Demo.self, Bench.self,
             DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self,

@@ -1,0 +1,115 @@
+import ArgumentParser
+import Foundation
+import Synchronization
+import WormholeKit
+
+/// `wormhole transfer …`: hand files to another process of the group.
+struct TransferCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "transfer", abstract: "Send files to another process of the group, and receive them.",
+        subcommands: [TransferSend.self, TransferReceive.self, TransferCancel.self, TransferList.self])
+}
+
+struct TransferSend: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "send",
+        abstract: "Copy a file into the wormhole and queue it for the receivers; prints the transfer id.",
+        discussion: "A progress bar goes to standard error while the file is copied.")
+    @OptionGroup var location: LocationOptions
+    @Argument(help: "The transfer channel.") var channel: String
+    @Argument(help: "The file to send.") var file: String
+    @Option(help: "The name the receiver gets it under.") var name: String?
+    @Option(name: .customLong("meta"), help: "Metadata as KEY=VALUE (repeat for several).") var metadata: [String] = []
+
+    func run() throws {
+        var pairs: [String: String] = [:]
+        for pair in metadata {
+            guard let equals = pair.firstIndex(of: "=") else { throw ValidationError("--meta takes KEY=VALUE, not \(pair).") }
+            pairs[String(pair[..<equals])] = String(pair[pair.index(after: equals)...])
+        }
+        let lastPercent = Mutex(-1)
+        let transfer = try location.makeWormhole().transfers(channel).send(file: file, name: name, metadata: pairs) { progress in
+            let percent = Int(progress.fraction * 100)
+            let changed = lastPercent.withLock { last in
+                defer { last = percent }
+                return last != percent
+            }
+            guard changed else { return }
+            let filled = percent / 4
+            let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 25 - filled)
+            let text = String(
+                format: "\r[%@] %3d%% %.1f / %.1f MiB", bar, percent, Double(progress.bytesCopied) / 1_048_576,
+                Double(progress.totalBytes) / 1_048_576)
+            FileHandle.standardError.write(Data(text.utf8))
+        }
+        FileHandle.standardError.write(Data("\n".utf8))
+        Output.line(transfer.id)
+    }
+}
+
+struct TransferReceive: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "receive",
+        abstract: "Move each file sent on a channel into a directory; print one JSON line per file.",
+        discussion: "\"receiving CHANNEL\" goes to standard error when ready.")
+    @OptionGroup var location: LocationOptions
+    @Argument(help: "The transfer channel.") var channel: String
+    @Option(help: "The receiver's durable name.") var consumer: String
+    @Option(help: "The directory to put the files in.") var into: String
+    @Option(help: "Exit after this many files.") var count: Int?
+    @Option(help: "Exit after this many seconds.") var timeout: Double?
+
+    func run() throws {
+        let received = Mutex(0)
+        let done = DispatchSemaphore(value: 0)
+        let limit = count
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        let receiver = try location.makeWormhole().transfers(channel).receive(
+            consumer: consumer, into: into, errorHandler: { Output.error("\($0)") }
+        ) { file in
+            guard received.withLock({ $0 < (limit ?? .max) }) else { throw CancellationError() }
+            let line: [String: String] = [
+                "id": file.transfer.id, "name": file.transfer.name, "path": file.path, "sender": file.transfer.sender,
+                "size": String(file.transfer.size),
+            ].merging(file.transfer.metadata.mapKeys { "meta." + $0 }) { first, _ in first }
+            Output.line(String(decoding: try encoder.encode(line), as: UTF8.self))
+            if received.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
+        }
+        FileHandle.standardError.write(Data("receiving \(channel)\n".utf8))
+        let finished = timeout.map { done.wait(timeout: .now() + $0) == .success } ?? { done.wait(); return true }()
+        receiver.cancel()
+        if !finished, limit != nil { throw Output.fail("timed out with \(received.withLock { $0 }) files") }
+    }
+}
+
+struct TransferCancel: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "cancel", abstract: "Cancel a transfer no receiver has taken yet; exit status 1 if it was taken.")
+    @OptionGroup var location: LocationOptions
+    @Argument(help: "The transfer channel.") var channel: String
+    @Argument(help: "The transfer id that send printed.") var id: String
+
+    func run() throws {
+        guard try location.makeWormhole().transfers(channel).cancel(id) else {
+            throw Output.fail("transfer \(id) was already received, or is unknown")
+        }
+    }
+}
+
+struct TransferList: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "list", abstract: "Print the ids of the transfers sent and not yet received.")
+    @OptionGroup var location: LocationOptions
+    @Argument(help: "The transfer channel.") var channel: String
+
+    func run() throws {
+        for id in try location.makeWormhole().transfers(channel).pendingTransferIDs() { Output.line(id) }
+    }
+}
+
+extension Dictionary {
+    func mapKeys<T: Hashable>(_ transform: (Key) -> T) -> [T: Value] {
+        Dictionary<T, Value>(uniqueKeysWithValues: map { (transform($0.key), $0.value) })
+    }
+}
