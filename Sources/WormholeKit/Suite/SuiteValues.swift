@@ -58,14 +58,16 @@ public struct SuiteValues: Sendable, Equatable {
 }
 
 /// A suite file's payload: the values, a version, and the log of recent changes. JSON:
-/// `{"version": N, "values": {KEY: VALUE…}, "log": [{"version", "keys", "sender", "direction", "time"}…]}`.
+/// `{"version": N, "values": {KEY: VALUE…}, "log": [{"version", "keys", "sender", "direction", "time", "values"}…]}`.
 struct SuiteDocument {
-    struct Entry: Codable, Equatable {
+    struct Entry: Equatable {
         var version: UInt64
         var keys: [String]
         var sender: String
         var direction: String?
         var time: Int64
+        /// The values this change set (removed keys are absent), as compact JSON.
+        var values: [String: Data] = [:]
     }
 
     var version: UInt64 = 0
@@ -95,7 +97,13 @@ struct SuiteDocument {
                 else {
                     throw WormholeError(.corruptMessage, "A change in the suite's log is damaged.", identifier: suite)
                 }
-                return Entry(version: version, keys: keys, sender: sender, direction: entry["direction"] as? String, time: time)
+                var values: [String: Data] = [:]
+                for (key, value) in entry["values"] as? [String: Any] ?? [:] {
+                    values[key] = try? JSONSerialization.data(withJSONObject: value, options: [.fragmentsAllowed, .sortedKeys])
+                }
+                return Entry(
+                    version: version, keys: keys, sender: sender, direction: entry["direction"] as? String, time: time,
+                    values: values)
             }
         } catch let error as WormholeError {
             throw error
@@ -114,6 +122,9 @@ struct SuiteDocument {
                     "version": entry.version, "keys": entry.keys, "sender": entry.sender, "time": entry.time,
                 ]
                 if let direction = entry.direction { object["direction"] = direction }
+                object["values"] = entry.values.compactMapValues {
+                    try? JSONSerialization.jsonObject(with: $0, options: [.fragmentsAllowed])
+                }
                 return object
             }
             return try JSONSerialization.data(

@@ -113,7 +113,8 @@ public final class WormholeSuite: Sendable {
                 document.log.append(
                     SuiteDocument.Entry(
                         version: document.version, keys: keys.sorted(), sender: sender, direction: direction,
-                        time: ProcessFacts.wallClockNanoseconds()))
+                        time: ProcessFacts.wallClockNanoseconds(),
+                        values: values.storage.filter { keys.contains($0.key) }))
                 if document.log.count > Self.logLimit { document.log.removeFirst(document.log.count - Self.logLimit) }
             }
             return try document.encoded()
@@ -160,12 +161,13 @@ public final class WormholeSuite: Sendable {
                 let logged = current.log.filter { $0.version > seen.version }
                 var result: [SuiteChange]
                 if logged.first?.version == seen.version + 1 {
-                    result = logged.map { SuiteChange(entry: $0, values: current.values) }
+                    result = logged.map { SuiteChange(entry: $0) }
                 } else {
                     // More changes than the log keeps came at once: report the difference, by an unknown sender.
                     let keys = seen.values.changedKeys(comparedTo: current.values)
                     result = [SuiteChange(version: current.version, keys: keys, sender: "", direction: nil,
-                        timestampNanoseconds: ProcessFacts.wallClockNanoseconds(), values: current.values)]
+                        timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+                        values: SuiteValues(storage: current.values.storage.filter { keys.contains($0.key) }))]
                 }
                 return result.compactMap { change in
                     if !includingOwnChanges && change.sender == sender { return nil }
@@ -215,7 +217,7 @@ public struct SuiteChange: Sendable, Equatable {
     public var direction: String?
     /// When it was made, in nanoseconds since 1970.
     public var timestampNanoseconds: Int64
-    /// The suite's values as they are now.
+    /// The values this change set; a removed key is absent.
     public var values: SuiteValues
 
     init(version: UInt64, keys: Set<String>, sender: String, direction: String?, timestampNanoseconds: Int64, values: SuiteValues) {
@@ -227,10 +229,10 @@ public struct SuiteChange: Sendable, Equatable {
         self.values = values
     }
 
-    init(entry: SuiteDocument.Entry, values: SuiteValues) {
+    init(entry: SuiteDocument.Entry) {
         self.init(
             version: entry.version, keys: Set(entry.keys), sender: entry.sender, direction: entry.direction,
-            timestampNanoseconds: entry.time, values: values)
+            timestampNanoseconds: entry.time, values: SuiteValues(storage: entry.values))
     }
 }
 
