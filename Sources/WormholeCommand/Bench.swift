@@ -41,6 +41,16 @@ enum Placement: String, ExpressibleByArgument, CaseIterable {
 
 func monotonicNanoseconds() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
 
+/// A fresh directory (mode 0700) for one benchmark run in `location` ("default" is the default group root), and how
+/// to name the location in a report. The caller removes it.
+func makeBenchDirectory(_ location: String, prefix: String) throws -> (path: String, label: String) {
+    let root = location == "default" ? GroupContainer.rootDirectory() + "/group.wormhole.bench" : location
+    let path = root + "/\(prefix)-\(getpid())"
+    try FileManager.default.createDirectory(
+        atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+    return (path, location == "default" ? "default (\(root))" : location)
+}
+
 /// `wormhole bench`: the benchmarks; the mailbox one runs by default.
 struct Bench: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -100,9 +110,8 @@ struct BenchMailbox: ParsableCommand {
         Output.line(pad("location", 30) + pad("case", 34) + pad("p50 µs", 10) + pad("p99 µs", 10) + "p50 ratio")
         var summary: [String] = []
         for location in locations {
-            let base = try benchDirectory(location)
+            let (base, label) = try makeBenchDirectory(location, prefix: "wormhole-bench")
             defer { try? FileManager.default.removeItem(atPath: base) }
-            let label = location == "default" ? "default (\(GroupContainer.rootDirectory()))" : location
             let renameFloor = try runFloor(.rename, directory: base + "/floor-rename", peerCPU: peerCPU)
             let inPlaceFloor = try runFloor(.inPlace, directory: base + "/floor-in-place", peerCPU: peerCPU)
             let wormhole = try runWormhole(directory: base + "/wormhole", peerCPU: peerCPU)
@@ -133,14 +142,6 @@ struct BenchMailbox: ParsableCommand {
 
     private func pad(_ text: String, _ width: Int) -> String {
         text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)
-    }
-
-    private func benchDirectory(_ location: String) throws -> String {
-        let root = location == "default" ? GroupContainer.rootDirectory() + "/group.wormhole.bench" : location
-        let path = root + "/wormhole-bench-\(getpid())"
-        try FileManager.default.createDirectory(
-            atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        return path
     }
 
     // MARK: The wormhole

@@ -41,13 +41,10 @@ struct BenchQueue: ParsableCommand {
         #endif
         Output.line("wormhole bench queue: both processes on CPU 0, 64-byte messages")
         for location in locations {
-            let root = location == "default" ? GroupContainer.rootDirectory() + "/group.wormhole.bench" : location
-            let base = root + "/wormhole-queue-bench-\(getpid())"
-            try FileManager.default.createDirectory(
-                atPath: base, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            let (base, label) = try makeBenchDirectory(location, prefix: "wormhole-queue-bench")
             defer { try? FileManager.default.removeItem(atPath: base) }
             Output.line("")
-            Output.line("\(location == "default" ? "default (\(root))" : location):")
+            Output.line("\(label):")
             let floorRate = try floorThroughput(directory: base + "/floor-throughput")
             let queueRate = try queueThroughput(directory: base + "/queue-throughput")
             Output.line(

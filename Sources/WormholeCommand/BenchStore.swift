@@ -61,16 +61,13 @@ struct BenchStore: ParsableCommand {
         #endif
         Output.line("wormhole bench store: both processes on CPU 0; \(roundTrips) round trips, \(inserts) inserts a side")
         for location in locations {
-            let root = location == "default" ? GroupContainer.rootDirectory() + "/group.wormhole.bench" : location
-            let directory = root + "/wormhole-store-bench-\(getpid())"
-            try FileManager.default.createDirectory(
-                atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let (base, label) = try makeBenchDirectory(location, prefix: "wormhole-store-bench")
+            defer { try? FileManager.default.removeItem(atPath: base) }
             Output.line("")
-            Output.line("\(location == "default" ? "default (\(root))" : location):")
-            try measureLatency(path: directory + "/latency.sqlite")
-            try measureHistoryCost(path: directory + "/cost.sqlite")
-            try measureConcurrentWriters(path: directory + "/writers.sqlite")
+            Output.line("\(label):")
+            try measureLatency(path: base + "/latency.sqlite")
+            try measureHistoryCost(path: base + "/cost.sqlite")
+            try measureConcurrentWriters(path: base + "/writers.sqlite")
         }
     }
 

@@ -99,7 +99,7 @@ struct DefaultsWatch: ParsableCommand {
             if printed.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
         }
         FileHandle.standardError.write(Data("watching \(suite)\n".utf8))
-        let finished = timeout.map { done.wait(timeout: .now() + $0) == .success } ?? { done.wait(); return true }()
+        let finished = Output.wait(for: done, timeout: timeout)
         observer.cancel()
         if !finished, limit != nil { throw Output.fail("timed out") }
     }

@@ -53,13 +53,7 @@ struct Listen: ParsableCommand {
             if total == limit { done.signal() }
         }
         FileHandle.standardError.write(Data("listening to \(identifier)\n".utf8))
-        let finished: Bool
-        if let timeout {
-            finished = done.wait(timeout: .now() + timeout) == .success
-        } else {
-            done.wait()
-            finished = true
-        }
+        let finished = Output.wait(for: done, timeout: timeout)
         listener.cancel()
         if !finished, let limit {
             throw Output.fail("timed out after \(timeout!) s with \(received.withLock { $0 }) of \(limit) messages")

@@ -3,18 +3,6 @@ import Foundation
 import Synchronization
 import WormholeKit
 
-/// Checks that a command-line message is JSON; returns its bytes.
-func validatedJSON(_ argument: String?, what: String) throws -> Data {
-    let text = argument.map { Data($0.utf8) } ?? FileHandle.standardInput.readDataToEndOfFile()
-    let trimmed = Data(String(decoding: text, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).utf8)
-    do {
-        _ = try JSONSerialization.jsonObject(with: trimmed, options: [.fragmentsAllowed])
-    } catch {
-        throw Output.fail("the \(what) is not valid JSON, so nothing was sent: \(error.localizedDescription)", status: 2)
-    }
-    return trimmed
-}
-
 struct Request: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Send a JSON request to a process answering IDENTIFIER and print its reply.",
@@ -171,7 +159,7 @@ struct LiveListen: ParsableCommand {
             if received.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
         }
         FileHandle.standardError.write(Data("listening to \(identifier)\n".utf8))
-        let finished = timeout.map { done.wait(timeout: .now() + $0) == .success } ?? { done.wait(); return true }()
+        let finished = Output.wait(for: done, timeout: timeout)
         listener.cancel()
         if !finished, limit != nil { throw Output.fail("timed out") }
     }

@@ -17,13 +17,7 @@ struct Enqueue: ParsableCommand {
     var json: String?
 
     func run() throws {
-        let text = json.map { Data($0.utf8) } ?? FileHandle.standardInput.readDataToEndOfFile()
-        let trimmed = Data(String(decoding: text, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).utf8)
-        do {
-            _ = try JSONSerialization.jsonObject(with: trimmed, options: [.fragmentsAllowed])
-        } catch {
-            throw Output.fail("the message is not valid JSON, so nothing was appended: \(error.localizedDescription)", status: 2)
-        }
+        let trimmed = try validatedJSON(json, what: "message")
         try location.makeWormhole().queue(identifier).enqueueData(trimmed)
     }
 }
@@ -70,7 +64,7 @@ struct Consume: ParsableCommand {
             if printed.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
         }
         FileHandle.standardError.write(Data("consuming \(identifier)\n".utf8))
-        let finished = timeout.map { done.wait(timeout: .now() + $0) == .success } ?? { done.wait(); return true }()
+        let finished = Output.wait(for: done, timeout: timeout)
         consumer.cancel()
         if !finished, let limit {
             throw Output.fail("timed out with \(printed.withLock { $0 }) of \(limit) messages")

@@ -19,13 +19,7 @@ struct Send: ParsableCommand {
     var json: String?
 
     func run() throws {
-        let text = json.map { Data($0.utf8) } ?? FileHandle.standardInput.readDataToEndOfFile()
-        let trimmed = Data(String(decoding: text, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).utf8)
-        do {
-            _ = try JSONSerialization.jsonObject(with: trimmed, options: [.fragmentsAllowed])
-        } catch {
-            throw Output.fail("the message is not valid JSON, so nothing was sent: \(error.localizedDescription)", status: 2)
-        }
+        let trimmed = try validatedJSON(json, what: "message")
         let wormhole = try location.makeWormhole()
         try wormhole.passMessageData(trimmed, identifier: identifier)
     }

@@ -122,7 +122,7 @@ struct StoreWatch: ParsableCommand {
             if printed.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
         }
         FileHandle.standardError.write(Data("watching \(location.store)\n".utf8))
-        let finished = timeout.map { done.wait(timeout: .now() + $0) == .success } ?? { done.wait(); return true }()
+        let finished = Output.wait(for: done, timeout: timeout)
         observer.cancel()
         if !finished, let limit {
             throw Output.fail("timed out with \(printed.withLock { $0 }) of \(limit) transactions")

@@ -77,7 +77,7 @@ struct TransferReceive: ParsableCommand {
             if received.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
         }
         FileHandle.standardError.write(Data("receiving \(channel)\n".utf8))
-        let finished = timeout.map { done.wait(timeout: .now() + $0) == .success } ?? { done.wait(); return true }()
+        let finished = Output.wait(for: done, timeout: timeout)
         receiver.cancel()
         if !finished, limit != nil { throw Output.fail("timed out with \(received.withLock { $0 }) files") }
     }

@@ -95,6 +95,18 @@ struct LocationOptions: ParsableArguments {
     }
 }
 
+/// Checks that a command-line message is JSON; returns its bytes.
+func validatedJSON(_ argument: String?, what: String) throws -> Data {
+    let text = argument.map { Data($0.utf8) } ?? FileHandle.standardInput.readDataToEndOfFile()
+    let trimmed = Data(String(decoding: text, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).utf8)
+    do {
+        _ = try JSONSerialization.jsonObject(with: trimmed, options: [.fragmentsAllowed])
+    } catch {
+        throw Output.fail("the \(what) is not valid JSON, so nothing was done: \(error.localizedDescription)", status: 2)
+    }
+    return trimmed
+}
+
 /// Output helpers: whole lines, written straight to the descriptor so that each one is flushed at once.
 enum Output {
     static func line(_ text: String) {
@@ -109,6 +121,15 @@ enum Output {
     static func fail(_ text: String, status: Int32 = 1) -> ExitCode {
         error(text)
         return ExitCode(status)
+    }
+
+    /// Waits for `done`, up to `timeout` seconds when one is given; returns whether it came.
+    static func wait(for done: DispatchSemaphore, timeout: Double?) -> Bool {
+        guard let timeout else {
+            done.wait()
+            return true
+        }
+        return done.wait(timeout: .now() + timeout) == .success
     }
 
     /// A payload as one line of JSON: compact JSON as it is, other JSON re-serialised without newlines.

@@ -96,3 +96,21 @@ final class RunningTool: Sendable {
 
     func kill(signal: Int32 = SIGKILL) { Foundation.kill(process.processIdentifier, signal) }
 }
+
+extension WormholeTool {
+    /// Runs `wormhole ARGUMENTS` with the group root in a fresh directory, as a newcomer's demo runs; returns its
+    /// status, its output and the root (removed when the returned directory goes away).
+    static func runWithOwnGroupRoot(_ arguments: [String]) throws -> (status: Int32, output: String, root: TemporaryDirectory) {
+        let root = TemporaryDirectory()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(["WORMHOLE_APP_GROUPS": root.path]) { $1 }
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self), root)
+    }
+}

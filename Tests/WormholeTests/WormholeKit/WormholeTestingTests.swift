@@ -59,18 +59,8 @@ struct WormholeTestingTests {
 struct DemoTests {
     @Test("wormhole demo runs an app, a widget and a late reader, and exits 0")
     func demo() throws {
-        let root = TemporaryDirectory()
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: WormholeTool.path)
-        process.arguments = ["demo", "--taps", "3"]
-        process.environment = ProcessInfo.processInfo.environment.merging(["WORMHOLE_APP_GROUPS": root.path]) { $1 }
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        let text = String(decoding: data, as: UTF8.self)
-        #expect(process.terminationStatus == 0, "\(text)")
+        let (status, text, root) = try WormholeTool.runWithOwnGroupRoot(["demo", "--taps", "3"])
+        #expect(status == 0, "\(text)")
         #expect(text.contains("[widget] tap 3 arrived"))
         #expect(text.contains(#"[app]    the widget replied: "widget shows 3""#))
         #expect(text.contains(#"[reader] "button" holds tap 3"#))
