@@ -51,6 +51,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // The fuzzer of every decoder of on-disk and on-wire bytes: `scripts/fuzz` builds it with libFuzzer.
+        .executableTarget(name: "WormholeFuzz", dependencies: ["WormholeKit"]),
         // One test target, its folders mirroring the modules; it depends on the tool so that the tests can run it.
         .testTarget(
             name: "WormholeTests",

@@ -40,25 +40,37 @@ final class QueueCursorFile: Sendable {
         case .success(let read): bytes = read
         case .failure(let errno): throw WormholeError.fileSystem(errno, "read the position of consumer \(name)", path: path)
         }
-        if bytes.isEmpty { return nil }
-        let slice = bytes[...]
-        guard bytes.count == 16, slice.load(at: 0) as UInt32 == Self.magic,
-            slice.load(at: 4) as UInt32 == CRC32C.checksum(bytes[8..<16])
-        else {
+        guard let position = Self.decode(bytes) else {
             throw WormholeError(
                 .corruptMessage,
                 "The position of consumer \(name) is damaged. Remove the file to start that consumer over from the "
                     + "oldest message kept.",
                 path: path)
         }
-        return slice.load(at: 8)
+        return position.offset
+    }
+
+    /// Decodes a position file's bytes: `.some(nil)` for an empty file, nil for damaged bytes.
+    static func decode(_ bytes: [UInt8]) -> (offset: UInt64?, Void)? {
+        if bytes.isEmpty { return (nil, ()) }
+        let slice = bytes[...]
+        guard bytes.count == 16, slice.load(at: 0) as UInt32 == magic,
+            slice.load(at: 4) as UInt32 == CRC32C.checksum(bytes[8..<16])
+        else { return nil }
+        return (slice.load(at: 8), ())
+    }
+
+    /// A position file's bytes.
+    static func encode(_ offset: UInt64) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: 16)
+        bytes.store(magic, at: 0)
+        bytes.store(offset, at: 8)
+        bytes.store(CRC32C.checksum(bytes[8..<16]), at: 4)
+        return bytes
     }
 
     func write(_ offset: UInt64) throws(WormholeError) {
-        var bytes = [UInt8](repeating: 0, count: 16)
-        bytes.store(Self.magic, at: 0)
-        bytes.store(offset, at: 8)
-        bytes.store(CRC32C.checksum(bytes[8..<16]), at: 4)
+        let bytes = Self.encode(offset)
         if case .failure(let errno) = Descriptor(rawValue: descriptor).write(bytes, at: 0) {
             throw WormholeError.fileSystem(errno, "store the position of consumer \(name)", path: path)
         }

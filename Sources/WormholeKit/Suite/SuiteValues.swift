@@ -59,7 +59,7 @@ public struct SuiteValues: Sendable, Equatable {
 
 /// A suite file's payload: the values, a version, and the log of recent changes. JSON:
 /// `{"version": N, "values": {KEY: VALUE…}, "log": [{"version", "keys", "sender", "direction", "time", "values"}…]}`.
-struct SuiteDocument {
+struct SuiteDocument: Equatable {
     struct Entry: Equatable {
         var version: UInt64
         var keys: [String]

@@ -1,0 +1,113 @@
+import Foundation
+
+/// Entry points for fuzzing every decoder of bytes that another process wrote: mailbox files, queue logs, consumer
+/// positions, suite documents and live packets. Not API: the `WormholeFuzz` target and the corpus test use them.
+///
+/// Each takes any bytes, must not crash nor hang, and checks that whatever decodes encodes back to the same thing.
+@_spi(Fuzzing)
+public enum WormholeFuzzing {
+    /// The decoders, chosen by the first byte of a fuzz input.
+    public enum Target: UInt8, CaseIterable, Sendable {
+        case mailboxFile = 0, queueLog, consumerPosition, suiteDocument, livePacket
+    }
+
+    /// Runs the decoder the first byte selects on the rest of the bytes.
+    public static func run(_ input: [UInt8]) {
+        guard let first = input.first else { return }
+        let bytes = Array(input.dropFirst())
+        switch Target(rawValue: first % UInt8(Target.allCases.count))! {
+        case .mailboxFile: mailboxFile(bytes)
+        case .queueLog: queueLog(bytes)
+        case .consumerPosition: consumerPosition(bytes)
+        case .suiteDocument: suiteDocument(bytes)
+        case .livePacket: livePacket(bytes)
+        }
+    }
+
+    static func mailboxFile(_ bytes: [UInt8]) {
+        let result = try? MailboxFormat.decodeFile(size: bytes.count) { (count, offset) throws(WormholeError) in
+            Array(bytes[min(offset, bytes.count)..<min(offset + count, bytes.count)])
+        }
+        guard case .success(let contents)? = result, let (slot, record) = contents.newest else { return }
+        // What decodes is whole: encoding it again gives a record that decodes to the same.
+        let encoded = MailboxFormat.encodeRecord(record)
+        precondition(encoded.count <= contents.header.slotCapacity)
+        guard case .valid(let again) = MailboxFormat.decodeSlot(encoded[...], capacity: contents.header.slotCapacity),
+            again == record
+        else { preconditionFailure("a mailbox record did not survive re-encoding (slot \(slot))") }
+    }
+
+    static func queueLog(_ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            var steps = 0
+            while offset < buffer.count {
+                steps += 1
+                precondition(steps <= buffer.count + 1, "the queue parser stopped making progress")
+                switch QueueFormat.parse(buffer, at: offset) {
+                case .record(let record, let size):
+                    precondition(size > 0)
+                    let encoded = record.payload.withUnsafeBytes {
+                        QueueFormat.encode(payload: $0, sender: record.sender, timestampNanoseconds: record.timestampNanoseconds)
+                    }
+                    precondition(encoded.count == size, "a queue record did not survive re-encoding")
+                    offset += size
+                case .incomplete:
+                    return
+                case .invalid:
+                    guard let next = QueueFormat.nextRecord(in: buffer, after: offset) else { return }
+                    precondition(next > offset)
+                    offset = next
+                }
+            }
+        }
+    }
+
+    static func consumerPosition(_ bytes: [UInt8]) {
+        guard let decoded = QueueCursorFile.decode(bytes), let offset = decoded.offset else { return }
+        precondition(QueueCursorFile.encode(offset) == bytes, "a consumer position did not survive re-encoding")
+    }
+
+    static func suiteDocument(_ bytes: [UInt8]) {
+        guard let document = try? SuiteDocument(decoding: Data(bytes), suite: "fuzz") else { return }
+        // A document JSON can hold but not write back (a number out of range) fails its next update with a clear
+        // error; what does encode must read back the same.
+        guard let encoded = try? document.encoded() else { return }
+        guard let again = try? SuiteDocument(decoding: encoded, suite: "fuzz") else {
+            preconditionFailure("a suite document that encoded did not decode again")
+        }
+        precondition(again.version == document.version && again.values == document.values && again.log == document.log)
+    }
+
+    static func livePacket(_ bytes: [UInt8]) {
+        guard let packet = LivePacket(bytes) else { return }
+        precondition(LivePacket(packet.encoded()) == packet, "a live packet did not survive re-encoding")
+    }
+
+    /// Valid inputs for each decoder, to seed a corpus.
+    public static func seeds() -> [(name: String, bytes: [UInt8])] {
+        let record = MailboxFormat.Record(
+            sequence: 3, timestampNanoseconds: 1_700_000_000_000_000_000, isCleared: false, sender: Array("app[1]".utf8),
+            payload: Array(#"{"number":1}"#.utf8))
+        let mailbox = MailboxFormat.encodeFile(header: .init(slotCapacity: 512, generation: 7), record: record)
+        var queue: [UInt8] = []
+        for text in [#"{"a":1}"#, #"{"b":2}"#, "x"] {
+            queue += Array(text.utf8).withUnsafeBytes { QueueFormat.encode(payload: $0, sender: Array("p".utf8), timestampNanoseconds: 1) }
+        }
+        let torn = Array(queue.prefix(queue.count - 3))
+        var document = SuiteDocument()
+        document.version = 2
+        document.values = SuiteValues(storage: ["theme": Data(#""dark""#.utf8), "size": Data("12".utf8)])
+        document.log = [.init(version: 2, keys: ["theme"], sender: "app", direction: "app→widget", time: 1, values: ["theme": Data(#""dark""#.utf8)])]
+        let suite = (try? document.encoded()).map(Array.init) ?? []
+        let packet = LivePacket(kind: .request, sender: "app[1]", payload: Array(#"{"term":"swift"}"#.utf8)).encoded()
+        return [
+            ("mailbox-file", [Target.mailboxFile.rawValue] + mailbox),
+            ("queue-log", [Target.queueLog.rawValue] + queue),
+            ("queue-log-torn", [Target.queueLog.rawValue] + torn),
+            ("consumer-position", [Target.consumerPosition.rawValue] + QueueCursorFile.encode(4096)),
+            ("suite-document", [Target.suiteDocument.rawValue] + suite),
+            ("live-packet", [Target.livePacket.rawValue] + packet),
+        ]
+    }
+}
