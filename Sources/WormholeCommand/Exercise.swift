@@ -25,6 +25,11 @@ struct Exercise: ParsableCommand {
         /// Receive files on the channel --identifier as consumer --tag into --into, and die (SIGKILL) in the handler of
         /// the first file, after it was moved.
         case transferReceiveThenCrash = "transfer-receive-then-crash"
+        /// Start and stop a listener count times; print the open descriptors before and after ("descriptors A B").
+        case listenChurn = "listen-churn"
+        /// Pass count messages to a mailbox and enqueue count to a queue, each with a listener or consumer in this
+        /// process; print what arrived and the peak resident memory ("soak mailbox=N queue=N peak-rss-kib=K").
+        case soak
         /// Increment the key "counter" of the suite --identifier count times, each a read-modify-write, and add the
         /// key "writer-TAG" each time too (two keys in one update).
         case suiteIncrement = "suite-increment"
@@ -63,6 +68,42 @@ struct Exercise: ParsableCommand {
             FileHandle.standardError.write(Data("receiving\n".utf8))
             Thread.sleep(forTimeInterval: 30)
             receiver.cancel()
+        case .listenChurn:
+            let before = openDescriptorCount()
+            for _ in 0..<count {
+                let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Int.self) { _ in }
+                listener.cancel()
+            }
+            // The monitor thread closes its descriptors as it ends, just after the last listener goes.
+            var after = openDescriptorCount()
+            for _ in 0..<200 where after != before {
+                usleep(10_000)
+                after = openDescriptorCount()
+            }
+            Output.line("descriptors \(before) \(after)")
+        case .soak:
+            let delivered = Mutex(0)
+            let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Int.self, on: .notifierThread) { _ in
+                delivered.withLock { $0 += 1 }
+            }
+            for index in 0..<count { try wormhole.passMessageObject(index, identifier: identifier) }
+            // Coalescing may fold rapid passes; the last one always arrives.
+            let last = try wormhole.message(withIdentifier: identifier, as: Int.self)
+            listener.cancel()
+            let queue = try wormhole.queue(identifier)
+            let consumed = Mutex(0)
+            let done = DispatchSemaphore(value: 0)
+            let total = count
+            let consumer = try queue.consumeData(consumer: "soak", on: .notifierThread) { _ in
+                if consumed.withLock({ $0 += 1; return $0 }) == total { done.signal() }
+            }
+            let payload = Data(repeating: 0x78, count: 64)
+            for _ in 0..<count { try queue.enqueueData(payload) }
+            _ = done.wait(timeout: .now() + 600)
+            consumer.cancel()
+            Output.line(
+                "soak mailbox=\(delivered.withLock { $0 }) last=\(last ?? -1) queue=\(consumed.withLock { $0 }) "
+                    + "peak-rss-kib=\(peakResidentKiB())")
         case .suiteIncrement:
             let suite = try wormhole.suite(identifier)
             for _ in 0..<count {
@@ -83,6 +124,19 @@ struct Exercise: ParsableCommand {
             consumer.cancel()
         }
     }
+}
+
+/// How many descriptors this process has open.
+func openDescriptorCount() -> Int {
+    (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
+}
+
+/// The process's peak resident memory (VmHWM), in KiB.
+func peakResidentKiB() -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") })
+    else { return -1 }
+    return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
 }
 
 /// The message of the queue workloads.

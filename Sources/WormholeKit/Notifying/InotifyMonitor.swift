@@ -12,14 +12,18 @@ import Synchronization
 ///
 /// Each observed notification file is watched on its own (not its directory), so a post wakes only the processes
 /// that observe that name, and a process is never woken by its own posts to other names. The thread starts with
-/// the first observation and stops, closing its descriptors, when the last one ends, so listening and stopping
-/// leaves no descriptor behind. It waits in `poll(2)` on the inotify descriptor and an eventfd; writing the eventfd
-/// wakes it to stop. Handlers run on this thread, one at a time.
+/// the first observation. When the last one ends it lingers for ``idleTimeout`` milliseconds (listening often stops
+/// and starts again at once), then retires, closing its descriptors: listening and stopping leaves no descriptor
+/// behind, and never piles up inotify instances, of which a user may have only 128. It waits in `poll(2)` on the
+/// inotify descriptor and an eventfd that wakes it when its last observation ends. Handlers run on this thread, one
+/// at a time.
 final class InotifyMonitor: Sendable {
     static let shared = InotifyMonitor()
 
     private let current = Mutex<Instance?>(nil)
     private let nextID = Atomic<UInt64>(1)
+    /// How long an instance with no observations lingers before it retires, in milliseconds.
+    static let idleTimeout: Int32 = 200
 
     /// Watches the file at `path` (created if missing); the handler runs after each modification of it.
     func observe(path: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
@@ -35,14 +39,19 @@ final class InotifyMonitor: Sendable {
             current = started
             return started
         }
-        return NotifierObservation { [self] in
-            current.withLock { current in
-                // The last observation stops the thread; the next observation starts a new instance.
-                if instance.remove(id: id), current === instance {
-                    instance.stop()
-                    current = nil
-                }
-            }
+        return NotifierObservation {
+            // The last observation wakes the thread, which retires after a while unless a new one comes.
+            if instance.remove(id: id) { instance.wake() }
+        }
+    }
+
+    /// Called by an idle instance's thread: retires it if it is still idle. Observations are added under the same
+    /// lock, so none can be added to an instance that is retiring.
+    fileprivate func retire(_ instance: Instance) -> Bool {
+        current.withLock { current in
+            guard current === instance, instance.isIdle else { return false }
+            current = nil
+            return true
         }
     }
 
@@ -56,7 +65,6 @@ final class InotifyMonitor: Sendable {
         private struct Registry {
             var watches: [Int32: Watch] = [:]
             var byID: [UInt64: Int32] = [:]
-            var stopping = false
         }
 
         private static let mask =
@@ -129,6 +137,8 @@ final class InotifyMonitor: Sendable {
             }
         }
 
+        var isIdle: Bool { registry.withLock { $0.byID.isEmpty } }
+
         func start() {
             Thread { [self] in
                 nameCurrentThread("wh-inotify")
@@ -136,8 +146,8 @@ final class InotifyMonitor: Sendable {
             }.start()
         }
 
-        func stop() {
-            registry.withLock { $0.stopping = true }
+        /// Wakes the thread, so that it notices it is idle.
+        func wake() {
             var one: UInt64 = 1
             _ = write(wakeDescriptor, &one, 8)
         }
@@ -155,15 +165,18 @@ final class InotifyMonitor: Sendable {
                 _ = close(wakeDescriptor)
             }
             while true {
-                let ready = poll(&descriptors, 2, -1)
+                let ready = poll(&descriptors, 2, isIdle ? InotifyMonitor.idleTimeout : -1)
                 if ready < 0 {
                     if errno == EINTR { continue }
                     return
                 }
+                if ready == 0 {
+                    if InotifyMonitor.shared.retire(self) { return }
+                    continue
+                }
                 if descriptors[1].revents != 0 {
                     var value: UInt64 = 0
                     _ = read(wakeDescriptor, &value, 8)
-                    if registry.withLock({ $0.stopping }) { return }
                 }
                 if descriptors[0].revents != 0 { drainEvents(buffer, size: bufferSize) }
             }

@@ -1,0 +1,33 @@
+import Foundation
+import Testing
+
+/// Resources over time, measured in child processes so that other tests do not disturb the figures.
+@Suite("Resources", .timeLimit(.minutes(3)))
+struct ResourceTests {
+    let directory = TemporaryDirectory()
+    var location: [String] { ["--directory", directory("wormhole")] }
+
+    @Test("Listening and stopping 10,000 times leaves the open descriptors where they were")
+    func listenChurn() throws {
+        let result = try WormholeTool.run(["exercise", "listen-churn", "--count", "10000"] + location, timeout: 150)
+        #expect(result.status == 0, "\(result.error)")
+        let counts = result.lines.last?.split(separator: " ").dropFirst().compactMap { Int($0) } ?? []
+        #expect(counts.count == 2 && counts[0] == counts[1], "\(result.output)")
+    }
+
+    @Test("A soak of 200,000 mailbox passes and 200,000 queue messages keeps memory bounded")
+    func soak() throws {
+        let result = try WormholeTool.run(["exercise", "soak", "--count", "200000", "--identifier", "soak"] + location, timeout: 170)
+        #expect(result.status == 0, "\(result.error)")
+        let fields = Dictionary(uniqueKeysWithValues: (result.lines.last ?? "").split(separator: " ").dropFirst().compactMap {
+            field -> (String, Int)? in
+            let parts = field.split(separator: "=")
+            return parts.count == 2 ? (String(parts[0]), Int(parts[1]) ?? -1) : nil
+        })
+        #expect(fields["last"] == 199_999)
+        #expect(fields["queue"] == 200_000, "every queue message arrived")
+        #expect((fields["mailbox"] ?? 0) >= 1)
+        // Nothing is kept per message: the peak stays far below what holding 200,000 messages would take.
+        #expect((fields["peak-rss-kib"] ?? .max) < 150 * 1024, "\(result.output)")
+    }
+}
