@@ -25,6 +25,8 @@ struct Exercise: ParsableCommand {
         /// Receive files on the channel --identifier as consumer --tag into --into, and die (SIGKILL) in the handler of
         /// the first file, after it was moved.
         case transferReceiveThenCrash = "transfer-receive-then-crash"
+        /// Send the file --into on the transfer channel --identifier; print the peak resident memory ("peak-rss-kib=K").
+        case transferSend = "transfer-send"
         /// Start and stop a listener count times; print the open descriptors before and after ("descriptors A B").
         case listenChurn = "listen-churn"
         /// Pass count messages to a mailbox and enqueue count to a queue, each with a listener or consumer in this
@@ -68,6 +70,9 @@ struct Exercise: ParsableCommand {
             FileHandle.standardError.write(Data("receiving\n".utf8))
             Thread.sleep(forTimeInterval: 30)
             receiver.cancel()
+        case .transferSend:
+            try wormhole.transfers(identifier).send(file: into ?? "")
+            Output.line("peak-rss-kib=\(peakResidentKiB())")
         case .listenChurn:
             let before = openDescriptorCount()
             for _ in 0..<count {

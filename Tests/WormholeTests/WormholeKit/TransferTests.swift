@@ -47,12 +47,12 @@ struct TransferTests {
         let file = open(path, O_WRONLY | O_CREAT, 0o600)
         #expect(ftruncate(file, 1 << 30) == 0)  // sparse: quick to make, a real gibibyte to copy
         close(file)
-        let sent = try WormholeTool.run(["transfer", "send"] + location + ["files", path], timeout: 120)
+        let sent = try WormholeTool.run(
+            ["exercise", "transfer-send", "--identifier", "files", "--into", path] + location, timeout: 120)
         #expect(sent.status == 0, "\(sent.error)")
-        var usage = rusage()
-        getrusage(RUSAGE_CHILDREN.rawValue, &usage)
-        // ru_maxrss is in KiB: the sender (and every other child so far) stayed far below the file's size.
-        #expect(usage.ru_maxrss < 256 * 1024, "peak resident memory of a child: \(usage.ru_maxrss) KiB")
+        // The sender's own peak resident memory stayed far below the file's size.
+        let peak = Int(sent.lines.last?.split(separator: "=").last ?? "") ?? .max
+        #expect(peak < 256 * 1024, "peak resident memory of the sender: \(peak) KiB")
         let received = Collector<ReceivedFile>()
         let receiver = try makeTransfers().receive(consumer: "viewer", into: directory("inbox")) { received.append($0) }
         #expect(eventually(timeout: 60) { received.count == 1 })
