@@ -25,8 +25,17 @@ final class InotifyMonitor: Sendable {
     /// How long an instance with no observations lingers before it retires, in milliseconds.
     static let idleTimeout: Int32 = 200
 
+    /// A test hook: with `WORMHOLE_TEST_INOTIFY_EXHAUSTED` set, inotify fails as when its limits are reached, so that
+    /// tests can see the polling fallback take over in a real process.
+    static let simulatesExhaustion = ProcessInfo.processInfo.environment["WORMHOLE_TEST_INOTIFY_EXHAUSTED"] != nil
+
     /// Watches the file at `path` (created if missing); the handler runs after each modification of it.
     func observe(path: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
+        if Self.simulatesExhaustion {
+            throw WormholeError(
+                .notifierUnavailable, "inotify's limits are reached (simulated by WORMHOLE_TEST_INOTIFY_EXHAUSTED).",
+                path: path)
+        }
         let id = nextID.add(1, ordering: .relaxed).newValue
         let instance = try current.withLock { (current) throws(WormholeError) -> Instance in
             if let running = current {

@@ -39,10 +39,13 @@ final class RunningTool: Sendable {
     private let errorOutput = Mutex(Data())
     private let readers = DispatchGroup()
 
-    init(_ arguments: [String], input: String? = nil) throws {
+    init(_ arguments: [String], input: String? = nil, environment: [String: String] = [:]) throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: WormholeTool.path)
         process.arguments = arguments
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         let outPipe = Pipe()
         let errPipe = Pipe()
         let inPipe = Pipe()

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WormholeKit
 
 /// Resources over time, measured in child processes so that other tests do not disturb the figures.
 @Suite("Resources", .timeLimit(.minutes(3)))
@@ -13,6 +14,23 @@ struct ResourceTests {
         #expect(result.status == 0, "\(result.error)")
         let counts = result.lines.last?.split(separator: " ").dropFirst().compactMap { Int($0) } ?? []
         #expect(counts.count == 2 && counts[0] == counts[1], "\(result.output)")
+    }
+
+    @Test("With inotify exhausted, a listener process falls back to polling, says so, and misses nothing")
+    func inotifyExhausted() throws {
+        let listener = try RunningTool(
+            ["listen"] + location + ["button", "--count", "3", "--timeout", "60"],
+            environment: ["WORMHOLE_TEST_INOTIFY_EXHAUSTED": "1"])
+        #expect(listener.waitUntilListening())
+        let wormhole = try Wormhole(directory: directory("wormhole"))
+        for number in 1...3 {
+            try wormhole.passMessageObject(number, identifier: "button")
+            #expect(eventually { listener.outputLines.count == number })
+        }
+        let result = listener.finish()
+        #expect(result.status == 0)
+        #expect(result.lines == ["1", "2", "3"])
+        #expect(result.error.contains("polling for changes instead"), "the fallback is logged")
     }
 
     @Test("A soak of 200,000 mailbox passes and 200,000 queue messages keeps memory bounded")
