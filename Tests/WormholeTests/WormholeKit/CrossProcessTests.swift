@@ -61,7 +61,7 @@ struct CrossProcessTests {
 
     @Test("A listener in another process receives each message passed here, one JSON line each")
     func listenerInChild() throws {
-        let listener = try RunningTool(["listen"] + location + ["button", "--count", "3", "--timeout", "30"])
+        let listener = try RunningTool(["listen"] + location + ["button", "--count", "3", "--timeout", "120"])
         #expect(listener.waitUntilListening())
         let wormhole = try makeWormhole()
         for number in 1...3 {
@@ -77,7 +77,7 @@ struct CrossProcessTests {
     @Test("Many listener processes all receive the message")
     func manyListenerProcesses() throws {
         let listeners = try (0..<4).map { _ in
-            try RunningTool(["listen"] + location + ["button", "--count", "1", "--timeout", "30"])
+            try RunningTool(["listen"] + location + ["button", "--count", "1", "--timeout", "120"])
         }
         for listener in listeners { #expect(listener.waitUntilListening()) }
         try makeWormhole().passMessageObject(Tap(number: 42), identifier: "button")
@@ -130,7 +130,7 @@ struct CrossProcessTests {
 
     @Test("A listener process keeps working after a corrupt file appears")
     func listenerSurvivesCorruptFile() throws {
-        let listener = try RunningTool(["listen"] + location + ["button", "--count", "1", "--timeout", "30"])
+        let listener = try RunningTool(["listen"] + location + ["button", "--count", "1", "--timeout", "120"])
         #expect(listener.waitUntilListening())
         let wormhole = try makeWormhole()
         try Data(repeating: 0x5A, count: 300).write(to: URL(fileURLWithPath: directory("wormhole/button.msg")))

@@ -126,7 +126,7 @@ struct LiveTests {
     @Test("A live message reaches every listening process; nothing is stored for later")
     func liveBroadcast() throws {
         let listeners = try (0..<3).map { _ in
-            try RunningTool(["live-listen"] + location + ["news", "--count", "1", "--timeout", "30"])
+            try RunningTool(["live-listen"] + location + ["news", "--count", "1", "--timeout", "120"])
         }
         for listener in listeners { #expect(listener.waitUntilListening()) }
         let sent = try WormholeTool.run(["live-send"] + location + ["news", #"{"headline":"hi"}"#])

@@ -45,7 +45,10 @@ struct ResourceTests {
         #expect(fields["last"] == 199_999)
         #expect(fields["queue"] == 200_000, "every queue message arrived")
         #expect((fields["mailbox"] ?? 0) >= 1)
-        // Nothing is kept per message: the peak stays far below what holding 200,000 messages would take.
-        #expect((fields["peak-rss-kib"] ?? .max) < 150 * 1024, "\(result.output)")
+        // Nothing is kept per message: the peak stays far below what holding 200,000 messages would take. (Under a
+        // sanitizer, its shadow memory and quarantine dominate: the bound is not checked then.)
+        if ProcessInfo.processInfo.environment["WORMHOLE_SANITIZER"] == nil {
+            #expect((fields["peak-rss-kib"] ?? .max) < 150 * 1024, "\(result.output)")
+        }
     }
 }

@@ -57,7 +57,7 @@ struct SuiteTests {
     @Test("Another process sees each change with its sender and direction; its own changes and other directions are left out")
     func watchedFromAnotherProcess() throws {
         let watcher = try RunningTool(
-            ["defaults", "watch"] + location + ["settings", "--key", "theme", "--direction", "app→widget", "--count", "2", "--timeout", "30"])
+            ["defaults", "watch"] + location + ["settings", "--key", "theme", "--direction", "app→widget", "--count", "2", "--timeout", "120"])
         #expect(watcher.waitForError(containing: "watching"))
         let app = try makeSuite(sender: "app")
         try app.set("dark", forKey: "theme", direction: "app→widget")
