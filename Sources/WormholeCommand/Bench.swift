@@ -160,9 +160,9 @@ struct BenchMailbox: ParsableCommand {
             var sentAt: UInt64 = 0
             var samples: [UInt64] = []
         }
-        let state = Mutex(State())
+        let state = Locked(State())
         let done = DispatchSemaphore(value: 0)
-        let failure = Mutex<WormholeError?>(nil)
+        let failure = Locked<WormholeError?>(nil)
         // Driven from the listener itself: each pong passes the next ping, so no thread hop is timed.
         let listener = try wormhole.listenForMessage(
             withIdentifier: "pong", as: BenchMessage.self, on: .notifierThread,

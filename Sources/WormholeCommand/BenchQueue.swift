@@ -65,7 +65,7 @@ struct BenchQueue: ParsableCommand {
     private func queueThroughput(directory: String) throws -> Double {
         let queue = try Wormhole(directory: directory).queue("throughput")
         let total = messages
-        let times = Mutex<(first: UInt64, last: UInt64, count: Int)>((0, 0, 0))
+        let times = Locked<(first: UInt64, last: UInt64, count: Int)>((0, 0, 0))
         let done = DispatchSemaphore(value: 0)
         let consumer = try queue.consumeData(consumer: "bench", on: .notifierThread) { _ in
             let now = monotonicNanoseconds()
@@ -134,7 +134,7 @@ struct BenchQueue: ParsableCommand {
         guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the queue peer did not start") }
         let total = warmUp + roundTrips
         let counted = warmUp
-        let state = Mutex<(sentAt: UInt64, samples: [UInt64])>((0, []))
+        let state = Locked<(sentAt: UInt64, samples: [UInt64])>((0, []))
         let done = DispatchSemaphore(value: 0)
         let payload = Data(repeating: 0x78, count: 64)
         let consumer = try wormhole.queue("pong").consumeData(consumer: "bench", on: .notifierThread) { _ in

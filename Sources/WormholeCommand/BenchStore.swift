@@ -80,9 +80,9 @@ struct BenchStore: ParsableCommand {
         guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the store peer did not start") }
         let total = warmUp + roundTrips
         let counted = warmUp
-        let samples = Mutex<[UInt64]>([])
+        let samples = Locked<[UInt64]>([])
         let done = DispatchSemaphore(value: 0)
-        let failure = Mutex<(any Error)?>(nil)
+        let failure = Locked<(any Error)?>(nil)
         @Sendable func ping(_ id: Int) throws {
             let start = monotonicNanoseconds()
             try store.write { db in
@@ -226,7 +226,7 @@ struct BenchStore: ParsableCommand {
 
 /// The transaction ids a watcher printed.
 final class SeenTransactions: Sendable {
-    private let storage = Mutex<[Int64]>([])
+    private let storage = Locked<[Int64]>([])
     func append(_ id: Int64) { storage.withLock { $0.append(id) } }
     var ids: [Int64] { storage.withLock { $0 } }
 }

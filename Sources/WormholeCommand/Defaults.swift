@@ -80,7 +80,7 @@ struct DefaultsWatch: ParsableCommand {
     @Option(help: "Exit after this many seconds.") var timeout: Double?
 
     func run() throws {
-        let printed = Mutex(0)
+        let printed = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let limit = count
         let observer = try location.makeWormhole().suite(suite).observe(

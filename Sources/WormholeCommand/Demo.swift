@@ -53,7 +53,7 @@ struct Demo: ParsableCommand {
         Output.line("Shared directory: \(wormhole.directory ?? "?")")
         Output.line("")
 
-        let latencies = Mutex<[Double]>([])
+        let latencies = Locked<[Double]>([])
         let widget = try ChildProcess(
             arguments: ["demo-role", "widget", "--taps", String(taps)] + location, readyLine: "ready"
         ) { line in Output.line("  [widget] " + line) }
@@ -136,7 +136,7 @@ struct DemoRole: ParsableCommand {
     }
 
     private func runApp(_ wormhole: Wormhole) throws {
-        let replies = Mutex<[Int: UInt64]>([:])
+        let replies = Locked<[Int: UInt64]>([:])
         let replied = DispatchSemaphore(value: 0)
         let listener = try wormhole.listenForMessage(withIdentifier: "widget-reply", as: WidgetReply.self) { reply in
             replies.withLock { $0[reply.number] = DispatchTime.now().uptimeNanoseconds }

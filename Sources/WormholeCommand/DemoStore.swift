@@ -85,7 +85,7 @@ struct DemoRoleStore: ParsableCommand {
         let target = 2 * increments
         let reachedTarget = DispatchSemaphore(value: 0)
         let started = DispatchSemaphore(value: 0)
-        let lastSeen = Mutex(-1)
+        let lastSeen = Locked(-1)
 
         // GRDB observation: fires for this process's commits and, through the store, for the other process's.
         let observation = ValueObservation.tracking { db in

@@ -87,7 +87,7 @@ struct Exercise: ParsableCommand {
             }
             Output.line("descriptors \(before) \(after)")
         case .soak:
-            let delivered = Mutex(0)
+            let delivered = Locked(0)
             let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Int.self, on: .notifierThread) { _ in
                 delivered.withLock { $0 += 1 }
             }
@@ -96,7 +96,7 @@ struct Exercise: ParsableCommand {
             let last = try wormhole.message(withIdentifier: identifier, as: Int.self)
             listener.cancel()
             let queue = try wormhole.queue(identifier)
-            let consumed = Mutex(0)
+            let consumed = Locked(0)
             let done = DispatchSemaphore(value: 0)
             let total = count
             let consumer = try queue.consumeData(consumer: "soak", on: .notifierThread) { _ in
@@ -118,7 +118,7 @@ struct Exercise: ParsableCommand {
                 }
             }
         case .consumeThenCrash:
-            let seen = Mutex(0)
+            let seen = Locked(0)
             let consumer = try wormhole.queue(identifier).consume(consumer: tag, as: QueueExerciseMessage.self) { message in
                 let number = seen.withLock { $0 += 1; return $0 }
                 Output.line("handled \(message.value.index)")
@@ -195,7 +195,7 @@ struct ExerciseStore: ParsableCommand {
                 }
             }
         case .consumeThenCrash:
-            let seen = Mutex(0)
+            let seen = Locked(0)
             let observer = try store.observeRemoteChanges(consumer: tag) { transaction in
                 let number = seen.withLock { $0 += 1; return $0 }
                 Output.line("merging \(transaction.id)")

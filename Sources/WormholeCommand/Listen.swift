@@ -37,7 +37,7 @@ struct Listen: ParsableCommand {
 
     func run() throws {
         let wormhole = try location.makeWormhole()
-        let received = Mutex(0)
+        let received = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let limit = count
         let printsEnvelopes = envelope

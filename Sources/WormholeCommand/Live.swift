@@ -27,7 +27,7 @@ struct Request: ParsableCommand {
         let wormhole = try location.makeWormhole()
         let identifier = identifier
         let timeout = timeout
-        let result = Mutex<Result<Data, WormholeError>?>(nil)
+        let result = Locked<Result<Data, WormholeError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task {
             do throws(WormholeError) {
@@ -69,7 +69,7 @@ struct Respond: ParsableCommand {
 
     func run() throws {
         let wormhole = try location.makeWormhole()
-        let answered = Mutex(0)
+        let answered = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let command = command
         let limit = count
@@ -149,7 +149,7 @@ struct LiveListen: ParsableCommand {
     @Option(help: "Exit after this many seconds.") var timeout: Double?
 
     func run() throws {
-        let received = Mutex(0)
+        let received = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let limit = count
         let listener = try location.makeWormhole().listenForLiveMessages(

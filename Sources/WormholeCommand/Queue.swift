@@ -52,7 +52,7 @@ struct Consume: ParsableCommand {
 
     func run() throws {
         let queue = try location.makeWormhole().queue(identifier)
-        let printed = Mutex(0)
+        let printed = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let limit = count
         let consumer = try queue.consume(

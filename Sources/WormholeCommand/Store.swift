@@ -109,7 +109,7 @@ struct StoreWatch: ParsableCommand {
 
     func run() throws {
         let store = try location.open()
-        let printed = Mutex(0)
+        let printed = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let limit = count
         let observer = try store.observeRemoteChanges(

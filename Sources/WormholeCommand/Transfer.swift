@@ -27,7 +27,7 @@ struct TransferSend: ParsableCommand {
             guard let equals = pair.firstIndex(of: "=") else { throw ValidationError("--meta takes KEY=VALUE, not \(pair).") }
             pairs[String(pair[..<equals])] = String(pair[pair.index(after: equals)...])
         }
-        let lastPercent = Mutex(-1)
+        let lastPercent = Locked(-1)
         let transfer = try location.makeWormhole().transfers(channel).send(file: file, name: name, metadata: pairs) { progress in
             let percent = Int(progress.fraction * 100)
             let changed = lastPercent.withLock { last in
@@ -60,7 +60,7 @@ struct TransferReceive: ParsableCommand {
     @Option(help: "Exit after this many seconds.") var timeout: Double?
 
     func run() throws {
-        let received = Mutex(0)
+        let received = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let limit = count
         let encoder = JSONEncoder()

@@ -38,7 +38,7 @@ public final class Wormhole: Sendable {
     let logger: Logger
     let registry: ListenerRegistry
     /// The `.live` directory of sockets, opened on first use.
-    let live = Mutex<DirectoryHandle?>(nil)
+    let live = Locked<DirectoryHandle?>(nil)
 
     /// Creates a wormhole in an application group's shared directory, as MMWormhole does.
     ///

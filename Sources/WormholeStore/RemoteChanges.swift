@@ -69,7 +69,7 @@ final class ConsumerCursor: Sendable {
     let name: String?
     let tables: Set<String>?
     let includingOwnWrites: Bool
-    private let token: Mutex<Int64>
+    private let token: Locked<Int64>
 
     init(store: SharedStore, name: String?, tables: Set<String>?, includingOwnWrites: Bool) throws(StoreError) {
         self.store = store
@@ -88,7 +88,7 @@ final class ConsumerCursor: Sendable {
                     arguments: [name, head, Date().timeIntervalSince1970])
                 return try Int64.fetchOne(db, sql: "SELECT token FROM wormhole_consumer WHERE name = ?", arguments: [name]) ?? head
             }
-            token = Mutex(start)
+            token = Locked(start)
         } catch {
             throw SharedStore.storeError(error, "register the consumer \(name ?? "")", path: store.path)
         }
@@ -123,7 +123,7 @@ public final class RemoteChangeObserver: Sendable {
     private let errorHandler: (@Sendable (StoreError) -> Void)?
     private let queue = DispatchQueue(label: "wormhole.store.observer")
     private static let onQueue = DispatchSpecificKey<Bool>()
-    private let observation = Mutex<NotifierObservation?>(nil)
+    private let observation = Locked<NotifierObservation?>(nil)
     private let cancelled = Atomic<Bool>(false)
 
     init(

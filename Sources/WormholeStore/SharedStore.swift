@@ -55,10 +55,10 @@ public final class SharedStore: Sendable {
     public let notifier: DirectoryNotifier
     let notificationName: String
     let logger: Logger
-    private let schemaVersion = Mutex<Int?>(nil)
-    private let bridge = Mutex<NotifierObservation?>(nil)
-    private let bridgedThrough = Mutex<Int64>(0)
-    private let lastPurge = Mutex<Date>(.distantPast)
+    private let schemaVersion = Locked<Int?>(nil)
+    private let bridge = Locked<NotifierObservation?>(nil)
+    private let bridgedThrough = Locked<Int64>(0)
+    private let lastPurge = Locked<Date>(.distantPast)
     /// Where the store's own notification work runs: never on the notifier's thread, never on the cooperative pool.
     let queue = DispatchQueue(label: "wormhole.store")
 

@@ -21,7 +21,7 @@ public final class InMemoryTransiting: Transiting {
         var sequence: UInt64 = 0
         var message: Envelope?
     }
-    private let mailboxes = Mutex<[String: Mailbox]>([:])
+    private let mailboxes = Locked<[String: Mailbox]>([:])
     private let generation = UInt64.random(in: 1...UInt64.max)
 
     /// Creates an empty transiting.

@@ -13,8 +13,8 @@ public final class ManualNotifier: Notifier {
         var posted: [String] = []
         var nextID: UInt64 = 1
     }
-    private let state = Mutex(State())
-    private let delivering = Mutex(())
+    private let state = Locked(State())
+    private let delivering = Locked(())
     /// Whether a post calls the observers at once, on the posting thread.
     public let deliversImmediately: Bool
 

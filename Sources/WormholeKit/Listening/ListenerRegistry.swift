@@ -6,7 +6,7 @@ import Synchronization
 /// in order so that a listener never sees an older message after a newer one, nor one message twice.
 final class ListenerSink: Sendable {
     let id: UInt64
-    private let lastSeen = Mutex<Envelope?>(nil)
+    private let lastSeen = Locked<Envelope?>(nil)
     private let cancelled = Atomic<Bool>(false)
     private let deliver: @Sendable (Result<Envelope, WormholeError>) -> Void
 
@@ -48,8 +48,8 @@ final class ListenerSink: Sendable {
 final class MailboxSubscription: Sendable {
     let identifier: String
     private let transiting: any Transiting
-    private let sinks = Mutex<[UInt64: ListenerSink]>([:])
-    private let observation = Mutex<NotifierObservation?>(nil)
+    private let sinks = Locked<[UInt64: ListenerSink]>([:])
+    private let observation = Locked<NotifierObservation?>(nil)
 
     init(identifier: String, transiting: any Transiting) {
         self.identifier = identifier
@@ -100,7 +100,7 @@ final class MailboxSubscription: Sendable {
 
 /// A wormhole's subscriptions, by identifier.
 final class ListenerRegistry: Sendable {
-    private let subscriptions = Mutex<[String: MailboxSubscription]>([:])
+    private let subscriptions = Locked<[String: MailboxSubscription]>([:])
     private let nextID = Atomic<UInt64>(1)
 
     func makeID() -> UInt64 { nextID.add(1, ordering: .relaxed).oldValue }

@@ -16,11 +16,11 @@ import Synchronization
 public final class MessageListener: Sendable {
     /// The identifier listened to.
     public let identifier: String
-    private let cancellation: Mutex<(@Sendable () -> Void)?>
+    private let cancellation: Locked<(@Sendable () -> Void)?>
 
     init(identifier: String, cancel: @escaping @Sendable () -> Void) {
         self.identifier = identifier
-        self.cancellation = Mutex(cancel)
+        self.cancellation = Locked(cancel)
     }
 
     /// Stops the listener. A callback already scheduled is skipped; a callback under way finishes.

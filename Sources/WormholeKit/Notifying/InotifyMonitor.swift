@@ -20,7 +20,7 @@ import Synchronization
 final class InotifyMonitor: Sendable {
     static let shared = InotifyMonitor()
 
-    private let current = Mutex<Instance?>(nil)
+    private let current = Locked<Instance?>(nil)
     private let nextID = Atomic<UInt64>(1)
     /// How long an instance with no observations lingers before it retires, in milliseconds.
     static let idleTimeout: Int32 = 200
@@ -85,7 +85,7 @@ final class InotifyMonitor: Sendable {
 
         private let inotifyDescriptor: Int32
         private let wakeDescriptor: Int32
-        private let registry = Mutex(Registry())
+        private let registry = Locked(Registry())
 
         init() throws(WormholeError) {
             let inotify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))

@@ -11,7 +11,7 @@ import Synchronization
 /// Apple platforms; `WormholeTesting` ships a `ManualNotifier` for tests. Every implementation must pass this test:
 ///
 /// ```swift
-/// let fired = Mutex(0)
+/// let fired = Locked(0)
 /// let observation = try notifier.observe("mailbox.button") { fired.withLock { $0 += 1 } }
 /// try notifier.post("mailbox.button")
 /// // … within a short time: fired ≥ 1; after observation.cancel(), no more calls.
@@ -31,11 +31,11 @@ public protocol Notifier: Sendable {
 
 /// An active observation of a notification name; it ends when cancelled or released.
 public final class NotifierObservation: Sendable {
-    private let cancellation: Mutex<(@Sendable () -> Void)?>
+    private let cancellation: Locked<(@Sendable () -> Void)?>
 
     /// Creates an observation that runs `cancel` once, when cancelled or released.
     public init(cancel: @escaping @Sendable () -> Void) {
-        cancellation = Mutex(cancel)
+        cancellation = Locked(cancel)
     }
 
     /// Stops the observation; the handler is not called after this returns (unless a call is under way).

@@ -28,7 +28,7 @@ final class PollingMonitor: Sendable {
         var running = false
         var nextID: UInt64 = 1
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// The 8 bytes a post writes.
     static func token(_ value: UInt64) -> [UInt8] { withUnsafeBytes(of: value.littleEndian) { Array($0) } }

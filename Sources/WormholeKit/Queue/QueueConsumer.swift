@@ -156,11 +156,11 @@ func currentThreadID() -> UInt {
 
 /// A running queue consumer; it stops when cancelled or released.
 public final class QueueConsumer: Sendable {
-    private let state: Mutex<QueueConsumerState>
+    private let state: Locked<QueueConsumerState>
     private let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
     private let deliver: @Sendable (QueueReader.Item) -> Bool
     private let reportError: @Sendable (WormholeError) -> Void
-    private let observation = Mutex<NotifierObservation?>(nil)
+    private let observation = Locked<NotifierObservation?>(nil)
     private let cancelled = Atomic<Bool>(false)
     private let scheduled = Atomic<Bool>(false)
     /// The thread delivering right now, so that `cancel()` called from a handler does not wait for itself.
@@ -174,7 +174,7 @@ public final class QueueConsumer: Sendable {
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {
         self.name = state.cursor.name
-        self.state = Mutex(state)
+        self.state = Locked(state)
         self.schedule = execution.makeScheduler(label: "wormhole.queue.\(state.queue.identifier).\(state.cursor.name)")
         self.deliver = deliver
         self.reportError = reportError
@@ -240,8 +240,8 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
 
     /// The consumer's state behind its lock.
     final class Guarded: Sendable {
-        let state: Mutex<QueueConsumerState>
-        init(_ state: QueueConsumerState) { self.state = Mutex(state) }
+        let state: Locked<QueueConsumerState>
+        init(_ state: QueueConsumerState) { self.state = Locked(state) }
     }
 
     final class Feed: Sendable {

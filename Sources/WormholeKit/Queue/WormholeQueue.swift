@@ -45,7 +45,7 @@ public final class WormholeQueue: Sendable {
     let logger: Logger
     /// How consumers are woken: the log file itself (inotify, or polling its size), or the wormhole's notifier.
     let wakeSource: WakeSource
-    private let appendDescriptor = Mutex<Int32>(-1)
+    private let appendDescriptor = Locked<Int32>(-1)
 
     enum WakeSource: Sendable {
         case logFile(DirectoryNotifier.Strategy)

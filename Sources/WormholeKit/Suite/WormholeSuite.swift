@@ -143,7 +143,7 @@ public final class WormholeSuite: Sendable {
         handler: @escaping @Sendable (SuiteChange) -> Void
     ) throws(WormholeError) -> SuiteObserver {
         let start = try document()
-        let state = Mutex<(version: UInt64, values: SuiteValues)>((start.version, start.values))
+        let state = Locked<(version: UInt64, values: SuiteValues)>((start.version, start.values))
         let schedule = execution.makeScheduler(label: "wormhole.suite.\(name)")
         let center = UncheckedSendableBox(notificationCenter)
         let observation = try notifier.observe(notificationName) { [self] in

@@ -17,7 +17,7 @@ import Synchronization
 final class OpenFileCache: Sendable {
     final class Entry: Sendable {
         /// The open descriptor, or -1 before the first open and after a replaced file was closed.
-        let descriptor = Mutex<Int32>(-1)
+        let descriptor = Locked<Int32>(-1)
 
         deinit {
             descriptor.withLock { descriptor in
@@ -26,7 +26,7 @@ final class OpenFileCache: Sendable {
         }
     }
 
-    private let entries = Mutex<[String: Entry]>([:])
+    private let entries = Locked<[String: Entry]>([:])
     private let capacity: Int
 
     init(capacity: Int = 256) { self.capacity = capacity }

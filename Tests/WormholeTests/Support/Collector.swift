@@ -1,8 +1,9 @@
 import Synchronization
+import WormholeKit
 
 /// Collects what listeners receive, from any thread.
 final class Collector<Value: Sendable>: Sendable {
-    private let storage = Mutex<[Value]>([])
+    private let storage = Locked<[Value]>([])
 
     func append(_ value: Value) { storage.withLock { $0.append(value) } }
     var values: [Value] { storage.withLock { $0 } }

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import WormholeKit
 import Testing
 
 /// Runs the package's own `wormhole` executable, built next to the test bundle.
@@ -35,8 +36,8 @@ enum WormholeTool {
 /// A running `wormhole` process whose output is collected as it comes.
 final class RunningTool: Sendable {
     private let process: Process
-    private let output = Mutex(Data())
-    private let errorOutput = Mutex(Data())
+    private let output = Locked(Data())
+    private let errorOutput = Locked(Data())
     private let readers = DispatchGroup()
 
     init(_ arguments: [String], input: String? = nil, environment: [String: String] = [:]) throws {
