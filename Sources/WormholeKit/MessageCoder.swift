@@ -11,6 +11,19 @@ public protocol MessageCoder: Sendable {
     func decode<Message: Decodable>(_ type: Message.Type, from data: Data) throws -> Message
 }
 
+extension MessageCoder {
+    /// Encodes a message, turning any failure into ``WormholeError/Code/encodingFailed`` for `identifier`.
+    func encodeMessage<Message: Encodable>(_ message: Message, identifier: String) throws(WormholeError) -> Data {
+        do {
+            return try encode(message)
+        } catch {
+            throw WormholeError(
+                .encodingFailed, "The message of type \(Message.self) could not be encoded: \(error).",
+                identifier: identifier, underlyingError: error)
+        }
+    }
+}
+
 /// Encodes messages as JSON (the default).
 ///
 /// Dates are written as ISO 8601 strings and data as Base64, so that a message reads the same in every language.

@@ -231,13 +231,7 @@ extension Wormhole {
     }
 
     func encode<Message: Encodable>(_ message: Message, identifier: String) throws(WormholeError) -> Data {
-        do {
-            return try coder.encode(message)
-        } catch {
-            throw WormholeError(
-                .encodingFailed, "The message of type \(Message.self) could not be encoded: \(error).",
-                identifier: identifier, underlyingError: error)
-        }
+        try coder.encodeMessage(message, identifier: identifier)
     }
 
     private func decodeLive<Message: Decodable>(

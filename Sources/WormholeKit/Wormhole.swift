@@ -150,15 +150,7 @@ public final class Wormhole: Sendable {
     public func passMessageObject<Message: Encodable>(
         _ message: Message, identifier: String
     ) throws(WormholeError) -> Envelope {
-        let payload: Data
-        do {
-            payload = try coder.encode(message)
-        } catch {
-            throw WormholeError(
-                .encodingFailed, "The message of type \(Message.self) could not be encoded: \(error).",
-                identifier: identifier, underlyingError: error)
-        }
-        return try passMessageData(payload, identifier: identifier)
+        try passMessageData(try coder.encodeMessage(message, identifier: identifier), identifier: identifier)
     }
 
     /// Stores bytes as they are as the newest message of a mailbox, then wakes its listeners.

@@ -97,15 +97,7 @@ public final class WormholeQueue: Sendable {
     /// - Throws: ``WormholeError/Code/encodingFailed``, ``WormholeError/Code/messageTooLarge``,
     ///   ``WormholeError/Code/diskFull`` (nothing appended, or a torn record that consumers step over).
     public func enqueue<Message: Encodable>(_ message: Message) throws(WormholeError) {
-        let payload: Data
-        do {
-            payload = try coder.encode(message)
-        } catch {
-            throw WormholeError(
-                .encodingFailed, "The message of type \(Message.self) could not be encoded: \(error).",
-                identifier: identifier, underlyingError: error)
-        }
-        try enqueueData(payload)
+        try enqueueData(try coder.encodeMessage(message, identifier: identifier))
     }
 
     /// Appends bytes as they are to the queue; consumers read them back with ``QueueMessage/payload``.
