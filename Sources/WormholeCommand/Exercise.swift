@@ -27,6 +27,11 @@ struct Exercise: ParsableCommand {
         case transferReceiveThenCrash = "transfer-receive-then-crash"
         /// Send the file --into on the transfer channel --identifier; print the peak resident memory ("peak-rss-kib=K").
         case transferSend = "transfer-send"
+        /// Listen to the identifiers id-0 … id-(count-1); print "ready"; exit once each holds the value --tag (a number),
+        /// printing "complete N SECONDS" (seconds from ready).
+        case loadListen = "load-listen"
+        /// Pass the rounds 0 … --tag to each of the identifiers id-0 … id-(count-1), round by round.
+        case loadWrite = "load-write"
         /// Start and stop a listener count times; print the open descriptors before and after ("descriptors A B").
         case listenChurn = "listen-churn"
         /// Pass count messages to a mailbox and enqueue count to a queue, each with a listener or consumer in this
@@ -73,6 +78,35 @@ struct Exercise: ParsableCommand {
         case .transferSend:
             try wormhole.transfers(identifier).send(file: into ?? "")
             Output.line("peak-rss-kib=\(peakResidentKiB())")
+        case .loadListen:
+            let target = Int(tag) ?? 0
+            let latest = Locked([Int: Int]())
+            let done = DispatchSemaphore(value: 0)
+            let total = count
+            var listeners: [MessageListener] = []
+            for index in 0..<count {
+                listeners.append(
+                    try wormhole.listenForMessage(withIdentifier: "id-\(index)", as: Int.self, on: .notifierThread) { value in
+                        let complete = latest.withLock { latest in
+                            latest[index] = value
+                            return latest.count == total && latest.values.allSatisfy { $0 == target }
+                        }
+                        if complete { done.signal() }
+                    })
+            }
+            let start = monotonicNanoseconds()
+            Output.line("ready")
+            guard done.wait(timeout: .now() + 300) == .success else {
+                let reached = latest.withLock { $0.values.filter { $0 == target }.count }
+                throw Output.fail("only \(reached) of \(total) identifiers reached \(target)")
+            }
+            Output.line(String(format: "complete %d %.3f", total, Double(monotonicNanoseconds() - start) / 1e9))
+            listeners.removeAll()
+        case .loadWrite:
+            let rounds = Int(tag) ?? 0
+            for round in 0...rounds {
+                for index in 0..<count { try wormhole.passMessageObject(round, identifier: "id-\(index)") }
+            }
         case .listenChurn:
             let before = openDescriptorCount()
             for _ in 0..<count {

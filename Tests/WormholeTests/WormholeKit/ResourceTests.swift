@@ -52,3 +52,24 @@ struct ResourceTests {
         }
     }
 }
+
+@Suite("Load", .timeLimit(.minutes(5)))
+struct LoadTests {
+    let directory = TemporaryDirectory()
+    var location: [String] { ["--directory", directory("wormhole")] }
+
+    @Test("16 processes listening to 1,000 identifiers each all end with the latest value of every identifier")
+    func sixteenProcesses() throws {
+        let listeners = try (0..<16).map { _ in
+            try RunningTool(["exercise", "load-listen", "--count", "1000", "--tag", "2"] + location)
+        }
+        for listener in listeners { #expect(eventually(timeout: 120) { listener.outputLines.first == "ready" }) }
+        let writer = try WormholeTool.run(["exercise", "load-write", "--count", "1000", "--tag", "2"] + location, timeout: 240)
+        #expect(writer.status == 0, "\(writer.error)")
+        for listener in listeners {
+            let result = listener.finish(timeout: 240)
+            #expect(result.status == 0, "\(result.error)")
+            #expect(result.lines.last?.hasPrefix("complete 1000 ") == true, "\(result.output)")
+        }
+    }
+}
