@@ -2,7 +2,7 @@
 #define C_WORMHOLE_SYSTEM_H
 
 #if defined(__linux__) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE  // for CPU_SET, sched_setaffinity and sched_getcpu
+#define _GNU_SOURCE  // for CPU_SET and sched_setaffinity
 #endif
 
 #include <stddef.h>
@@ -46,8 +46,6 @@ static inline int cwormhole_thread_name(char *buffer, size_t size) {
     return pthread_getname_np(pthread_self(), buffer, size);
 }
 
-/// The CPU the calling thread runs on now, or -1.
-static inline int cwormhole_current_cpu(void) { return sched_getcpu(); }
 
 /// Renames without replacing: fails with EEXIST when `to` exists (renameat2 with RENAME_NOREPLACE).
 static inline int cwormhole_rename_noreplace(int fromdir, const char *from, int todir, const char *to) {

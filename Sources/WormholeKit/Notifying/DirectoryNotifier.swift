@@ -14,7 +14,7 @@ import Synchronization
 /// Each notification name is a file in the hidden `.notifications` subdirectory of the wormhole directory.
 /// ``post(_:)`` writes 8 fresh bytes into it in place; ``observe(_:handler:)`` watches that file with inotify (the
 /// file, not the directory, so a post wakes only that name's observers), on one monitor thread per process that
-/// waits in `poll(2)` and is stopped through an eventfd,
+/// waits in `poll(2)` and retires, closing its descriptors, a moment after its last observation ends,
 /// so no blocking call ever runs on Swift's cooperative thread pool. Wormholes in one process and in different
 /// processes wake each other alike.
 ///

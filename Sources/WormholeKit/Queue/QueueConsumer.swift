@@ -95,8 +95,9 @@ final class QueueConsumerState: @unchecked Sendable {
     init(queue: WormholeQueue, name: String) throws(WormholeError) {
         self.queue = queue
         cursor = try QueueCursorFile(directory: queue.consumers, name: name, create: true)
-        let start = try cursor.read() ?? 0
-        if try cursor.read() == nil { try cursor.write(0) }
+        let stored = try cursor.read()
+        if stored == nil { try cursor.write(0) }  // registered now: reclaiming waits for this consumer from here on
+        let start = stored ?? 0
         reader = QueueReader(descriptor: try queue.openForReading(), position: start)
     }
 

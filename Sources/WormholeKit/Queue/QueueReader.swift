@@ -22,8 +22,6 @@ struct QueueReader {
     private var buffer: [UInt8] = []
     private var bufferStart: UInt64 = 0
     private var bufferReachedEnd = false
-    /// How many torn records were stepped over.
-    private(set) var skippedTornRecords = 0
 
     init(descriptor: Int32, position: UInt64) {
         self.descriptor = descriptor
@@ -72,7 +70,6 @@ struct QueueReader {
                 }
                 if let next = buffer.withUnsafeBytes({ QueueFormat.nextRecord(in: $0, after: offset) }) {
                     // A whole record follows: the one here was torn and will never be finished.
-                    skippedTornRecords += 1
                     position = bufferStart + UInt64(next)
                     continue
                 }

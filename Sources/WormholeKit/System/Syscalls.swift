@@ -34,20 +34,14 @@ struct FileStatus: Sendable {
     var linkCount: Int
     var ownerID: UInt32
     var mode: UInt32
-    var device: UInt64
-    var inode: UInt64
 
     var isRegularFile: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFREG) }
-    var isDirectory: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFDIR) }
-    var permissions: UInt32 { mode & 0o7777 }
 
     init(_ raw: stat) {
         size = Int(raw.st_size)
         linkCount = Int(raw.st_nlink)
         ownerID = UInt32(raw.st_uid)
         mode = UInt32(raw.st_mode)
-        device = UInt64(raw.st_dev)
-        inode = UInt64(raw.st_ino)
     }
 }
 
@@ -166,10 +160,4 @@ enum ProcessFacts {
         return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
     }
 
-    /// Nanoseconds from a monotonic clock, for measuring intervals.
-    static func monotonicNanoseconds() -> UInt64 {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
-    }
 }
