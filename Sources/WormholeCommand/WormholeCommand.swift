@@ -23,7 +23,8 @@ struct WormholeCommand: ParsableCommand {
             TransferCommand.self,
             StoreCommand.self,
             Demo.self, Bench.self,
-            DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self,
+            DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self, BenchCase.self,
+            BenchCasePeer.self,
         ]
     )
 }

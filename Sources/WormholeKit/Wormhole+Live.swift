@@ -47,18 +47,32 @@ extension Wormhole {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         listener: @escaping @Sendable (Message) -> Void
     ) throws(WormholeError) -> LiveListener {
+        try listenForLiveMessageData(withIdentifier: identifier, on: execution) { [self] payload in
+            do throws(WormholeError) {
+                listener(try decodeLive(type, payload, identifier: identifier))
+            } catch {
+                report(error, to: errorHandler)
+            }
+        }
+    }
+
+    /// Calls `listener` with the bytes of each live message sent to `identifier` while this listener lives, as
+    /// ``sendMessageData(_:identifier:)`` sent them.
+    ///
+    /// - Throws: ``WormholeError`` when the listening socket cannot be created.
+    public func listenForLiveMessageData(
+        withIdentifier identifier: String,
+        on execution: CallbackExecution = .serialQueue,
+        listener: @escaping @Sendable (Data) -> Void
+    ) throws(WormholeError) -> LiveListener {
         try MessageIdentifier.validate(identifier)
         let endpoint = try LiveEndpoint(
             directory: try liveDirectory(), identifier: identifier,
             schedule: execution.makeScheduler(label: "wormhole.live.\(identifier)")
-        ) { [self] packet, connection in
+        ) { packet, connection in
             _ = close(connection)
             guard packet.kind == .message else { return }
-            do throws(WormholeError) {
-                listener(try decodeLive(type, packet.payload, identifier: identifier))
-            } catch {
-                report(error, to: errorHandler)
-            }
+            listener(Data(packet.payload))
         }
         return LiveListener(identifier: identifier, endpoint: endpoint)
     }
@@ -82,7 +96,7 @@ extension Wormhole {
         _ query: Query, identifier: String, as type: Answer.Type = Answer.self, timeout: Duration = .seconds(5)
     ) async throws(WormholeError) -> Answer {
         let reply = try await requestData(try encode(query, identifier: identifier), identifier: identifier, timeout: timeout)
-        return try decodeLive(type, Array(reply), identifier: identifier)
+        return try decodeLive(type, reply, identifier: identifier)
     }
 
     /// Sends bytes as a request and returns the reply's bytes; see ``request(_:identifier:as:timeout:)``.
@@ -110,7 +124,7 @@ extension Wormhole {
         responder: @escaping @Sendable (Query) throws -> Answer
     ) throws(WormholeError) -> LiveListener {
         try respondToRequestData(withIdentifier: identifier, on: execution) { [self] payload in
-            let query = try decodeLive(type, Array(payload), identifier: identifier)
+            let query = try decodeLive(type, payload, identifier: identifier)
             return try coder.encode(try responder(query))
         }
     }
@@ -235,10 +249,10 @@ extension Wormhole {
     }
 
     private func decodeLive<Message: Decodable>(
-        _ type: Message.Type, _ payload: [UInt8], identifier: String
+        _ type: Message.Type, _ payload: Data, identifier: String
     ) throws(WormholeError) -> Message {
         do {
-            return try coder.decode(type, from: Data(payload))
+            return try coder.decode(type, from: payload)
         } catch {
             throw WormholeError(
                 .decodingFailed, "The live message is not a \(Message.self): \(error).", identifier: identifier,

@@ -1,0 +1,269 @@
+import ArgumentParser
+import Foundation
+import WormholeKit
+
+#if os(Linux) || os(Android)
+import CWormholeSystem
+#endif
+
+/// The wormhole's cases of `Benchmarks/compare`: one mode, one metric, one JSON line on standard output, in the same
+/// shape as the line `Benchmarks/peers/peers.c` prints for the other transports. Hidden from help.
+///
+/// Messages are raw bytes of the given size (no JSON coding), as they are for ZeroMQ, Redis and the floors; the first
+/// 8 bytes carry the sequence number.
+struct BenchCase: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench-case", abstract: "Measure one wormhole case for Benchmarks/compare.", shouldDisplay: false)
+
+    enum Mode: String, ExpressibleByArgument, Sendable { case mailbox, queue, live }
+    enum Metric: String, ExpressibleByArgument, Sendable { case latency, throughput }
+
+    @Argument var mode: Mode
+    @Argument var metric: Metric
+    @Option var size = 64
+    @Option var count = 10_000
+    @Option var warmUp = 1_000
+    @Option var directory: String
+    @Option var cpu = 0
+    @Option var peerCPU = 0
+
+    func validate() throws {
+        if size < 8 { throw ValidationError("--size must be at least 8 bytes (the sequence number).") }
+        if count < 2 || warmUp < 0 { throw ValidationError("--count must be at least 2 and --warm-up ≥ 0.") }
+    }
+
+    func run() throws {
+        #if os(Linux) || os(Android)
+        guard cwormhole_pin_to_cpu(Int32(cpu)) == 0 else { throw Output.fail("could not pin to CPU \(cpu)") }
+        #endif
+        let wormhole = try Wormhole(directory: directory)
+        let name = "wormhole-\(mode.rawValue)"
+        switch metric {
+        case .latency:
+            let samples = try measureLatency(wormhole)
+            Output.line(BenchCaseReport.latency(name: name, size: size, samples: samples))
+        case .throughput:
+            let (received, rate) = try measureThroughput(wormhole)
+            Output.line(BenchCaseReport.throughput(name: name, size: size, count: count, received: received, rate: rate))
+        }
+    }
+
+    private func startPeer(_ role: BenchCasePeer.Role) throws -> ChildProcess {
+        let peer = try ChildProcess(
+            arguments: [
+                "bench-case-peer", mode.rawValue, role.rawValue, "--directory", directory, "--cpu", String(peerCPU),
+                "--size", String(size), "--count", String(count),
+            ],
+            readyLine: "ready"
+        ) { line in Output.error("peer: " + line) }
+        guard peer.waitUntilReady(timeout: 30) else { throw Output.fail("the \(mode.rawValue) peer did not start") }
+        return peer
+    }
+
+    // MARK: Latency: ping-pong, driven from the receiving callback so that no thread hop is timed
+
+    private func measureLatency(_ wormhole: Wormhole) throws -> [UInt64] {
+        let sender = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "ping")
+        let total = warmUp + count
+        let counted = warmUp
+        let state = Locked<(sentAt: UInt64, samples: [UInt64], failure: String?)>((0, [], nil))
+        let done = DispatchSemaphore(value: 0)
+        let size = self.size
+        let receive: @Sendable (Data) -> Void = { payload in
+            let now = monotonicNanoseconds()
+            let sequence = BenchCaseSender.sequence(of: payload)
+            let next = state.withLock { state -> Int in
+                if sequence >= counted { state.samples.append((now - state.sentAt) / 2) }
+                state.sentAt = monotonicNanoseconds()
+                return sequence + 1
+            }
+            guard next < total else {
+                done.signal()
+                return
+            }
+            do {
+                try sender.send(sequence: next, size: size)
+            } catch {
+                state.withLock { $0.failure = "\(error)" }
+                done.signal()
+            }
+        }
+        let receiver = try BenchCaseReceiver(mode: mode, wormhole: wormhole, identifier: "pong", handler: receive)
+        let peer = try startPeer(.echo)
+        defer { peer.terminate() }
+        state.withLock { $0.sentAt = monotonicNanoseconds() }
+        try sender.send(sequence: 0, size: size)
+        guard done.wait(timeout: .now() + 300) == .success else { throw Output.fail("the \(mode.rawValue) ping-pong stalled") }
+        receiver.cancel()
+        if let failure = state.withLock({ $0.failure }) { throw Output.fail(failure) }
+        return state.withLock { $0.samples }
+    }
+
+    // MARK: Throughput: one producer process, this process consumes; first to last message received
+
+    private func measureThroughput(_ wormhole: Wormhole) throws -> (received: Int, rate: Double) {
+        struct Progress {
+            var first: (time: UInt64, sequence: Int)?
+            var last: (time: UInt64, sequence: Int) = (0, 0)
+            var received = 0
+        }
+        let progress = Locked(Progress())
+        let done = DispatchSemaphore(value: 0)
+        let final = count - 1
+        let receiver = try BenchCaseReceiver(mode: mode, wormhole: wormhole, identifier: "throughput") { payload in
+            let now = monotonicNanoseconds()
+            let sequence = BenchCaseSender.sequence(of: payload)
+            let finished = progress.withLock { progress -> Bool in
+                if progress.first == nil { progress.first = (now, sequence) }
+                progress.last = (now, sequence)
+                progress.received += 1
+                return sequence == final
+            }
+            if finished { done.signal() }
+        }
+        let peer = try startPeer(.produce)
+        defer { peer.terminate() }
+        guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the \(mode.rawValue) throughput run stalled") }
+        receiver.cancel()
+        let result = progress.withLock { $0 }
+        guard let first = result.first, result.last.time > first.time else { throw Output.fail("too few messages to time") }
+        // A mailbox keeps the newest message only: its rate counts the messages passed while the listener kept up,
+        // from the sequence numbers, not the callbacks (fewer when passes coalesce).
+        let messages = Double(result.last.sequence - first.sequence)
+        return (result.received, messages / (Double(result.last.time - first.time) / 1e9))
+    }
+}
+
+/// The peer process of ``BenchCase``: echoes pings, or produces messages as fast as it can. Hidden from help.
+struct BenchCasePeer: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench-case-peer", abstract: "The peer of bench-case.", shouldDisplay: false)
+
+    enum Role: String, ExpressibleByArgument, Sendable { case echo, produce }
+
+    @Argument var mode: BenchCase.Mode
+    @Argument var role: Role
+    @Option var directory: String
+    @Option var cpu = 0
+    @Option var size = 64
+    @Option var count = 0
+
+    func run() throws {
+        #if os(Linux) || os(Android)
+        _ = cwormhole_pin_to_cpu(Int32(cpu))
+        #endif
+        let wormhole = try Wormhole(directory: directory)
+        switch role {
+        case .echo:
+            let pong = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "pong")
+            let receiver = try BenchCaseReceiver(mode: mode, wormhole: wormhole, identifier: "ping") { payload in
+                do { try pong.send(payload) } catch { Output.error("\(error)") }
+            }
+            Output.line("ready")
+            // Answer until the benchmark ends this process.
+            withExtendedLifetime((wormhole, receiver)) { while true { sleep(60) } }
+        case .produce:
+            let sender = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "throughput")
+            Output.line("ready")
+            for sequence in 0..<count { try sender.send(sequence: sequence, size: size) }
+        }
+    }
+}
+
+/// Sends raw messages in one of the wormhole's modes.
+struct BenchCaseSender: Sendable {
+    let mode: BenchCase.Mode
+    let wormhole: Wormhole
+    let identifier: String
+    private let queue: WormholeQueue?
+
+    init(mode: BenchCase.Mode, wormhole: Wormhole, identifier: String) {
+        self.mode = mode
+        self.wormhole = wormhole
+        self.identifier = identifier
+        queue = mode == .queue ? try? wormhole.queue(identifier) : nil
+    }
+
+    /// A message of `size` bytes whose first 8 bytes are `sequence`.
+    static func payload(sequence: Int, size: Int) -> Data {
+        var data = Data(repeating: 0x78, count: size)
+        withUnsafeBytes(of: UInt64(sequence).littleEndian) { data.replaceSubrange(0..<8, with: $0) }
+        return data
+    }
+
+    static func sequence(of payload: Data) -> Int {
+        payload.prefix(8).enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
+    }
+
+    func send(sequence: Int, size: Int) throws {
+        try send(Self.payload(sequence: sequence, size: size))
+    }
+
+    func send(_ payload: Data) throws {
+        switch mode {
+        case .mailbox: _ = try wormhole.passMessageData(payload, identifier: identifier)
+        case .queue:
+            guard let queue else { throw Output.fail("could not open the queue \(identifier)") }
+            try queue.enqueueData(payload)
+        case .live:
+            // A live message reaches only a listener that is there; the producer waits for one rather than fail.
+            while true {
+                switch Result(catching: { () throws(WormholeError) in
+                    try wormhole.sendMessageData(payload, identifier: identifier)
+                }) {
+                case .success: return
+                case .failure(let error) where error.code == .notReachable: usleep(1000)
+                case .failure(let error): throw error
+                }
+            }
+        }
+    }
+}
+
+/// Receives raw messages in one of the wormhole's modes, on the notifier's (or the socket's) thread; stops when
+/// cancelled.
+struct BenchCaseReceiver {
+    /// The listener or consumer: receiving stops when it is released.
+    private let handle: AnyObject
+    private let cancelling: () -> Void
+
+    init(mode: BenchCase.Mode, wormhole: Wormhole, identifier: String, handler: @escaping @Sendable (Data) -> Void) throws {
+        switch mode {
+        case .mailbox:
+            let listener = try wormhole.listenForEnvelopes(withIdentifier: identifier, on: .notifierThread) {
+                handler($0.payload)
+            }
+            (handle, cancelling) = (listener, listener.cancel)
+        case .queue:
+            let consumer = try wormhole.queue(identifier).consumeData(consumer: "bench", on: .notifierThread) {
+                handler($0.value)
+            }
+            (handle, cancelling) = (consumer, consumer.cancel)
+        case .live:
+            let listener = try wormhole.listenForLiveMessageData(withIdentifier: identifier, on: .notifierThread, listener: handler)
+            (handle, cancelling) = (listener, listener.cancel)
+        }
+    }
+
+    func cancel() { cancelling() }
+}
+
+/// The JSON lines of a comparison case, the same keys as `Benchmarks/peers/peers.c` prints.
+enum BenchCaseReport {
+    static func latency(name: String, size: Int, samples: [UInt64]) -> String {
+        let sorted = samples.sorted()
+        func at(_ fraction: Double) -> Double { Double(sorted[Int(Double(sorted.count - 1) * fraction)]) / 1000 }
+        let percentiles = (0...100).map { String(format: "%.3f", at(Double($0) / 100)) }.joined(separator: ",")
+        return String(
+            format: "{\"case\":\"%@\",\"metric\":\"latency\",\"size\":%d,\"count\":%d,\"p50_us\":%.3f,\"p99_us\":%.3f,"
+                + "\"percentiles_us\":[%@]}",
+            name, size, sorted.count, at(0.5), at(0.99), percentiles)
+    }
+
+    static func throughput(name: String, size: Int, count: Int, received: Int, rate: Double) -> String {
+        String(
+            format: "{\"case\":\"%@\",\"metric\":\"throughput\",\"size\":%d,\"count\":%d,\"received\":%d,"
+                + "\"messages_per_second\":%.1f}",
+            name, size, count, received, rate)
+    }
+}
