@@ -15,7 +15,14 @@ struct BenchCase: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench-case", abstract: "Measure one wormhole case for Benchmarks/compare.", shouldDisplay: false)
 
-    enum Mode: String, ExpressibleByArgument, Sendable { case mailbox, queue, live }
+    enum Mode: String, ExpressibleByArgument, Sendable {
+        case mailbox, queue, live
+        /// The queue with its batch calls: the producer appends 64 messages per write (as the Redis producer
+        /// pipelines 64 commands), the consumer acknowledges up to 1,000 at a time (as XREAD COUNT 1000 reads).
+        case queueBatch = "queue-batch"
+    }
+    /// Messages per batch of the queue-batch producer.
+    static let producerBatch = 64
     enum Metric: String, ExpressibleByArgument, Sendable { case latency, throughput }
 
     @Argument var mode: Mode
@@ -165,7 +172,17 @@ struct BenchCasePeer: ParsableCommand {
         case .produce:
             let sender = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "throughput")
             Output.line("ready")
-            for sequence in 0..<count { try sender.send(sequence: sequence, size: size) }
+            if mode == .queueBatch {
+                let queue = try wormhole.queue("throughput")
+                for start in stride(from: 0, to: count, by: BenchCase.producerBatch) {
+                    let batch = (start..<min(count, start + BenchCase.producerBatch)).map {
+                        BenchCaseSender.payload(sequence: $0, size: size)
+                    }
+                    try queue.enqueueData(contentsOf: batch)
+                }
+            } else {
+                for sequence in 0..<count { try sender.send(sequence: sequence, size: size) }
+            }
         }
     }
 }
@@ -181,7 +198,7 @@ struct BenchCaseSender: Sendable {
         self.mode = mode
         self.wormhole = wormhole
         self.identifier = identifier
-        queue = mode == .queue ? try? wormhole.queue(identifier) : nil
+        queue = mode == .queue || mode == .queueBatch ? try? wormhole.queue(identifier) : nil
     }
 
     /// A message of `size` bytes whose first 8 bytes are `sequence`.
@@ -202,7 +219,7 @@ struct BenchCaseSender: Sendable {
     func send(_ payload: Data) throws {
         switch mode {
         case .mailbox: _ = try wormhole.passMessageData(payload, identifier: identifier)
-        case .queue:
+        case .queue, .queueBatch:
             guard let queue else { throw Output.fail("could not open the queue \(identifier)") }
             try queue.enqueueData(payload)
         case .live:
@@ -237,6 +254,11 @@ struct BenchCaseReceiver {
         case .queue:
             let consumer = try wormhole.queue(identifier).consumeData(consumer: "bench", on: .notifierThread) {
                 handler($0.value)
+            }
+            (handle, cancelling) = (consumer, consumer.cancel)
+        case .queueBatch:
+            let consumer = try wormhole.queue(identifier).consumeDataBatches(consumer: "bench", on: .notifierThread) {
+                for message in $0 { handler(message.value) }
             }
             (handle, cancelling) = (consumer, consumer.cancel)
         case .live:

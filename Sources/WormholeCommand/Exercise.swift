@@ -44,6 +44,8 @@ struct Exercise: ParsableCommand {
 
     @Argument var workload: Workload
     @Option var count = 1000
+    /// enqueue: messages per batch (enqueue(contentsOf:)); 1 enqueues one at a time.
+    @Option var batch = 1
     @Option var identifier = "counter"
     @Option var tag = "w"
     @Option var into: String?
@@ -66,7 +68,14 @@ struct Exercise: ParsableCommand {
             }
         case .enqueue:
             let queue = try wormhole.queue(identifier)
-            for index in 0..<count { try queue.enqueue(QueueExerciseMessage(writer: tag, index: index)) }
+            if batch > 1 {
+                for start in stride(from: 0, to: count, by: batch) {
+                    try queue.enqueue(
+                        contentsOf: (start..<min(count, start + batch)).map { QueueExerciseMessage(writer: tag, index: $0) })
+                }
+            } else {
+                for index in 0..<count { try queue.enqueue(QueueExerciseMessage(writer: tag, index: index)) }
+            }
         case .transferReceiveThenCrash:
             let receiver = try wormhole.transfers(identifier).receive(consumer: tag, into: into ?? ".") { file in
                 Output.line("moved \(file.path)")

@@ -105,9 +105,14 @@ final class QueueConsumerState: @unchecked Sendable {
 
     /// Stores the position past a handled message; reclaims space now and then.
     func acknowledge(_ item: QueueReader.Item) throws(WormholeError) {
-        try cursor.write(item.end)
-        reader.advance(to: item.end)
-        sinceReclaim += item.end - item.offset
+        try acknowledge(from: item.offset, through: item.end)
+    }
+
+    /// Stores the position past handled messages from `start` to `end`, with one write.
+    func acknowledge(from start: UInt64, through end: UInt64) throws(WormholeError) {
+        try cursor.write(end)
+        reader.advance(to: end)
+        sinceReclaim += end - start
         if sinceReclaim > 4 << 20 {
             sinceReclaim = 0
             try queue.reclaimSpace()
@@ -159,7 +164,10 @@ func currentThreadID() -> UInt {
 public final class QueueConsumer: Sendable {
     private let state: Locked<QueueConsumerState>
     private let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
-    private let deliver: @Sendable (QueueReader.Item) -> Bool
+    /// Hands over a batch of messages; false when they were not handled (and stay unacknowledged).
+    private let deliver: @Sendable ([QueueReader.Item]) -> Bool
+    /// The most messages in one batch: 1 for a handler of single messages.
+    private let batchSize: Int
     private let reportError: @Sendable (WormholeError) -> Void
     private let observation = Locked<NotifierObservation?>(nil)
     private let cancelled = Atomic<Bool>(false)
@@ -170,11 +178,12 @@ public final class QueueConsumer: Sendable {
     public let name: String
 
     init(
-        state: QueueConsumerState, execution: CallbackExecution,
-        deliver: @escaping @Sendable (QueueReader.Item) -> Bool,
+        state: QueueConsumerState, execution: CallbackExecution, batchSize: Int,
+        deliver: @escaping @Sendable ([QueueReader.Item]) -> Bool,
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {
         self.name = state.cursor.name
+        self.batchSize = max(1, batchSize)
         self.state = Locked(state)
         self.schedule = execution.makeScheduler(label: "wormhole.queue.\(state.queue.identifier).\(state.cursor.name)")
         self.deliver = deliver
@@ -223,9 +232,27 @@ public final class QueueConsumer: Sendable {
             deliveringThread.store(currentThreadID(), ordering: .releasing)
             defer { deliveringThread.store(0, ordering: .releasing) }
             do throws(WormholeError) {
-                while !cancelled.load(ordering: .relaxed), let item = try state.reader.next() {
-                    guard deliver(item) else { return }
-                    try state.acknowledge(item)
+                while !cancelled.load(ordering: .relaxed) {
+                    let start = state.reader.position
+                    var batch: [QueueReader.Item] = []
+                    do throws(WormholeError) {
+                        // A batch also ends past one read chunk of bytes, so that it stays in the CPU's caches.
+                        while batch.count < batchSize, state.reader.position - start < QueueReader.chunkSize,
+                            let item = try state.reader.next()
+                        {
+                            batch.append(item)
+                            state.reader.advance(to: item.end)
+                        }
+                    } catch {
+                        state.reader.rewind(to: start)
+                        throw error
+                    }
+                    guard let last = batch.last else { return }
+                    guard deliver(batch) else {
+                        state.reader.rewind(to: start)
+                        return
+                    }
+                    try state.acknowledge(from: start, through: last.end)
                 }
             } catch {
                 reportError(error)

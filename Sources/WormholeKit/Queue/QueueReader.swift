@@ -19,7 +19,7 @@ struct QueueReader {
     let descriptor: Int32
     /// The offset of the next record to read.
     private(set) var position: UInt64
-    private var buffer: [UInt8] = []
+    private let buffer = ReadBuffer()
     private var bufferStart: UInt64 = 0
     private var bufferReachedEnd = false
 
@@ -37,13 +37,18 @@ struct QueueReader {
     /// Moves past a record that was delivered (or given up on).
     mutating func advance(to end: UInt64) { position = max(position, end) }
 
+    /// Goes back to a position read past but not acknowledged: a batch its handler did not take.
+    mutating func rewind(to start: UInt64) { position = start }
+
     /// The record at the reading position, or nil when none is whole yet.
     mutating func next() throws(WormholeError) -> Item? {
         var freshlyRead = false
         var wanted = Self.chunkSize
         while true {
+            // A whole record already in the buffer is final (appends never change it): only a record not yet
+            // whole, or the end of the buffer, calls for reading again.
             let inBuffer = position >= bufferStart && position < bufferStart + UInt64(buffer.count)
-            if !inBuffer || freshlyRead == false && bufferReachedEnd {
+            if !inBuffer {
                 try fill(from: position, count: wanted)
                 freshlyRead = true
                 if buffer.isEmpty { return nil }
@@ -77,19 +82,14 @@ struct QueueReader {
                 // A stretch with no record in it, such as a reclaimed hole: jump to the next data.
                 position = nextData(after: bufferStart + UInt64(max(buffer.count - QueueFormat.headerSize, 1)))
                 freshlyRead = false
-                buffer = []
+                buffer.count = 0
             }
         }
     }
 
     private mutating func fill(from offset: UInt64, count: Int) throws(WormholeError) {
-        var bytes = [UInt8](repeating: 0, count: count)
-        let read = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, count, off_t(offset)) }
-        guard read >= 0 else {
-            throw WormholeError.fileSystem(currentErrno, "read the queue", path: nil)
-        }
-        bytes.removeLast(count - read)
-        buffer = bytes
+        let read = buffer.read(descriptor, count: count, at: offset)
+        guard read >= 0 else { throw WormholeError.fileSystem(currentErrno, "read the queue", path: nil) }
         bufferStart = offset
         bufferReachedEnd = read < count
     }
@@ -102,5 +102,40 @@ struct QueueReader {
         if data >= 0 { return UInt64(data) }
         #endif
         return offset
+    }
+}
+
+/// The reader's chunk of the log, allocated once and reused: a fresh 256 KiB array per read would cost page faults
+/// and zeroing on every wake-up.
+final class ReadBuffer {
+    private var storage: UnsafeMutableRawPointer
+    private var capacity: Int
+    /// The bytes read.
+    var count = 0
+
+    init() {
+        capacity = QueueReader.chunkSize
+        storage = .allocate(byteCount: capacity, alignment: 16)
+    }
+
+    deinit { storage.deallocate() }
+
+    var isEmpty: Bool { count == 0 }
+
+    /// Reads up to `wanted` bytes at `offset`, replacing the contents; returns what `pread` returned.
+    func read(_ descriptor: Int32, count wanted: Int, at offset: UInt64) -> Int {
+        // Grow for a large record; shrink back once past it, so that one 64 MiB message is not kept for good.
+        if wanted > capacity || capacity > 4 * QueueReader.chunkSize && wanted <= QueueReader.chunkSize {
+            storage.deallocate()
+            capacity = max(wanted, QueueReader.chunkSize)
+            storage = .allocate(byteCount: capacity, alignment: 16)
+        }
+        let read = pread(descriptor, storage, wanted, off_t(offset))
+        count = max(read, 0)
+        return read
+    }
+
+    func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
+        try body(UnsafeRawBufferPointer(start: storage, count: count))
     }
 }

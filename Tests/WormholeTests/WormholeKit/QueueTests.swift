@@ -63,6 +63,66 @@ struct QueueTests {
         }
     }
 
+    @Test("4 producer processes × 10,000 messages in batches of 100, consumed in batches: none lost, batches whole")
+    func batches() throws {
+        let queue = try makeQueue()
+        let received = Collector<Job>()
+        let batchSizes = Collector<Int>()
+        let consumer = try queue.consumeBatches(consumer: "all", as: Job.self, maximumCount: 500, on: .notifierThread) {
+            batchSizes.append($0.count)
+            for message in $0 { received.append(message.value) }
+        }
+        let producers = try (0..<4).map { index in
+            try RunningTool(
+                ["exercise", "enqueue", "--count", "10000", "--batch", "100", "--identifier", "jobs", "--tag", "p\(index)"]
+                    + location)
+        }
+        for producer in producers { #expect(producer.finish(timeout: 120).status == 0) }
+        #expect(eventually(timeout: 60) { received.count >= 40_000 })
+        consumer.cancel()
+        let jobs = received.values
+        #expect(jobs.count == 40_000, "no duplicates")
+        #expect(batchSizes.values.allSatisfy { $0 >= 1 && $0 <= 500 })
+        for producer in 0..<4 {
+            let indices = jobs.filter { $0.writer == "p\(producer)" }.map(\.index)
+            #expect(indices == Array(0..<10_000), "producer p\(producer) in order, complete")
+        }
+        // One write per batch: another producer's messages never come between a batch's messages.
+        for (position, job) in jobs.enumerated() where job.index % 100 != 99 {
+            #expect(jobs[position + 1] == Job(writer: job.writer, index: job.index + 1))
+        }
+    }
+
+    @Test("A batch whose handler throws is offered again whole; an acknowledged batch never comes back")
+    func batchRetry() throws {
+        let queue = try makeQueue()
+        try queue.enqueue(contentsOf: (0..<5).map { Job(writer: "here", index: $0) })
+        let attempts = Collector<[Int]>()
+        let errors = Collector<WormholeError.Code>()
+        struct Refused: Error {}
+        let consumer = try queue.consumeBatches(
+            consumer: "c", as: Job.self, on: .notifierThread, errorHandler: { errors.append($0.code) }
+        ) { batch in
+            attempts.append(batch.map(\.value.index))
+            if attempts.count == 1 { throw Refused() }
+        }
+        #expect(eventually { attempts.values == [[0, 1, 2, 3, 4]] && errors.values == [.ioFailure] })
+        // The next append offers the refused batch again, with the new message.
+        try queue.enqueue(Job(writer: "here", index: 5))
+        #expect(eventually { attempts.values.count == 2 })
+        #expect(attempts.values.last == [0, 1, 2, 3, 4, 5])
+        consumer.cancel()
+        // Acknowledged: a consumer of the same name starts after it.
+        try queue.enqueue(Job(writer: "here", index: 6))
+        let later = Collector<Int>()
+        let again = try queue.consumeBatches(consumer: "c", as: Job.self, on: .notifierThread) { batch in
+            for message in batch { later.append(message.value.index) }
+        }
+        #expect(eventually { later.values == [6] })
+        again.cancel()
+        #expect(try queue.status().consumers.first?.lagMessages == 0)
+    }
+
     @Test("A consumer killed while handling a message gets it again; the acknowledged one never comes back")
     func consumerKilledMidMessage() throws {
         let queue = try makeQueue()
