@@ -23,7 +23,7 @@ struct WormholeCommand: ParsableCommand {
             TransferCommand.self,
             StoreCommand.self,
             Demo.self, Bench.self,
-            DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self, BenchCase.self,
+            CrashTest.self, CrashVictim.self, DemoRole.self, BenchPeer.self, Exercise.self, ExerciseStore.self, DemoRoleStore.self, BenchPeerStore.self, BenchCase.self,
             BenchCasePeer.self,
         ]
     )
@@ -60,6 +60,14 @@ struct LocationOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Poll for changes every N milliseconds instead of using inotify.", valueName: "ms"))
     var pollInterval: Int?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Share the wormhole with the users of a Unix group (a name or a number): directories 2770 and files "
+                + "0660 of that group. Every process sharing it must pass the same group.",
+            valueName: "group"))
+    var sharedGroup: String?
+
     func validate() throws {
         switch (group, directory) {
         case (nil, nil): throw ValidationError("Name a wormhole with --group ID or --directory PATH.")
@@ -77,11 +85,21 @@ struct LocationOptions: ParsableArguments {
         if let sender { configuration.sender = "\(sender)[\(ProcessInfo.processInfo.processIdentifier)]" }
         configuration.coordination = coordinated ? .coordinated : .none
         if let pollInterval { configuration.notification = .polling(interval: .milliseconds(pollInterval)) }
+        if let sharedGroup { configuration.fileOptions = .shared(withGroup: try Self.groupID(sharedGroup)) }
         if let group {
             return try Wormhole(
                 applicationGroupIdentifier: group, optionalDirectory: optionalDirectory, configuration: configuration)
         }
         return try Wormhole(directory: directory!, configuration: configuration)
+    }
+
+    /// The id of a Unix group given by name or number.
+    static func groupID(_ group: String) throws -> UInt32 {
+        if let number = UInt32(group) { return number }
+        guard let entry = getgrnam(group) else {
+            throw ValidationError("There is no Unix group named \(group); give a group name or number to --shared-group.")
+        }
+        return UInt32(entry.pointee.gr_gid)
     }
 
     /// The arguments that name the same wormhole in a child process.
@@ -92,6 +110,7 @@ struct LocationOptions: ParsableArguments {
         if let directory { result += ["--directory", directory] }
         if coordinated { result.append("--coordinated") }
         if let pollInterval { result += ["--poll-interval", String(pollInterval)] }
+        if let sharedGroup { result += ["--shared-group", sharedGroup] }
         return result
     }
 }

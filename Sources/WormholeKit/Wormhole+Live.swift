@@ -223,7 +223,8 @@ extension Wormhole {
         }
         return try live.withLock { (cached) throws(WormholeError) -> DirectoryHandle in
             if let cached { return cached }
-            let handle = try DirectoryHandle.open(path: path + "/" + LiveSocket.subdirectoryName, create: true)
+            let handle = try DirectoryHandle.open(
+                path: path + "/" + LiveSocket.subdirectoryName, create: true, options: fileOptions)
             cached = handle
             return handle
         }

@@ -132,6 +132,16 @@ public final class Wormhole: Sendable {
         self.registry = ListenerRegistry()
     }
 
+    /// The file options of the transiting (modes, group, trust), which the queues, suites and live sockets of this
+    /// wormhole follow too.
+    var fileOptions: FileTransiting.Options {
+        switch transiting {
+        case let files as FileTransiting: files.options
+        case let coordinated as CoordinatedFileTransiting: coordinated.files.options
+        default: FileTransiting.Options()
+        }
+    }
+
     /// The notification name posted when a mailbox changes.
     static func notificationName(forIdentifier identifier: String) -> String { "mailbox." + identifier }
 

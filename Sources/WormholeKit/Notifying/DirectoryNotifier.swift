@@ -59,10 +59,7 @@ public final class DirectoryNotifier: Notifier {
         self.directory = directory
         self.strategy = strategy
         self.logger = logger
-        self.handle = try DirectoryHandle.open(
-            path: directory + "/" + Self.subdirectoryName, create: true,
-            directoryPermissions: mode_t(options.directoryPermissions),
-            filePermissions: mode_t(options.filePermissions), trustsOtherOwners: options.trustsOtherOwners)
+        self.handle = try DirectoryHandle.open(path: directory + "/" + Self.subdirectoryName, create: true, options: options)
     }
 
     public func post(_ name: String) throws(WormholeError) {
@@ -122,7 +119,9 @@ public final class DirectoryNotifier: Notifier {
         _ name: String, handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         #if os(Linux) || os(Android)
-        return try InotifyMonitor.shared.observe(path: handle.filePath(name), handler: handler)
+        // The file is created through the directory handle, with the wormhole's modes and group.
+        return try InotifyMonitor.shared.observe(
+            path: handle.filePath(name), create: { [handle] in handle.touchFile(named: name) }, handler: handler)
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: handle.path)
         #endif

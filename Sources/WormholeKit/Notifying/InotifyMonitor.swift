@@ -29,8 +29,11 @@ final class InotifyMonitor: Sendable {
     /// tests can see the polling fallback take over in a real process.
     static let simulatesExhaustion = ProcessInfo.processInfo.environment["WORMHOLE_TEST_INOTIFY_EXHAUSTED"] != nil
 
-    /// Watches the file at `path` (created if missing); the handler runs after each modification of it.
-    func observe(path: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
+    /// Watches the file at `path`, which `create` creates if it is missing (again if it is replaced); the handler
+    /// runs after each modification of it.
+    func observe(
+        path: String, create: @escaping @Sendable () -> Void, handler: @escaping @Sendable () -> Void
+    ) throws(WormholeError) -> NotifierObservation {
         if Self.simulatesExhaustion {
             throw WormholeError(
                 .notifierUnavailable, "inotify's limits are reached (simulated by WORMHOLE_TEST_INOTIFY_EXHAUSTED).",
@@ -39,11 +42,11 @@ final class InotifyMonitor: Sendable {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let instance = try current.withLock { (current) throws(WormholeError) -> Instance in
             if let running = current {
-                try running.add(id: id, path: path, handler: handler)
+                try running.add(id: id, path: path, create: create, handler: handler)
                 return running
             }
             let started = try Instance()
-            try started.add(id: id, path: path, handler: handler)
+            try started.add(id: id, path: path, create: create, handler: handler)
             started.start()
             current = started
             return started
@@ -68,6 +71,7 @@ final class InotifyMonitor: Sendable {
     final class Instance: Sendable {
         private struct Watch {
             var path: String
+            var create: @Sendable () -> Void
             var inode: UInt64
             var handlers: [UInt64: @Sendable () -> Void] = [:]
         }
@@ -105,19 +109,20 @@ final class InotifyMonitor: Sendable {
             wakeDescriptor = wake
         }
 
-        func add(id: UInt64, path: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) {
+        func add(
+            id: UInt64, path: String, create: @escaping @Sendable () -> Void, handler: @escaping @Sendable () -> Void
+        ) throws(WormholeError) {
             try registry.withLock { (registry) throws(WormholeError) in
-                let (watch, inode) = try addWatch(path)
+                let (watch, inode) = try addWatch(path, create: create)
                 // Watching one file twice gives the same descriptor: the handlers share it.
-                registry.watches[watch, default: Watch(path: path, inode: inode)].handlers[id] = handler
+                registry.watches[watch, default: Watch(path: path, create: create, inode: inode)].handlers[id] = handler
                 registry.byID[id] = watch
             }
         }
 
         /// Creates the file if it is missing, and watches it; returns the watch descriptor and the file's inode.
-        private func addWatch(_ path: String) throws(WormholeError) -> (Int32, UInt64) {
-            let file = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0o600)
-            if file >= 0 { _ = close(file) }
+        private func addWatch(_ path: String, create: () -> Void) throws(WormholeError) -> (Int32, UInt64) {
+            create()
             let watch = inotify_add_watch(inotifyDescriptor, path, Self.mask)
             guard watch >= 0 else {
                 let errno = currentErrno
@@ -236,10 +241,10 @@ final class InotifyMonitor: Sendable {
             if lstat(entry.path, &status) == 0, UInt64(status.st_ino) == entry.inode { return }
             // Cannot watch it again (the watch limit is reached): keep the entry so that cancelling still works;
             // the handlers were woken for this event and the polling fallback is for the next observation.
-            guard let (newWatch, inode) = try? addWatch(entry.path) else { return }
+            guard let (newWatch, inode) = try? addWatch(entry.path, create: entry.create) else { return }
             registry.watches[watch] = nil
             if newWatch != watch { _ = inotify_rm_watch(inotifyDescriptor, watch) }
-            var moved = registry.watches[newWatch] ?? Watch(path: entry.path, inode: inode)
+            var moved = registry.watches[newWatch] ?? Watch(path: entry.path, create: entry.create, inode: inode)
             moved.inode = inode
             moved.handlers.merge(entry.handlers) { first, _ in first }
             registry.watches[newWatch] = moved

@@ -138,7 +138,9 @@ final class QueueConsumerState: @unchecked Sendable {
             case .inotify, .automatic:
                 #if os(Linux) || os(Android)
                 do {
-                    return try InotifyMonitor.shared.observe(path: path, handler: handler)
+                    let (directory, name) = (queue.directory, queue.logName)
+                    return try InotifyMonitor.shared.observe(
+                        path: path, create: { directory.touchFile(named: name) }, handler: handler)
                 } catch where strategy == .automatic {
                     queue.logger.warning(
                         "inotify is unavailable; polling the queue instead", metadata: ["cause": "\(error.message)"])

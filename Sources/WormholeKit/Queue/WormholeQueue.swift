@@ -64,20 +64,12 @@ public final class WormholeQueue: Sendable {
                 "Queues live in a directory; this wormhole was made with a custom transiting and has none.",
                 identifier: identifier)
         }
-        let options: FileTransiting.Options
-        switch wormhole.transiting {
-        case let files as FileTransiting: options = files.options
-        case let coordinated as CoordinatedFileTransiting: options = coordinated.files.options
-        default: options = .init()
-        }
+        let options = wormhole.fileOptions
         self.identifier = identifier
         self.retention = retention
         self.logName = identifier + ".queue"
-        self.directory = try DirectoryHandle.open(
-            path: path, create: true, directoryPermissions: mode_t(options.directoryPermissions),
-            filePermissions: mode_t(options.filePermissions), trustsOtherOwners: options.trustsOtherOwners)
-        self.consumers = try directory.subdirectory(
-            named: identifier + ".consumers", permissions: mode_t(options.directoryPermissions))
+        self.directory = try DirectoryHandle.open(path: path, create: true, options: options)
+        self.consumers = try directory.subdirectory(named: identifier + ".consumers")
         self.coder = wormhole.coder
         self.sender = Array(wormhole.sender.utf8.prefix(Int(UInt16.max)))
         self.logger = wormhole.logger

@@ -19,15 +19,35 @@ final class DirectoryHandle: Sendable {
     let path: String
     /// The mode of files this handle creates.
     let filePermissions: mode_t
+    /// The mode of subdirectories this handle creates.
+    let directoryPermissions: mode_t
+    /// The group given to what this handle creates, for a directory shared by a Unix group; nil otherwise.
+    let group: gid_t?
     /// Whether files of another owner are accepted (a shared group directory), or refused as planted.
     let trustsOtherOwners: Bool
     private let descriptor: Int32
 
-    private init(path: String, descriptor: Int32, filePermissions: mode_t, trustsOtherOwners: Bool) {
+    private init(
+        path: String, descriptor: Int32, filePermissions: mode_t, directoryPermissions: mode_t, group: gid_t?,
+        trustsOtherOwners: Bool
+    ) {
         self.path = path
         self.descriptor = descriptor
         self.filePermissions = filePermissions
+        self.directoryPermissions = directoryPermissions
+        self.group = group
         self.trustsOtherOwners = trustsOtherOwners
+    }
+
+    /// Whether created files need their mode or group set after creation: the umask may have taken group bits away.
+    private var setsOwnership: Bool { group != nil || filePermissions & 0o077 != 0 }
+
+    /// Opens a directory with the modes, group and trust of a wormhole's file options.
+    static func open(path: String, create: Bool, options: FileTransiting.Options) throws(WormholeError) -> DirectoryHandle {
+        try open(
+            path: path, create: create, directoryPermissions: mode_t(options.directoryPermissions),
+            filePermissions: mode_t(options.filePermissions), group: options.group.map { gid_t($0) },
+            trustsOtherOwners: options.trustsOtherOwners)
     }
 
     deinit { _ = close(descriptor) }
@@ -42,12 +62,13 @@ final class DirectoryHandle: Sendable {
         create: Bool,
         directoryPermissions: mode_t = 0o700,
         filePermissions: mode_t = 0o600,
+        group: gid_t? = nil,
         trustsOtherOwners: Bool = false
     ) throws(WormholeError) -> DirectoryHandle {
         guard !path.isEmpty else {
             throw WormholeError(.directoryUnavailable, "The directory path is empty.", path: path)
         }
-        if create { try makeDirectories(path, permissions: directoryPermissions) }
+        if create { try makeDirectories(path, permissions: directoryPermissions, group: group) }
         let descriptor: Int32
         switch valueOrErrno({ Glibc_open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }) {
         case .success(let fd): descriptor = fd
@@ -65,7 +86,8 @@ final class DirectoryHandle: Sendable {
             throw WormholeError.fileSystem(errno, "open the directory", path: path)
         }
         let handle = DirectoryHandle(
-            path: path, descriptor: descriptor, filePermissions: filePermissions, trustsOtherOwners: trustsOtherOwners)
+            path: path, descriptor: descriptor, filePermissions: filePermissions,
+            directoryPermissions: directoryPermissions, group: group, trustsOtherOwners: trustsOtherOwners)
         var raw = stat()
         guard fstat(descriptor, &raw) == 0 else {
             throw WormholeError.fileSystem(currentErrno, "inspect the directory", path: path)
@@ -86,11 +108,11 @@ final class DirectoryHandle: Sendable {
         return handle
     }
 
-    private static func makeDirectories(_ path: String, permissions: mode_t) throws(WormholeError) {
+    private static func makeDirectories(_ path: String, permissions: mode_t, group: gid_t?) throws(WormholeError) {
         var prefix = path.hasPrefix("/") ? "" : "."
         for component in path.split(separator: "/", omittingEmptySubsequences: true) {
             prefix += "/" + component
-            if mkdir(prefix, permissions) != 0 {
+            if mkdir(prefix, permissions & 0o777) != 0 {
                 let errno = currentErrno
                 if errno == .fileExists { continue }
                 throw WormholeError(
@@ -98,14 +120,22 @@ final class DirectoryHandle: Sendable {
                     "Could not create the directory \(prefix): \(errno). Check that its parent exists and is writable.",
                     path: path, underlyingError: errno)
             }
+            // mkdir applied the umask and ignored the setgid bit: set the group, then the whole mode.
+            if let group, chown(prefix, uid_t.max, group) != 0 {
+                throw WormholeError(
+                    .directoryUnavailable,
+                    "Could not give \(prefix) to group \(group): \(currentErrno). This process's user must be a member "
+                        + "of the group.", path: path, underlyingError: currentErrno)
+            }
+            if permissions & 0o7077 != 0 { _ = chmod(prefix, permissions) }
         }
     }
 
-    /// Opens or creates a subdirectory (for the notifier's files), with the same checks.
-    func subdirectory(named name: String, permissions: mode_t = 0o700) throws(WormholeError) -> DirectoryHandle {
+    /// Opens or creates a subdirectory (for the notifier's files), with the same modes, group and checks.
+    func subdirectory(named name: String) throws(WormholeError) -> DirectoryHandle {
         try DirectoryHandle.open(
-            path: path + "/" + name, create: true, directoryPermissions: permissions,
-            filePermissions: filePermissions, trustsOtherOwners: trustsOtherOwners)
+            path: path + "/" + name, create: true, directoryPermissions: directoryPermissions,
+            filePermissions: filePermissions, group: group, trustsOtherOwners: trustsOtherOwners)
     }
 
     // MARK: Files
@@ -116,9 +146,32 @@ final class DirectoryHandle: Sendable {
             openat(descriptor, name, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, filePermissions)
         }
         switch result {
-        case .success(let fd): return OwnedDescriptor(taking: fd)
+        case .success(let fd):
+            let file = OwnedDescriptor(taking: fd)
+            if flags & O_CREAT != 0 && setsOwnership { try setOwnership(of: fd) }
+            return file
         case .failure(let errno): throw errno
         }
+    }
+
+    /// Creates a file if it is missing (as `touch` does), with the wormhole's mode and group.
+    func touchFile(named name: String) {
+        do throws(Errno) {
+            let file = try openFile(named: name, flags: O_WRONLY | O_CREAT)
+            _ = consume file  // closed
+        } catch {
+            // Watching a file that could not be created fails next, with the reason.
+        }
+    }
+
+    /// Gives a file this process created the configured group and mode, whatever the umask took away. Files of
+    /// other users (made by another member of a shared group) are left as they are.
+    private func setOwnership(of fd: Int32) throws(Errno) {
+        var raw = stat()
+        guard fstat(fd, &raw) == 0 else { throw currentErrno }
+        guard raw.st_uid == ProcessFacts.effectiveUserID else { return }
+        if let group, raw.st_gid != group, fchown(fd, uid_t.max, group) != 0 { throw currentErrno }
+        if raw.st_mode & 0o7777 != filePermissions, fchmod(fd, filePermissions) != 0 { throw currentErrno }
     }
 
     /// Checks that an opened file is one the wormhole may trust: a regular file with one link, owned by this
@@ -168,6 +221,7 @@ final class DirectoryHandle: Sendable {
         // Creating the file applied the umask; set the mode the wormhole was configured with.
         let raw = file.rawValue
         if case .success = result { result = valueOrErrno { fchmod(raw, filePermissions) }.map { _ in } }
+        if case .success = result, let group { result = valueOrErrno { fchown(raw, uid_t.max, group) }.map { _ in } }
         _ = consume file
         if case .success = result { result = rename(temporary, to: name, replacing: replacing) }
         if case .failure = result { _ = unlinkat(descriptor, temporary, 0) }

@@ -41,6 +41,9 @@ public final class FileTransiting: Transiting {
         public var trustsOtherOwners: Bool
         /// The largest payload accepted, in bytes; 16 MiB by default. Mailboxes are for small messages.
         public var maximumMessageSize: Int
+        /// The Unix group given to the files and directories the wormhole creates; nil (the default) leaves them
+        /// the creating user's group. See ``shared(withGroup:synchronizesWrites:)``.
+        public var group: UInt32?
 
         /// Creates options; every parameter has the default described on its property.
         public init(
@@ -48,13 +51,36 @@ public final class FileTransiting: Transiting {
             filePermissions: UInt16 = 0o600,
             directoryPermissions: UInt16 = 0o700,
             trustsOtherOwners: Bool = false,
-            maximumMessageSize: Int = 16 << 20
+            maximumMessageSize: Int = 16 << 20,
+            group: UInt32? = nil
         ) {
             self.synchronizesWrites = synchronizesWrites
             self.filePermissions = filePermissions
             self.directoryPermissions = directoryPermissions
             self.trustsOtherOwners = trustsOtherOwners
             self.maximumMessageSize = maximumMessageSize
+            self.group = group
+        }
+
+        /// Options for a directory shared on purpose by the processes of several users of one Unix group: daemons
+        /// and the tools that talk to them, say.
+        ///
+        /// Directories are created with mode 2770 (setgid, so that everything created in them gets the group) and
+        /// files with mode 0660, both given to `group` and set with `fchmod` after creation, so that the creating
+        /// process's umask cannot take the group's access away. Files of the group's other users are accepted;
+        /// users outside the group can neither read, write nor list the directory. Every process that shares the
+        /// directory must use the same options, and its user must be a member of `group`.
+        ///
+        /// ```swift
+        /// let staff = getgrnam("wormhole-users")!.pointee.gr_gid
+        /// var configuration = Wormhole.Configuration()
+        /// configuration.fileOptions = .shared(withGroup: staff)
+        /// let wormhole = try Wormhole(directory: "/run/my-daemon/wormhole", configuration: configuration)
+        /// ```
+        public static func shared(withGroup group: UInt32, synchronizesWrites: Bool = false) -> Options {
+            Options(
+                synchronizesWrites: synchronizesWrites, filePermissions: 0o660, directoryPermissions: 0o2770,
+                trustsOtherOwners: true, group: group)
         }
     }
 
@@ -75,9 +101,7 @@ public final class FileTransiting: Transiting {
     ///   created) or not writable; ``WormholeError/Code/untrustedFile`` when it is a link or another user's.
     public init(directory: String, options: Options = Options(), createDirectory: Bool = true) throws(WormholeError) {
         self.options = options
-        self.handle = try DirectoryHandle.open(
-            path: directory, create: createDirectory, directoryPermissions: mode_t(options.directoryPermissions),
-            filePermissions: mode_t(options.filePermissions), trustsOtherOwners: options.trustsOtherOwners)
+        self.handle = try DirectoryHandle.open(path: directory, create: createDirectory, options: options)
     }
 
     static func fileName(_ identifier: String) -> String { identifier + MailboxFormat.fileSuffix }

@@ -1,3 +1,4 @@
+import Testing
 import Foundation
 
 /// A fresh directory for one test, removed when the value goes away.
@@ -18,8 +19,17 @@ final class TemporaryDirectory: Sendable {
 }
 
 /// Polls `condition` every 5 ms until it holds or `timeout` seconds pass; returns whether it held.
+/// How many times longer waits may take: 10 under a sanitizer (`scripts/sanitize` sets WORMHOLE_SANITIZER), whose
+/// slowdown is not the package's, 1 otherwise.
+let sanitizerSlowdown: Double = ProcessInfo.processInfo.environment["WORMHOLE_SANITIZER"] == nil ? 1 : 10
+
+extension Trait where Self == TimeLimitTrait {
+    /// A suite's time limit: `minutes`, or 10 times as long under a sanitizer.
+    static func limit(minutes: Int) -> Self { .timeLimit(.minutes(minutes * Int(sanitizerSlowdown))) }
+}
+
 func eventually(timeout: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
-    let deadline = Date().addingTimeInterval(timeout)
+    let deadline = Date().addingTimeInterval(timeout * sanitizerSlowdown)
     while Date() < deadline {
         if try condition() { return true }
         usleep(5_000)

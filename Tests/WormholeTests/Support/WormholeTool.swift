@@ -40,10 +40,14 @@ final class RunningTool: Sendable {
     private let errorOutput = Locked(Data())
     private let readers = DispatchGroup()
 
-    init(_ arguments: [String], input: String? = nil, environment: [String: String] = [:]) throws {
+    /// Starts `wormhole ARGUMENTS`, or with `launcher`, `LAUNCHER... wormhole ARGUMENTS` (a command such as
+    /// `unshare` or `setpriv` that runs the tool in another setting).
+    init(
+        _ arguments: [String], input: String? = nil, environment: [String: String] = [:], launcher: [String] = []
+    ) throws {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: WormholeTool.path)
-        process.arguments = arguments
+        process.executableURL = URL(fileURLWithPath: launcher.first ?? WormholeTool.path)
+        process.arguments = launcher.isEmpty ? arguments : Array(launcher.dropFirst()) + [WormholeTool.path] + arguments
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         }

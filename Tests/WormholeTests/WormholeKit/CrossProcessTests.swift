@@ -4,7 +4,7 @@ import Testing
 
 /// Real processes: the package's `wormhole` executable on one side, this test process (or more copies of the
 /// executable) on the other, sharing a directory of real files woken by real inotify.
-@Suite("Between processes", .timeLimit(.minutes(2)))
+@Suite("Between processes", .limit(minutes: 2))
 struct CrossProcessTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }

@@ -7,7 +7,7 @@ struct Answer: Codable, Sendable, Equatable { var result: String }
 struct Refusal: Error, CustomStringConvertible { var description: String { "no such term" } }
 
 /// Live messages and requests between real processes over Unix sockets.
-@Suite("Live messages and requests", .timeLimit(.minutes(2)))
+@Suite("Live messages and requests", .limit(minutes: 2))
 struct LiveTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }

@@ -10,7 +10,7 @@ struct Job: Codable, Sendable, Equatable {
 
 /// Durable queues with real processes: producers and consumers are the `wormhole` tool, killed with SIGKILL where
 /// the test says so.
-@Suite("Durable queues", .timeLimit(.minutes(3)))
+@Suite("Durable queues", .limit(minutes: 3))
 struct QueueTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }

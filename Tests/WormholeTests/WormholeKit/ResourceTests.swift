@@ -3,7 +3,7 @@ import Testing
 import WormholeKit
 
 /// Resources over time, measured in child processes so that other tests do not disturb the figures.
-@Suite("Resources", .timeLimit(.minutes(3)))
+@Suite("Resources", .limit(minutes: 3))
 struct ResourceTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }
@@ -33,6 +33,29 @@ struct ResourceTests {
         #expect(result.error.contains("polling for changes instead"), "the fallback is logged")
     }
 
+    @Test(
+        "With inotify's real limits at 0 (a user namespace), listeners fall back to polling and miss nothing",
+        .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"), "needs unshare"),
+        arguments: ["max_inotify_instances", "max_inotify_watches"])
+    func inotifyLimits(limit: String) throws {
+        // In a user namespace of its own the listener's inotify limits can be set; 0 makes inotify_init1 (or
+        // inotify_add_watch) fail as on a machine whose limits are used up. The script then runs the tool.
+        let script = "echo 0 > /proc/sys/user/\(limit) && exec \"$0\" \"$@\""
+        let listener = try RunningTool(
+            ["listen"] + location + ["button", "--count", "3", "--timeout", "60"],
+            launcher: ["/usr/bin/unshare", "--user", "--map-root-user", "/bin/sh", "-c", script])
+        #expect(listener.waitUntilListening())
+        let wormhole = try Wormhole(directory: directory("wormhole"))
+        for number in 1...3 {
+            try wormhole.passMessageObject(number, identifier: "button")
+            #expect(eventually { listener.outputLines.count == number })
+        }
+        let result = listener.finish()
+        #expect(result.status == 0, "\(result.error)")
+        #expect(result.lines == ["1", "2", "3"])
+        #expect(result.error.contains("polling for changes instead"), "the fallback is logged: \(result.error)")
+    }
+
     @Test("A soak of 200,000 mailbox passes and 200,000 queue messages keeps memory bounded")
     func soak() throws {
         let result = try WormholeTool.run(["exercise", "soak", "--count", "200000", "--identifier", "soak"] + location, timeout: 170)
@@ -53,7 +76,7 @@ struct ResourceTests {
     }
 }
 
-@Suite("Load", .timeLimit(.minutes(5)))
+@Suite("Load", .limit(minutes: 5))
 struct LoadTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }

@@ -3,7 +3,7 @@ import Testing
 @testable import WormholeKit
 
 /// Shared key-value suites: real processes updating one suite at once, killed mid-update, watched from elsewhere.
-@Suite("Shared key-value suites", .timeLimit(.minutes(2)))
+@Suite("Shared key-value suites", .limit(minutes: 2))
 struct SuiteTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }

@@ -5,7 +5,7 @@ import Testing
 /// Faults that need the operating system's help: another user, and a full disk. These run as root (as CI does),
 /// which can switch to `nobody` with setpriv and mount a tiny tmpfs in a private mount namespace with unshare.
 @Suite(
-    "System faults", .timeLimit(.minutes(1)),
+    "System faults", .limit(minutes: 1),
     .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
         && FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"), "needs root, setpriv and unshare"))
 struct SystemFaultTests {
@@ -81,5 +81,65 @@ struct SystemFaultTests {
         #expect(result.output.contains("\"fits in place\""), "\(result.output)")
         #expect(result.output.contains("freed=0"), "\(result.output)")
         #expect(result.output.contains("\"after freeing\""), "\(result.output)")
+    }
+
+    @Test("A shared group directory: two users of the group pass, listen, enqueue and send live; others are kept out")
+    func sharedGroup() throws {
+        chmod(directory.path, 0o755)
+        let parent = directory("parent")
+        #expect(mkdir(parent, 0o777) == 0)
+        chmod(parent, 0o1777)  // like /tmp: anyone may create the wormhole directory in it
+        let wormhole = parent + "/w"
+        // Two members of group 4242 and a user outside it, each with the usual umask 022, which would leave files
+        // group-read-only if the wormhole did not set their mode itself.
+        let (a, b, outsider) = (
+            "umask 022; setpriv --reuid=4001 --regid=4001 --groups=4242",
+            "umask 022; setpriv --reuid=4002 --regid=4002 --groups=4242",
+            "umask 022; setpriv --reuid=4003 --regid=4003 --clear-groups"
+        )
+        let shared = "--directory \(wormhole) --shared-group 4242"
+        #expect(try shell("\(a) \(tool) send \(shared) note '\"from a\"'").status == 0)
+
+        var status = stat()
+        #expect(stat(wormhole, &status) == 0)
+        #expect(status.st_mode & 0o7777 == 0o2770 && status.st_gid == 4242, "the directory is 2770, group 4242")
+        #expect(stat(wormhole + "/note.msg", &status) == 0)
+        #expect(status.st_mode & 0o7777 == 0o660 && status.st_gid == 4242 && status.st_uid == 4001)
+
+        // b reads a's message; a listens while b passes (b writes the notification file a created).
+        let read = try shell("\(b) \(tool) read \(shared) note")
+        #expect(read.status == 0 && read.output.contains("from a"), "\(read.output)")
+        let listened = try shell(
+            "(\(a) \(tool) listen \(shared) reply --count 1 --timeout 20 &) ; sleep 1; "
+                + "\(b) \(tool) send \(shared) reply '\"from b\"'; sleep 2")
+        #expect(listened.output.contains("from b"), "\(listened.output)")
+        #expect(stat(wormhole + "/.notifications/mailbox.reply", &status) == 0)
+        #expect(status.st_mode & 0o7777 == 0o660 && status.st_gid == 4242, "the listener's notification file")
+
+        // A queue: b enqueues, a consumes (a's consumer position, b's log).
+        #expect(try shell("\(b) \(tool) enqueue \(shared) jobs '{\"n\":1}'").status == 0)
+        let consumed = try shell("\(a) \(tool) consume \(shared) jobs --consumer a --count 1 --timeout 20")
+        #expect(consumed.status == 0 && consumed.output.contains("\"n\":1"), "\(consumed.output)")
+        #expect(stat(wormhole + "/jobs.consumers", &status) == 0)
+        #expect(status.st_mode & 0o7777 == 0o2770 && status.st_gid == 4242)
+
+        // Live: b sends to a listening socket of a's.
+        let live = try shell(
+            "(\(a) \(tool) live-listen \(shared) ping --count 1 --timeout 20 &) ; sleep 1; "
+                + "\(b) \(tool) live-send \(shared) ping '\"hi\"'; sleep 2")
+        #expect(live.output.contains("hi"), "\(live.output)")
+        #expect(stat(wormhole + "/.live", &status) == 0)
+        #expect(status.st_mode & 0o7777 == 0o2770 && status.st_gid == 4242)
+
+        // Outside the group: neither read, nor write, nor list.
+        let outsiderRead = try shell("\(outsider) \(tool) read \(shared) note")
+        #expect(outsiderRead.status != 0)
+        #expect(outsiderRead.output.contains("WormholeError") || outsiderRead.output.contains("not writable"))
+        #expect(try shell("\(outsider) \(tool) send \(shared) note '\"theirs\"'").status != 0)
+        #expect(try shell("\(outsider) ls \(wormhole)").status != 0)
+        // A private wormhole (no --shared-group) refuses the other member's files as planted.
+        let strict = try shell("\(a) \(tool) read --directory \(wormhole) reply")
+        #expect(strict.status != 0, "\(strict.output)")
+        #expect(try shell("\(a) \(tool) read \(shared) note").output.contains("from a"))
     }
 }

@@ -3,7 +3,7 @@ import Testing
 @testable import WormholeKit
 
 /// File transfers between real processes.
-@Suite("File transfers", .timeLimit(.minutes(3)))
+@Suite("File transfers", .limit(minutes: 3))
 struct TransferTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }

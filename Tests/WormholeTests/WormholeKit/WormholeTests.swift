@@ -4,7 +4,7 @@ import CWormholeSystem
 import Testing
 @testable import WormholeKit
 
-@Suite("Wormhole in one process", .timeLimit(.minutes(1)))
+@Suite("Wormhole in one process", .limit(minutes: 1))
 struct WormholeTests {
     let directory = TemporaryDirectory()
 
@@ -267,7 +267,7 @@ extension ListenerRegistry {
     var isEmpty: Bool { countForTesting == 0 }
 }
 
-@Suite("Notifiers", .timeLimit(.minutes(1)))
+@Suite("Notifiers", .limit(minutes: 1))
 struct NotifierTests {
     let directory = TemporaryDirectory()
 

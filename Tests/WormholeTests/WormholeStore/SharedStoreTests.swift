@@ -6,7 +6,7 @@ import Testing
 
 /// The store's tests: a real SQLite database in a temporary directory, real child processes (the `wormhole` tool)
 /// writing and watching it, real inotify between them.
-@Suite("Shared store", .timeLimit(.minutes(2)))
+@Suite("Shared store", .limit(minutes: 2))
 struct SharedStoreTests {
     let directory = TemporaryDirectory()
     var path: String { directory("store.sqlite") }
@@ -272,7 +272,7 @@ extension JSONDecoder {
     }
 }
 
-@Suite("The store demo", .timeLimit(.minutes(1)))
+@Suite("The store demo", .limit(minutes: 1))
 struct StoreDemoTests {
     @Test("wormhole demo store: two processes each see the other's increments, and the counter ends at their sum")
     func demoStore() throws {
