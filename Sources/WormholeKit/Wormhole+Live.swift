@@ -28,10 +28,30 @@ extension Wormhole {
         try MessageIdentifier.validate(identifier)
         try checkLiveSize(payload, identifier: identifier)
         let packet = LivePacket(kind: .message, sender: sender, payload: Array(payload)).encoded()
-        var reached = 0
-        for socket in try connectLive(identifier: identifier, all: true) {
-            if LiveSocket.send(socket, packet) { reached += 1 }
-            _ = close(socket)
+        let directory = try liveDirectory()
+        let prefix = LiveSocket.prefix(for: identifier)
+        let reached = try liveConnections.withLock { (cache) throws(WormholeError) -> Int in
+            try cache.refresh(directory)
+            var reached = 0
+            for name in cache.names where name.hasPrefix(prefix) {
+                // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
+                // then finds the socket dead and removes it.
+                if let socket = cache.sockets[name] {
+                    if LiveSocket.send(socket, packet) {
+                        reached += 1
+                        continue
+                    }
+                    cache.drop(name)
+                }
+                guard let socket = connectLive(directory, name: name) else { continue }
+                if LiveSocket.send(socket, packet) {
+                    reached += 1
+                    cache.sockets[name] = socket
+                } else {
+                    _ = close(socket)
+                }
+            }
+            return reached
         }
         guard reached > 0 else { throw notReachable(identifier) }
         return reached
@@ -70,7 +90,8 @@ extension Wormhole {
             directory: try liveDirectory(), identifier: identifier,
             schedule: execution.makeScheduler(label: "wormhole.live.\(identifier)")
         ) { packet, connection in
-            _ = close(connection)
+            // A request sent to a listener of messages gets no reply: closing tells the requester at once.
+            if let connection { _ = close(connection) }
             guard packet.kind == .message else { return }
             listener(Data(packet.payload))
         }
@@ -140,6 +161,7 @@ extension Wormhole {
             directory: try liveDirectory(), identifier: identifier,
             schedule: execution.makeScheduler(label: "wormhole.respond.\(identifier)")
         ) { [self] packet, connection in
+            guard let connection else { return }  // a message sent to a responder: nothing to answer
             defer { _ = close(connection) }
             guard packet.kind == .request else { return }
             let reply: LivePacket
@@ -160,7 +182,7 @@ extension Wormhole {
 
     private func performRequest(_ payload: Data, identifier: String, timeout: Duration) -> Result<Data, WormholeError> {
         do throws(WormholeError) {
-            guard let socket = try connectLive(identifier: identifier, all: false).first else {
+            guard let socket = try connectLive(identifier: identifier) else {
                 throw notReachable(identifier)
             }
             defer { _ = close(socket) }
@@ -189,31 +211,32 @@ extension Wormhole {
         }
     }
 
-    /// Connects to the sockets of `identifier`: all of them, or the first that answers. Removes sockets whose
-    /// process is gone.
-    private func connectLive(identifier: String, all: Bool) throws(WormholeError) -> [Int32] {
+    /// Connects to one socket of `identifier` that answers, for a request. Removes sockets whose process is gone.
+    private func connectLive(identifier: String) throws(WormholeError) -> Int32? {
         let directory = try liveDirectory()
         let prefix = LiveSocket.prefix(for: identifier)
-        var connected: [Int32] = []
         for name in try directory.entries().filter({ $0.hasPrefix(prefix) }).shuffled() {
-            // A socket file planted by another user is not one of ours.
-            var status = stat()
-            guard fstatat(directory.rawDescriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0,
-                status.st_mode & S_IFMT == S_IFSOCK,
-                directory.trustsOtherOwners || UInt32(status.st_uid) == ProcessFacts.effectiveUserID,
-                let address = LiveSocket.address(directoryDescriptor: directory.rawDescriptor, name: name)
-            else { continue }
-            let socket = LiveSocket.makeSocket()
-            guard socket >= 0 else { continue }
-            if LiveSocket.withAddress(address, { connect(socket, $0, $1) }) == 0 {
-                connected.append(socket)
-                if !all { break }
-            } else {
-                if errno == ECONNREFUSED { _ = unlinkat(directory.rawDescriptor, name, 0) }  // its process is gone
-                _ = close(socket)
-            }
+            if let socket = connectLive(directory, name: name) { return socket }
         }
-        return connected
+        return nil
+    }
+
+    /// Connects to the socket file `name`; nil when it is not a trusted socket or nobody answers (a socket whose
+    /// process is gone is removed).
+    func connectLive(_ directory: DirectoryHandle, name: String) -> Int32? {
+        // A socket file planted by another user is not one of ours.
+        var status = stat()
+        guard fstatat(directory.rawDescriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0,
+            status.st_mode & S_IFMT == S_IFSOCK,
+            directory.trustsOtherOwners || UInt32(status.st_uid) == ProcessFacts.effectiveUserID,
+            let address = LiveSocket.address(directoryDescriptor: directory.rawDescriptor, name: name)
+        else { return nil }
+        let socket = LiveSocket.makeSocket()
+        guard socket >= 0 else { return nil }
+        if LiveSocket.withAddress(address, { connect(socket, $0, $1) }) == 0 { return socket }
+        if errno == ECONNREFUSED { _ = unlinkat(directory.rawDescriptor, name, 0) }  // its process is gone
+        _ = close(socket)
+        return nil
     }
 
     private func liveDirectory() throws(WormholeError) -> DirectoryHandle {
@@ -260,4 +283,42 @@ extension Wormhole {
                 underlyingError: error)
         }
     }
+}
+
+/// The connections ``Wormhole/sendMessageData(_:identifier:)`` keeps to live listeners, and the `.live` directory's
+/// names as last read: a message costs one `send`, and the directory is read again only when it may have changed.
+final class LiveConnectionCache {
+    /// The socket files of `.live` as last read.
+    private(set) var names: [String] = []
+    /// Connected sockets by socket file name.
+    var sockets: [String: Int32] = [:]
+    private var modified: timespec?
+
+    /// Reads the directory again if it changed since it was last read (a listener came or went), and drops the
+    /// connections of sockets that are gone.
+    func refresh(_ directory: DirectoryHandle) throws(WormholeError) {
+        var status = stat()
+        guard fstat(directory.rawDescriptor, &status) == 0 else {
+            throw WormholeError.fileSystem(currentErrno, "inspect the live directory", path: directory.path)
+        }
+        let stamp = status.st_mtim
+        // Timestamps are coarse (a clock tick): a listener that came in the tick of the last read would leave the
+        // same stamp. Only a stamp older than that tick is trusted to mean "nothing came since".
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let age = (now.tv_sec - stamp.tv_sec) * 1_000_000_000 + (now.tv_nsec - stamp.tv_nsec)
+        if let modified, modified.tv_sec == stamp.tv_sec, modified.tv_nsec == stamp.tv_nsec, age > 50_000_000 {
+            return
+        }
+        names = try directory.entries().shuffled()
+        modified = stamp
+        let present = Set(names)
+        for name in sockets.keys where !present.contains(name) { drop(name) }
+    }
+
+    func drop(_ name: String) {
+        if let socket = sockets.removeValue(forKey: name) { _ = close(socket) }
+    }
+
+    deinit { for socket in sockets.values { _ = close(socket) } }
 }

@@ -39,6 +39,8 @@ public final class Wormhole: Sendable {
     let registry: ListenerRegistry
     /// The `.live` directory of sockets, opened on first use.
     let live = Locked<DirectoryHandle?>(nil)
+    /// The connections live messages go out on, kept between sends.
+    let liveConnections = Locked(LiveConnectionCache())
 
     /// Creates a wormhole in an application group's shared directory, as MMWormhole does.
     ///

@@ -8,10 +8,14 @@ import Darwin
 import Foundation
 import Synchronization
 
-/// A listening socket for one identifier, and the thread that accepts its connections.
+/// A listening socket for one identifier, and the thread that serves its connections.
 ///
-/// The thread waits in `poll(2)` on the socket and on a pipe that wakes it to stop; each accepted connection's packet
-/// is handed to `handle` on the endpoint's scheduler. Connections from another user are refused (`SO_PEERCRED`).
+/// The thread waits in `poll(2)` on the listening socket, on a pipe that wakes it to stop, and on every connection it
+/// accepted. A sender keeps its connection for the messages that follow (``Wormhole/sendMessageData(_:identifier:)``
+/// caches it), so a message costs one `send` and one wake-up, not a connection. Packets are read without blocking, so
+/// a slow or silent peer holds up nobody; each message is handed to `handle` on the endpoint's scheduler, with no
+/// connection. A request hands its connection over to `handle`, which replies on it and closes it. Connections from
+/// another user are refused (`SO_PEERCRED`) unless the directory is shared.
 final class LiveEndpoint: Sendable {
     private let directory: DirectoryHandle
     private let name: String
@@ -20,11 +24,13 @@ final class LiveEndpoint: Sendable {
     private let wakeWrite: Int32
     private let stopped = Atomic<Bool>(false)
 
+    /// - Parameter handle: Called with each packet; `connection` is nil for a message (the endpoint keeps the
+    ///   connection), and for a request the connection to reply on, which `handle` must close.
     init(
         directory: DirectoryHandle,
         identifier: String,
         schedule: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
-        handle: @escaping @Sendable (LivePacket, _ connection: Int32) -> Void
+        handle: @escaping @Sendable (LivePacket, _ connection: Int32?) -> Void
     ) throws(WormholeError) {
         self.directory = directory
         name = LiveSocket.prefix(for: identifier) + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
@@ -43,6 +49,7 @@ final class LiveEndpoint: Sendable {
             _ = unlinkat(directory.rawDescriptor, name, 0)
             throw WormholeError.fileSystem(errno, "listen on a socket", identifier: identifier, path: directory.filePath(name))
         }
+        if let group = directory.group { _ = fchownat(directory.rawDescriptor, name, uid_t.max, group, 0) }
         var pipeEnds: [Int32] = [0, 0]
         guard pipe(&pipeEnds) == 0 else {
             _ = close(socket)
@@ -55,11 +62,11 @@ final class LiveEndpoint: Sendable {
         let trustsOthers = directory.trustsOtherOwners
         Thread { [self] in
             nameCurrentThread("wh-live")
-            acceptLoop(trustsOthers: trustsOthers, schedule: schedule, handle: handle)
+            serve(trustsOthers: trustsOthers, schedule: schedule, handle: handle)
         }.start()
     }
 
-    /// Stops accepting and removes the socket file. Idempotent.
+    /// Stops accepting, closes the connections and removes the socket file. Idempotent.
     func stop() {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
         _ = unlinkat(directory.rawDescriptor, name, 0)
@@ -69,48 +76,90 @@ final class LiveEndpoint: Sendable {
 
     deinit { stop() }
 
-    private func acceptLoop(
+    private func serve(
         trustsOthers: Bool,
         schedule: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
-        handle: @escaping @Sendable (LivePacket, Int32) -> Void
+        handle: @escaping @Sendable (LivePacket, Int32?) -> Void
     ) {
+        var connections: [Int32] = []
+        // One buffer for every packet: a packet is copied out of it before the next is read.
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: LiveSocket.maximumMessageSize + 4096, alignment: 8)
         defer {
+            buffer.deallocate()
+            // Senders see their cached connection closed and drop it.
+            for connection in connections { _ = close(connection) }
             _ = close(listening)
             _ = close(wakeRead)
             _ = close(wakeWrite)
         }
-        var descriptors = [
-            pollfd(fd: listening, events: Int16(POLLIN), revents: 0),
-            pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0),
-        ]
         while !stopped.load(ordering: .acquiring) {
-            let ready = poll(&descriptors, 2, -1)
+            var descriptors = [
+                pollfd(fd: listening, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0),
+            ] + connections.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+            let ready = poll(&descriptors, nfds_t(descriptors.count), -1)
             if ready < 0 {
                 if errno == EINTR { continue }
                 return
             }
             if descriptors[1].revents != 0 { return }
-            guard descriptors[0].revents != 0 else { continue }
-            let connection = accept(listening, nil, nil)
-            guard connection >= 0 else { continue }
-            _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
-            // Another user's process is refused, as a private wormhole's files are.
-            if !trustsOthers, LiveSocket.peerUserID(connection) != ProcessFacts.effectiveUserID {
-                _ = close(connection)
-                continue
-            }
-            // The packet is read on the handler's side, so that one slow peer does not hold up the others.
-            schedule {
-                guard LiveSocket.waitReadable(connection, milliseconds: 5000), let bytes = LiveSocket.receive(connection),
-                    let packet = LivePacket(bytes)
-                else {
-                    _ = close(connection)
-                    return
+            var kept: [Int32] = []
+            for entry in descriptors.dropFirst(2) {
+                guard entry.revents != 0 else {
+                    kept.append(entry.fd)
+                    continue
                 }
-                handle(packet, connection)
+                switch drain(entry.fd, into: buffer, schedule: schedule, handle: handle) {
+                case .open: kept.append(entry.fd)
+                case .closed: _ = close(entry.fd)
+                case .handedOver: break
+                }
+            }
+            connections = kept
+            if descriptors[0].revents != 0, let connection = accept(trustsOthers: trustsOthers) {
+                connections.append(connection)
             }
         }
     }
+
+    private func accept(trustsOthers: Bool) -> Int32? {
+        let connection = Glibc_accept(listening)
+        guard connection >= 0 else { return nil }
+        _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
+        // Another user's process is refused, as a private wormhole's files are.
+        if !trustsOthers, LiveSocket.peerUserID(connection) != ProcessFacts.effectiveUserID {
+            _ = close(connection)
+            return nil
+        }
+        return connection
+    }
+
+    private enum ConnectionState { case open, closed, handedOver }
+
+    /// Reads every packet waiting on a connection, without blocking, and hands each over.
+    private func drain(
+        _ connection: Int32, into buffer: UnsafeMutableRawBufferPointer,
+        schedule: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
+        handle: @escaping @Sendable (LivePacket, Int32?) -> Void
+    ) -> ConnectionState {
+        while true {
+            let count = recv(connection, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
+            if count < 0 { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? .open : .closed }
+            if count == 0 { return .closed }  // the sender closed it
+            guard let packet = LivePacket(Array(UnsafeRawBufferPointer(rebasing: buffer[..<count]))) else { return .closed }
+            if packet.kind == .request {
+                // The reply goes back on this connection: the handler owns it from here.
+                schedule { handle(packet, connection) }
+                return .handedOver
+            }
+            schedule { handle(packet, nil) }
+        }
+    }
+}
+
+@inline(__always)
+private func Glibc_accept(_ socket: Int32) -> Int32 {
+    accept(socket, nil, nil)
 }
 
 /// A process listening for live messages or answering requests; it stops when cancelled or released.

@@ -45,6 +45,36 @@ struct LiveTests {
         responder.cancel()
     }
 
+    @Test("Kept connections: 2,000 messages arrive in order; a listener that comes, stops or is killed is seen at once")
+    func keptConnections() throws {
+        let wormhole = try makeWormhole()
+        let first = try RunningTool(["live-listen"] + location + ["ping", "--count", "2000", "--timeout", "60"])
+        #expect(first.waitForError(containing: "listening"))
+        for index in 0..<2000 { #expect(try wormhole.sendMessage(index, identifier: "ping") == 1) }
+        let result = first.finish()
+        #expect(result.lines == (0..<2000).map(String.init), "in order, none lost, over one kept connection")
+
+        // A listener in this process comes after the connections were made: the next send reaches it.
+        let received = Collector<Int>()
+        let here = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self, on: .notifierThread) {
+            received.append($0)
+        }
+        #expect(try wormhole.sendMessage(1, identifier: "ping") == 1)
+        #expect(eventually { received.values == [1] })
+        let other = try RunningTool(["live-listen"] + location + ["ping", "--count", "100", "--timeout", "60"])
+        #expect(other.waitForError(containing: "listening"))
+        #expect(try wormhole.sendMessage(2, identifier: "ping") == 2)
+        // Killed: its kept connection fails, its dead socket is removed, and the count says so.
+        other.kill()
+        _ = other.finish()
+        #expect(try wormhole.sendMessage(3, identifier: "ping") == 1)
+        #expect(eventually { received.values == [1, 2, 3] })
+        // Stopped: nobody is left.
+        here.cancel()
+        #expect(throws: WormholeError.self) { try wormhole.sendMessage(4, identifier: "ping") }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live")).isEmpty)
+    }
+
     @Test("Nobody listening: not reachable, at once")
     func notReachable() async throws {
         let wormhole = try makeWormhole()
