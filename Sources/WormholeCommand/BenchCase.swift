@@ -204,12 +204,12 @@ struct BenchCaseSender: Sendable {
     /// A message of `size` bytes whose first 8 bytes are `sequence`.
     static func payload(sequence: Int, size: Int) -> Data {
         var data = Data(repeating: 0x78, count: size)
-        withUnsafeBytes(of: UInt64(sequence).littleEndian) { data.replaceSubrange(0..<8, with: $0) }
+        data.withUnsafeMutableBytes { $0.storeBytes(of: UInt64(sequence).littleEndian, as: UInt64.self) }
         return data
     }
 
     static func sequence(of payload: Data) -> Int {
-        payload.prefix(8).enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
+        payload.withUnsafeBytes { Int(UInt64(littleEndian: $0.loadUnaligned(as: UInt64.self))) }
     }
 
     func send(sequence: Int, size: Int) throws {

@@ -322,7 +322,7 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
                 unacknowledged = nil
                 if let item {
                     let coder = guarded.state.withLock { $0.queue.coder }
-                    let value = try coder.decode(Message.self, from: Data(item.record.payload))
+                    let value = try coder.decode(Message.self, from: item.record.payload)
                     unacknowledged = item
                     return QueueMessage(item: item, value: value)
                 }

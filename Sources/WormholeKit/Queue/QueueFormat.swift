@@ -19,7 +19,8 @@ enum QueueFormat {
     struct Record: Equatable {
         var timestampNanoseconds: Int64
         var sender: [UInt8]
-        var payload: [UInt8]
+        /// The payload, copied once out of the read buffer, as consumers hand it over.
+        var payload: Data
     }
 
     enum Parsed: Equatable {
@@ -32,27 +33,31 @@ enum QueueFormat {
     }
 
     static func encode(payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64) -> [UInt8] {
+        var bytes: [UInt8] = []
+        encode(payload: payload, sender: sender, timestampNanoseconds: timestampNanoseconds, appendingTo: &bytes)
+        return bytes
+    }
+
+    /// Appends a record's bytes to `bytes`: a batch is encoded into one buffer, with no array per record.
+    static func encode(
+        payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64, appendingTo bytes: inout [UInt8]
+    ) {
         let bodySize = bodyPrefixSize + sender.count + payload.count
-        var bytes = [UInt8](repeating: 0, count: headerSize + bodySize)
-        bytes.store(magic, at: 0)
-        bytes.store(UInt32(bodySize), at: 4)
-        bytes.store(timestampNanoseconds, at: headerSize)
-        bytes.store(UInt16(sender.count), at: headerSize + 8)
-        bytes.replaceSubrange(headerSize + 10..<headerSize + 10 + sender.count, with: sender)
-        bytes.withUnsafeMutableBytes { buffer in
-            if payload.count > 0 {
-                (buffer.baseAddress! + headerSize + bodyPrefixSize + sender.count)
-                    .copyMemory(from: payload.baseAddress!, byteCount: payload.count)
-            }
-        }
+        let start = bytes.count
+        bytes.append(contentsOf: repeatElement(0, count: headerSize + bodyPrefixSize))
+        bytes.append(contentsOf: sender)
+        bytes.append(contentsOf: payload)
+        bytes.store(magic, at: start)
+        bytes.store(UInt32(bodySize), at: start + 4)
+        bytes.store(timestampNanoseconds, at: start + headerSize)
+        bytes.store(UInt16(sender.count), at: start + headerSize + 8)
         // The checksum covers the length and the body, so a damaged length is caught as well.
         let crc = bytes.withUnsafeBytes { buffer in
-            var crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: buffer[4..<8]))
-            crc = cwormholeCRC(crc, UnsafeRawBufferPointer(rebasing: buffer[headerSize...]))
+            var crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: buffer[(start + 4)..<(start + 8)]))
+            crc = cwormholeCRC(crc, UnsafeRawBufferPointer(rebasing: buffer[(start + headerSize)...]))
             return crc
         }
-        bytes.store(crc, at: 8)
-        return bytes
+        bytes.store(crc, at: start + 8)
     }
 
     /// Parses the record that starts at `offset` in `bytes`.
@@ -73,7 +78,7 @@ enum QueueFormat {
             Record(
                 timestampNanoseconds: load(Int64.self, bytes, body),
                 sender: Array(bytes[senderStart..<senderStart + senderSize]),
-                payload: Array(bytes[(senderStart + senderSize)..<(body + bodySize)])),
+                payload: Data(UnsafeRawBufferPointer(rebasing: bytes[(senderStart + senderSize)..<(body + bodySize)]))),
             size: headerSize + bodySize)
     }
 

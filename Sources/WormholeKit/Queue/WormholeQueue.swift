@@ -116,17 +116,16 @@ public final class WormholeQueue: Sendable {
     /// Appends each payload as it is, in one write, in order; see ``enqueue(contentsOf:)``.
     public func enqueueData(contentsOf payloads: some Sequence<Data>) throws(WormholeError) {
         let timestamp = ProcessFacts.wallClockNanoseconds()
-        var records: [[UInt8]] = []
-        for payload in payloads {
-            try checkSize(payload)
-            records.append(encodeRecord(payload, timestamp: timestamp))
-        }
-        guard !records.isEmpty else { return }
-        if records.count == 1 { return try append(records[0]) }
         // One buffer, kept between batches (a fresh large one would cost page faults each time), one write.
         try batchBuffer.withLock { (buffer) throws(WormholeError) in
             buffer.removeAll(keepingCapacity: true)
-            for record in records { buffer.append(contentsOf: record) }
+            for payload in payloads {
+                try checkSize(payload)
+                payload.withUnsafeBytes { bytes in
+                    QueueFormat.encode(payload: bytes, sender: sender, timestampNanoseconds: timestamp, appendingTo: &buffer)
+                }
+            }
+            guard !buffer.isEmpty else { return }
             try append(buffer)
             if buffer.capacity > 8 << 20 { buffer = [] }  // not kept after a huge batch
         }
@@ -257,7 +256,7 @@ public final class WormholeQueue: Sendable {
     }
 
     private static let bytes: @Sendable (QueueReader.Item) -> Result<QueueMessage<Data>, WormholeError> = { item in
-        .success(QueueMessage(item: item, value: Data(item.record.payload)))
+        .success(QueueMessage(item: item, value: item.record.payload))
     }
 
     private func decoder<Message: Decodable & Sendable>(
@@ -265,7 +264,7 @@ public final class WormholeQueue: Sendable {
     ) -> @Sendable (QueueReader.Item) -> Result<QueueMessage<Message>, WormholeError> {
         { [self] item in
             do {
-                return .success(QueueMessage(item: item, value: try coder.decode(type, from: Data(item.record.payload))))
+                return .success(QueueMessage(item: item, value: try coder.decode(type, from: item.record.payload)))
             } catch {
                 return .failure(
                     WormholeError(
@@ -437,7 +436,7 @@ public struct QueueMessage<Value: Sendable>: Sendable {
         offset = item.offset
         sender = String(decoding: item.record.sender, as: UTF8.self)
         timestampNanoseconds = item.record.timestampNanoseconds
-        payload = Data(item.record.payload)
+        payload = item.record.payload
         self.value = value
     }
 
