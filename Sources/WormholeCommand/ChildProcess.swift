@@ -7,6 +7,7 @@ import Synchronization
 final class ChildProcess: Sendable {
     private let process: Process
     private let readiness = DispatchSemaphore(value: 0)
+    private let outputEnded = DispatchSemaphore(value: 0)
 
     /// The path of the running executable, to start copies of it.
     static var executablePath: String {
@@ -27,8 +28,9 @@ final class ChildProcess: Sendable {
         self.process = process
         try process.run()
         let reader = pipe.fileHandleForReading
-        let readiness = self.readiness
+        let (readiness, outputEnded) = (self.readiness, self.outputEnded)
         let thread = Thread {
+            defer { outputEnded.signal() }
             var pending = Data()
             while true {
                 let chunk = reader.availableData
@@ -66,5 +68,12 @@ final class ChildProcess: Sendable {
 
     func terminate() {
         if process.isRunning { process.terminate() }
+    }
+
+    /// Kills the child with SIGKILL, then waits until every line it wrote has gone to `onLine`.
+    func kill() {
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        _ = outputEnded.wait(timeout: .now() + 10)
     }
 }

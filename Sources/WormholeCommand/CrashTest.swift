@@ -42,14 +42,17 @@ struct CrashTest: ParsableCommand {
 
     /// Starts a victim, waits until it works, lets it work 0–10 ms, kills it; returns what it printed.
     private func killVictim(_ arguments: [String]) throws -> [String] {
-        let victim = try Victim(["crash-victim"] + arguments + ["--directory", directory])
-        guard victim.waitUntilStarted(timeout: 30) else {
+        let lines = Locked<[String]>([])
+        let victim = try ChildProcess(
+            arguments: ["crash-victim"] + arguments + ["--directory", directory], readyLine: "started"
+        ) { line in lines.withLock { $0.append(line) } }
+        guard victim.waitUntilReady(timeout: 30) else {
             victim.kill()
             throw Output.fail("a victim did not start: \(arguments.joined(separator: " "))")
         }
         usleep(UInt32.random(in: 0...10_000))
         victim.kill()
-        return victim.lines()
+        return lines.withLock { $0 }
     }
 
     // MARK: Mailbox: a reader never sees a torn or half-written message
@@ -339,60 +342,5 @@ struct CrashVictim: ParsableCommand {
                 Output.line("committed \(index)")
             }
         }
-    }
-}
-
-/// A victim process whose output is read as it comes, so that it never blocks on a full pipe.
-final class Victim: Sendable {
-    private let process: Process
-    private let output = Locked(Data())
-    private let started = DispatchSemaphore(value: 0)
-    private let finished = DispatchSemaphore(value: 0)
-
-    init(_ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: ChildProcess.executablePath)
-        process.arguments = arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        self.process = process
-        try process.run()
-        let reader = pipe.fileHandleForReading
-        let (output, started, finished) = (self.output, self.started, self.finished)
-        Thread {
-            var signalled = false
-            var line = Data()
-            while true {
-                let chunk = reader.availableData
-                if chunk.isEmpty { break }
-                output.withLock { $0.append(chunk) }
-                // Look for the line "started" among the first lines (a consumer may print before it).
-                for byte in chunk where !signalled {
-                    if byte == UInt8(ascii: "\n") {
-                        if line == Data("started".utf8) {
-                            signalled = true
-                            started.signal()
-                        }
-                        line.removeAll(keepingCapacity: true)
-                    } else {
-                        line.append(byte)
-                    }
-                }
-            }
-            finished.signal()
-        }.start()
-    }
-
-    func waitUntilStarted(timeout: Double) -> Bool { started.wait(timeout: .now() + timeout) == .success }
-
-    func kill() {
-        Foundation.kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
-    }
-
-    /// The lines it printed; call after ``kill()``.
-    func lines() -> [String] {
-        _ = finished.wait(timeout: .now() + 10)
-        return String(decoding: output.withLock { $0 }, as: UTF8.self).split(separator: "\n").map(String.init)
     }
 }

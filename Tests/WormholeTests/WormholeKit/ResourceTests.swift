@@ -18,19 +18,7 @@ struct ResourceTests {
 
     @Test("With inotify exhausted, a listener process falls back to polling, says so, and misses nothing")
     func inotifyExhausted() throws {
-        let listener = try RunningTool(
-            ["listen"] + location + ["button", "--count", "3", "--timeout", "60"],
-            environment: ["WORMHOLE_TEST_INOTIFY_EXHAUSTED": "1"])
-        #expect(listener.waitUntilListening())
-        let wormhole = try Wormhole(directory: directory("wormhole"))
-        for number in 1...3 {
-            try wormhole.passMessageObject(number, identifier: "button")
-            #expect(eventually { listener.outputLines.count == number })
-        }
-        let result = listener.finish()
-        #expect(result.status == 0)
-        #expect(result.lines == ["1", "2", "3"])
-        #expect(result.error.contains("polling for changes instead"), "the fallback is logged")
+        try expectPollingListener(environment: ["WORMHOLE_TEST_INOTIFY_EXHAUSTED": "1"])
     }
 
     @Test(
@@ -41,9 +29,14 @@ struct ResourceTests {
         // In a user namespace of its own the listener's inotify limits can be set; 0 makes inotify_init1 (or
         // inotify_add_watch) fail as on a machine whose limits are used up. The script then runs the tool.
         let script = "echo 0 > /proc/sys/user/\(limit) && exec \"$0\" \"$@\""
+        try expectPollingListener(launcher: ["/usr/bin/unshare", "--user", "--map-root-user", "/bin/sh", "-c", script])
+    }
+
+    /// A listener process that cannot use inotify receives three passes by polling, and says that it polls.
+    private func expectPollingListener(environment: [String: String] = [:], launcher: [String] = []) throws {
         let listener = try RunningTool(
-            ["listen"] + location + ["button", "--count", "3", "--timeout", "60"],
-            launcher: ["/usr/bin/unshare", "--user", "--map-root-user", "/bin/sh", "-c", script])
+            ["listen"] + location + ["button", "--count", "3", "--timeout", "60"], environment: environment,
+            launcher: launcher)
         #expect(listener.waitUntilListening())
         let wormhole = try Wormhole(directory: directory("wormhole"))
         for number in 1...3 {
