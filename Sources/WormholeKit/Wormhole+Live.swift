@@ -16,6 +16,9 @@ extension Wormhole {
     /// listening, it fails at once with ``WormholeError/Code/notReachable``; for a message that must wait for its
     /// reader, pass it to a mailbox or a queue instead.
     ///
+    /// The connection to each listener is kept for the next message, so a message costs one `send`. A listener that
+    /// falls behind holds its messages in its socket's buffer; when that is full, sending waits for it.
+    ///
     /// - Returns: How many processes it reached.
     @discardableResult
     public func sendMessage<Message: Encodable>(_ message: Message, identifier: String) throws(WormholeError) -> Int {
