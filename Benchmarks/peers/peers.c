@@ -154,6 +154,17 @@ static void peer_latency(const Transport *t) {
     for (;;) t->send(1, t->receive(1));
 }
 
+static volatile long progress;  // messages received so far, for the report of a run that stalls
+
+static void stalled(int signal) {
+    (void)signal;
+    char text[128];
+    int length = snprintf(text, sizeof text, "peers: %s %s stalled after %ld of %ld messages\n", case_name, metric,
+                          (long)progress, count);
+    write(2, text, (size_t)length);
+    _exit(3);
+}
+
 static void run_throughput(const Transport *t) {
     signal_go();
     long received = 0;
@@ -163,6 +174,7 @@ static void run_throughput(const Transport *t) {
         uint64_t now = now_ns();
         if (got > 0 && received == 0) first = now;
         received += got;
+        progress = received;
         last = now;
     }
     report_throughput(received, first, last);
@@ -331,10 +343,6 @@ static long zmq_receive_some(void) {
 
 static void zmq_produce(void) {
     for (long i = 0; i < count; i++) zmq_send_one(1, (uint64_t)i);
-    // Closing waits (ZMQ_LINGER) until everything queued has gone out.
-    zmq_close(zmq_out);
-    if (zmq_out != zmq_in) zmq_close(zmq_in);
-    zmq_ctx_term(zmq_context);
 }
 
 // MARK: Redis over TCP on 127.0.0.1: pub/sub (nothing kept) and streams (kept, in the AOF)
@@ -515,9 +523,12 @@ int main(int argc, char **argv) {
         signal_ready();
         if (strcmp(case_name, "zmq-pair") && strcmp(case_name, "zmq-pushpull")) wait_go();
         t.produce();
-        _exit(0);
+        // Stay until the measuring side has everything and kills this process: exiting at once could drop what
+        // is still queued (ZeroMQ's I/O thread sends after zmq_send returns).
+        for (;;) pause();
     }
     pin(cpu);
+    signal(SIGALRM, stalled);
     alarm(300);  // nothing here may hang a comparison run
     t.setup(0);
     if (!strcmp(case_name, "zmq-pair") || !strcmp(case_name, "zmq-pushpull")) signal_go();
