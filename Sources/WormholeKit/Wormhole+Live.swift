@@ -16,8 +16,9 @@ extension Wormhole {
     /// listening, it fails at once with ``WormholeError/Code/notReachable``; for a message that must wait for its
     /// reader, pass it to a mailbox or a queue instead.
     ///
-    /// The connection to each listener is kept for the next message, so a message costs one `send`. A listener that
-    /// falls behind holds its messages in its socket's buffer; when that is full, sending waits for it.
+    /// The connection to each listener is kept for the next message, so a message costs an `fstat` of the directory
+    /// and one `send`. A listener that falls behind holds its messages in its socket's buffer; when that is full,
+    /// sending waits for it.
     ///
     /// - Returns: How many processes it reached.
     @discardableResult
@@ -289,7 +290,8 @@ extension Wormhole {
 }
 
 /// The connections ``Wormhole/sendMessageData(_:identifier:)`` keeps to live listeners, and the `.live` directory's
-/// names as last read: a message costs one `send`, and the directory is read again only when it may have changed.
+/// names as last read: a message costs an `fstat` and one `send`, and the directory is read again only when it may
+/// have changed.
 final class LiveConnectionCache {
     /// The socket files of `.live` as last read.
     private(set) var names: [String] = []
