@@ -172,16 +172,21 @@ struct BenchCasePeer: ParsableCommand {
         case .produce:
             let sender = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "throughput")
             Output.line("ready")
+            // The messages' buffers are made once and their sequence numbers written in place, as the C peers
+            // reuse one buffer: what is timed is the transport, not making messages.
+            var batch = (0..<BenchCase.producerBatch).map { BenchCaseSender.payload(sequence: $0, size: size) }
             if mode == .queueBatch {
                 let queue = try wormhole.queue("throughput")
                 for start in stride(from: 0, to: count, by: BenchCase.producerBatch) {
-                    let batch = (start..<min(count, start + BenchCase.producerBatch)).map {
-                        BenchCaseSender.payload(sequence: $0, size: size)
-                    }
-                    try queue.enqueueData(contentsOf: batch)
+                    let end = min(count, start + BenchCase.producerBatch)
+                    for index in 0..<(end - start) { BenchCaseSender.setSequence(start + index, in: &batch[index]) }
+                    try queue.enqueueData(contentsOf: batch[0..<(end - start)])
                 }
             } else {
-                for sequence in 0..<count { try sender.send(sequence: sequence, size: size) }
+                for sequence in 0..<count {
+                    BenchCaseSender.setSequence(sequence, in: &batch[0])
+                    try sender.send(batch[0])
+                }
             }
         }
     }
@@ -204,8 +209,13 @@ struct BenchCaseSender: Sendable {
     /// A message of `size` bytes whose first 8 bytes are `sequence`.
     static func payload(sequence: Int, size: Int) -> Data {
         var data = Data(repeating: 0x78, count: size)
-        data.withUnsafeMutableBytes { $0.storeBytes(of: UInt64(sequence).littleEndian, as: UInt64.self) }
+        setSequence(sequence, in: &data)
         return data
+    }
+
+    /// Writes `sequence` into the first 8 bytes of a message.
+    static func setSequence(_ sequence: Int, in payload: inout Data) {
+        payload.withUnsafeMutableBytes { $0.storeBytes(of: UInt64(sequence).littleEndian, as: UInt64.self) }
     }
 
     static func sequence(of payload: Data) -> Int {
