@@ -59,7 +59,8 @@ public final class DirectoryNotifier: Notifier {
         self.directory = directory
         self.strategy = strategy
         self.logger = logger
-        self.handle = try DirectoryHandle.open(path: directory + "/" + Self.subdirectoryName, create: true, options: options)
+        self.handle = try DirectoryHandle.open(
+            path: directory + "/" + Self.subdirectoryName, create: true, options: options)
     }
 
     public func post(_ name: String) throws(WormholeError) {

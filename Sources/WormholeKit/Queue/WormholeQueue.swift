@@ -96,15 +96,15 @@ public final class WormholeQueue: Sendable {
 
     /// Appends bytes as they are to the queue; consumers read them back with ``QueueMessage/payload``.
     public func enqueueData(_ payload: Data) throws(WormholeError) {
-        try checkSize(payload)
-        try append(encodeRecord(payload, timestamp: ProcessFacts.wallClockNanoseconds()))
+        try enqueueData(contentsOf: CollectionOfOne(payload))
     }
 
     /// Encodes messages and appends them to the queue in one write, in order.
     ///
     /// The fast way to enqueue many messages at once: one system call and one wake-up of the consumers for the
     /// whole batch, where ``enqueue(_:)`` costs one of each per message. Another producer's messages never come
-    /// between them. On a full disk, a first part of the batch may be appended and the rest not: the error says so.
+    /// between them. On a full disk, a first part of the batch may be appended and the rest not: the error's message
+    /// says so, and consumers step over the record cut short.
     ///
     /// - Throws: as ``enqueue(_:)``; nothing is appended when a message cannot be encoded or is too large.
     public func enqueue<Message: Encodable>(contentsOf messages: some Sequence<Message>) throws(WormholeError) {
@@ -116,7 +116,8 @@ public final class WormholeQueue: Sendable {
     /// Appends each payload as it is, in one write, in order; see ``enqueue(contentsOf:)``.
     public func enqueueData(contentsOf payloads: some Sequence<Data>) throws(WormholeError) {
         let timestamp = ProcessFacts.wallClockNanoseconds()
-        // One buffer, kept between batches (a fresh large one would cost page faults each time), one write.
+        // One buffer, kept between calls (a fresh one would cost an allocation per message, and page faults for a
+        // large batch), one write.
         try batchBuffer.withLock { (buffer) throws(WormholeError) in
             buffer.removeAll(keepingCapacity: true)
             for payload in payloads {
@@ -139,12 +140,6 @@ public final class WormholeQueue: Sendable {
         }
     }
 
-    private func encodeRecord(_ payload: Data, timestamp: Int64) -> [UInt8] {
-        payload.withUnsafeBytes { bytes in
-            QueueFormat.encode(payload: bytes, sender: sender, timestampNanoseconds: timestamp)
-        }
-    }
-
     /// Appends whole records with one write, then wakes the consumers.
     private func append(_ records: [UInt8]) throws(WormholeError) {
         try appendDescriptor.withLock { (descriptor) throws(WormholeError) in
@@ -156,7 +151,12 @@ public final class WormholeQueue: Sendable {
                 let errno = written < 0 ? currentErrno : .noSpace
                 _ = close(descriptor)
                 descriptor = -1
-                throw WormholeError.fileSystem(errno, "append to the queue", identifier: identifier, path: logPath)
+                let action =
+                    written > 0
+                    ? "append to the queue (only the first \(written) of \(records.count) bytes were written: the "
+                        + "messages before the cut are in the queue, the rest are not)"
+                    : "append to the queue"
+                throw WormholeError.fileSystem(errno, action, identifier: identifier, path: logPath)
             }
         }
         if case .notifier(let notifier) = wakeSource {
