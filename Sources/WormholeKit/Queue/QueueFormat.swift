@@ -15,6 +15,8 @@ enum QueueFormat {
     /// Timestamp and sender length, before the sender and the payload.
     static let bodyPrefixSize = 10
     static let maximumBodySize = 64 << 20
+    /// Zeros for a record's header and body prefix, filled in once appended.
+    private static let zeroPrefix = [UInt8](repeating: 0, count: headerSize + bodyPrefixSize)
 
     struct Record: Equatable {
         var timestampNanoseconds: Int64
@@ -44,7 +46,7 @@ enum QueueFormat {
     ) {
         let bodySize = bodyPrefixSize + sender.count + payload.count
         let start = bytes.count
-        bytes.append(contentsOf: repeatElement(0, count: headerSize + bodyPrefixSize))
+        bytes.append(contentsOf: zeroPrefix)  // the header and body prefix, stored below
         bytes.append(contentsOf: sender)
         bytes.append(contentsOf: payload)
         bytes.store(magic, at: start)

@@ -222,7 +222,9 @@ enum MailboxFormat {
 // Little-endian loads and stores on byte arrays: the format is little-endian on every platform.
 extension Array where Element == UInt8 {
     mutating func store<T: FixedWidthInteger>(_ value: T, at offset: Int) {
-        Swift.withUnsafeBytes(of: value.littleEndian) { replaceSubrange(offset..<offset + $0.count, with: $0) }
+        precondition(offset >= 0 && offset + MemoryLayout<T>.size <= count, "store past the end of the bytes")
+        // In place: every record encoded on the way from pass to listener stores a few integers.
+        withUnsafeMutableBytes { $0.storeBytes(of: value.littleEndian, toByteOffset: offset, as: T.self) }
     }
 }
 
