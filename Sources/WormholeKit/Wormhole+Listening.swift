@@ -87,24 +87,20 @@ extension Wormhole {
         as type: Message.Type = Message.self,
         deliveringCurrentMessage: Bool = false
     ) -> MessageSequence<Message> {
-        let (stream, continuation) = AsyncThrowingStream.makeStream(
-            of: Message.self, bufferingPolicy: .bufferingNewest(1))
-        do {
+        ListeningSequence(bufferingPolicy: .bufferingNewest(1)) { (continuation) throws(WormholeError) in
             let listener = try listenForEnvelopes(
                 withIdentifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage, on: .notifierThread,
                 errorHandler: { continuation.finish(throwing: $0) }
             ) { [self] envelope in
-                do {
+                do throws(WormholeError) {
                     continuation.yield(try decode(type, from: envelope, identifier: identifier))
                 } catch {
                     continuation.finish(throwing: error)
                 }
             }
-            continuation.onTermination = { _ in listener.cancel() }
-            return MessageSequence(stream: stream, listener: listener)
-        } catch {
-            continuation.finish(throwing: error)
-            return MessageSequence(stream: stream, listener: nil)
+            // Stopped by stopListeningForMessage(withIdentifier:) too: the loop ends instead of waiting forever.
+            listener.whenCancelled { continuation.finish() }
+            return listener
         }
     }
 
@@ -120,7 +116,7 @@ extension Wormhole {
     ) throws(WormholeError) -> MessageListener {
         // Observe first, then read what is there: a message passed after this call is seen by one or the other.
         try registry.add(sink, identifier: identifier, transiting: transiting, notifier: notifier)
-        let handle = MessageListener(identifier: identifier) { [weak registry] in
+        let handle = MessageListener(identifier: identifier, sink: sink) { [weak registry] in
             registry?.remove(sink, identifier: identifier)
         }
         do {
@@ -134,35 +130,10 @@ extension Wormhole {
     }
 
     func report(_ error: WormholeError, to handler: (@Sendable (WormholeError) -> Void)?) {
-        if let handler {
-            handler(error)
-        } else {
-            logger.error("A listener could not receive a message", metadata: ["error": "\(error)"])
-        }
+        ErrorReporting.report(error, to: handler, logger: logger, context: "wormhole \(engine.description)")
     }
 }
 
-/// The new messages of a mailbox, as an `AsyncSequence`; see ``Wormhole/messages(withIdentifier:as:deliveringCurrentMessage:)``.
-///
-/// Iterate it once. Listening stops when the iteration ends or the task is cancelled.
-public struct MessageSequence<Message: Decodable & Sendable>: AsyncSequence, Sendable {
-    public typealias Element = Message
-
-    let stream: AsyncThrowingStream<Message, any Error>
-    let listener: MessageListener?
-
-    /// The iterator; it keeps the listener alive while iteration goes on.
-    public struct AsyncIterator: AsyncIteratorProtocol {
-        var base: AsyncThrowingStream<Message, any Error>.AsyncIterator
-        let listener: MessageListener?
-
-        /// The next message; throws a ``WormholeError`` when a message cannot be read or decoded.
-        public mutating func next() async throws -> Message? {
-            try await base.next()
-        }
-    }
-
-    public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: stream.makeAsyncIterator(), listener: listener)
-    }
-}
+/// The new messages of a mailbox, as an `AsyncSequence`; see
+/// ``Wormhole/messages(withIdentifier:as:deliveringCurrentMessage:)``.
+public typealias MessageSequence<Message: Sendable> = ListeningSequence<Message>

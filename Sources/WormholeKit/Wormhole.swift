@@ -25,22 +25,22 @@ import Synchronization
 ///
 /// A wormhole is `Sendable`: use one instance from any thread or task.
 public final class Wormhole: Sendable {
-    /// Where the messages are stored.
-    public let transiting: any Transiting
-    /// How other processes are told of new messages.
-    public let notifier: any Notifier
+    /// The engine that stores and wakes every mode of this wormhole.
+    public let engine: any WormholeEngine
+    /// Where the messages are stored: the engine's mailboxes.
+    public var transiting: any Transiting { engine.transiting }
+    /// How other processes are told of new messages: the engine's notifier.
+    public var notifier: any Notifier { engine.notifier }
     /// How messages are encoded.
     public let coder: any MessageCoder
     /// The sender recorded in every message this wormhole passes.
     public let sender: String
-    /// The directory of the mailboxes, for wormholes made on a directory; nil for a custom transiting.
-    public let directory: String?
+    /// The directory of the wormhole's files, for wormholes on a ``DirectoryEngine``; nil for other engines.
+    public var directory: String? { (engine as? DirectoryEngine)?.directory }
     let logger: Logger
     let registry: ListenerRegistry
-    /// The `.live` directory of sockets, opened on first use.
-    let live = Locked<DirectoryHandle?>(nil)
-    /// The connections live messages go out on, kept between sends.
-    let liveConnections = Locked(LiveConnectionCache())
+    /// The engine's live transport, made on first use.
+    let live = Locked<(any LiveTransport)?>(nil)
 
     /// Creates a wormhole in an application group's shared directory, as MMWormhole does.
     ///
@@ -65,10 +65,10 @@ public final class Wormhole: Sendable {
             forApplicationGroupIdentifier: applicationGroupIdentifier, optionalDirectory: optionalDirectory)
         #if canImport(Darwin)
         let prefix = [applicationGroupIdentifier, optionalDirectory].compactMap { $0 }.joined(separator: ".")
-        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: prefix)
         #else
-        try self.init(directory: directory, configuration: configuration)
+        let prefix: String? = nil
         #endif
+        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: prefix)
     }
 
     /// Creates a wormhole on an explicit directory, created on demand with mode 0700.
@@ -85,32 +85,44 @@ public final class Wormhole: Sendable {
     private convenience init(
         directory: String, configuration: Configuration, darwinNotificationPrefix: String?
     ) throws(WormholeError) {
-        let transiting: any Transiting =
-            switch configuration.coordination {
-            case .none: try FileTransiting(directory: directory, options: configuration.fileOptions)
-            case .coordinated: try CoordinatedFileTransiting(directory: directory, options: configuration.fileOptions)
-            }
-        let notifier: any Notifier
-        #if canImport(Darwin)
-        if let darwinNotificationPrefix, configuration.notification == .automatic {
-            notifier = DarwinNotifier(prefix: darwinNotificationPrefix)
-        } else {
-            notifier = try DirectoryNotifier(
-                directory: directory, strategy: configuration.notification, options: configuration.fileOptions,
-                logger: configuration.logger)
-        }
-        #else
-        notifier = try DirectoryNotifier(
-            directory: directory, strategy: configuration.notification, options: configuration.fileOptions,
-            logger: configuration.logger)
-        #endif
-        self.init(
-            transiting: transiting, notifier: notifier, coder: configuration.coder, sender: configuration.sender,
-            logger: configuration.logger, directory: directory)
+        let engine = try DirectoryEngine(
+            directory: directory, coordination: configuration.coordination,
+            notification: configuration.notification, options: configuration.fileOptions,
+            logger: configuration.logger, darwinNotificationPrefix: darwinNotificationPrefix)
+        self.init(engine: engine, coder: configuration.coder, sender: configuration.sender, logger: configuration.logger)
+    }
+
+    /// Creates a wormhole on an engine: a ``DirectoryEngine``, `WormholeTesting`'s `InMemoryEngine`, or an engine
+    /// that carries the wormhole across hosts.
+    ///
+    /// ```swift
+    /// let wormhole = Wormhole(engine: try DirectoryEngine(directory: "/tmp/example-wormhole"))
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - engine: What stores and wakes every mode.
+    ///   - coder: How messages are encoded; JSON by default.
+    ///   - sender: The sender recorded with each message.
+    ///   - logger: Where errors that have no handler go.
+    public init(
+        engine: any WormholeEngine,
+        coder: any MessageCoder = JSONMessageCoder(),
+        sender: String = Configuration.defaultSender,
+        logger: Logger = Logger(label: "wormhole")
+    ) {
+        self.engine = engine
+        self.coder = coder
+        self.sender = sender
+        self.logger = logger
+        self.registry = ListenerRegistry()
     }
 
     /// Creates a wormhole from parts: a transiting, a notifier and a coder of your own, or the test doubles of
-    /// `WormholeTesting`.
+    /// `WormholeTesting`, in MMWormhole's style.
+    ///
+    /// When the transiting is a ``FileTransiting`` or a ``CoordinatedFileTransiting``, every mode works, in its
+    /// directory. With another transiting only mailboxes do: queues, suites, live messages and transfers throw
+    /// ``WormholeError/Code/unsupported``; give ``init(engine:coder:sender:logger:)`` an engine instead.
     public convenience init(
         transiting: any Transiting,
         notifier: any Notifier,
@@ -118,30 +130,10 @@ public final class Wormhole: Sendable {
         sender: String = Configuration.defaultSender,
         logger: Logger = Logger(label: "wormhole")
     ) {
-        self.init(transiting: transiting, notifier: notifier, coder: coder, sender: sender, logger: logger, directory: nil)
-    }
-
-    private init(
-        transiting: any Transiting, notifier: any Notifier, coder: any MessageCoder, sender: String, logger: Logger,
-        directory: String?
-    ) {
-        self.transiting = transiting
-        self.notifier = notifier
-        self.coder = coder
-        self.sender = sender
-        self.logger = logger
-        self.directory = directory
-        self.registry = ListenerRegistry()
-    }
-
-    /// The file options of the transiting (modes, group, trust), which the queues, suites and live sockets of this
-    /// wormhole follow too.
-    var fileOptions: FileTransiting.Options {
-        switch transiting {
-        case let files as FileTransiting: files.options
-        case let coordinated as CoordinatedFileTransiting: coordinated.files.options
-        default: FileTransiting.Options()
-        }
+        let engine: any WormholeEngine =
+            DirectoryEngine.fromParts(transiting: transiting, notifier: notifier, logger: logger)
+            ?? MailboxOnlyEngine(transiting: transiting, notifier: notifier)
+        self.init(engine: engine, coder: coder, sender: sender, logger: logger)
     }
 
     /// The notification name posted when a mailbox changes.

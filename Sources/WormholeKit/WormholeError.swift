@@ -1,3 +1,4 @@
+import Logging
 import SystemPackage
 
 /// The one error type that WormholeKit throws.
@@ -20,7 +21,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         private enum Value: Hashable, Sendable {
             case invalidIdentifier, directoryUnavailable, untrustedFile, corruptMessage, truncatedMessage
             case unsupportedFormatVersion, encodingFailed, decodingFailed, messageTooLarge, diskFull
-            case ioFailure, notifierUnavailable, notReachable, timedOut, remoteFailure
+            case ioFailure, notifierUnavailable, notReachable, timedOut, remoteFailure, handlerFailed, unsupported
         }
         private let value: Value
         private init(_ value: Value) { self.value = value }
@@ -57,6 +58,12 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         /// The responder threw while handling the request, or its process ended before replying; the message says
         /// which.
         public static let remoteFailure = Code(.remoteFailure)
+        /// A handler of yours (a listener, consumer, observer, responder or receiver) threw; its error is the
+        /// ``WormholeError/underlyingError``, and the message says what happened to the message it was handling.
+        public static let handlerFailed = Code(.handlerFailed)
+        /// The wormhole's engine does not offer this mode (a wormhole made from a custom transiting has only
+        /// mailboxes).
+        public static let unsupported = Code(.unsupported)
 
         public var description: String {
             switch value {
@@ -75,6 +82,8 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case .notReachable: "not reachable"
             case .timedOut: "timed out"
             case .remoteFailure: "remote failure"
+            case .handlerFailed: "handler failed"
+            case .unsupported: "unsupported"
             }
         }
     }
@@ -121,6 +130,18 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         return text
     }
 
+    /// The error reported when a handler of the caller's threw.
+    ///
+    /// - Parameter what: What happened to the message being handled, such as "on the message at offset 12; it stays
+    ///   unacknowledged".
+    static func handlerFailed(
+        _ error: any Error, _ what: String, identifier: String?, file: String = #fileID, line: Int = #line
+    ) -> WormholeError {
+        WormholeError(
+            .handlerFailed, "The handler threw \(what): \(error).", identifier: identifier,
+            underlyingError: error, file: file, line: line)
+    }
+
     /// Maps a failed file-system call to an error, choosing the code from the errno.
     static func fileSystem(
         _ errno: Errno,
@@ -156,5 +177,21 @@ extension WormholeError.Code {
     /// Lets `catch` clauses match a code directly: `catch WormholeError.Code.diskFull { … }`.
     public static func ~= (code: WormholeError.Code, error: any Error) -> Bool {
         (error as? WormholeError)?.code == code
+    }
+}
+
+/// Where errors go that happen while listening.
+enum ErrorReporting {
+    /// Hands `error` to the caller's handler, or logs it when there is none: an error is never dropped.
+    static func report(
+        _ error: WormholeError, to handler: (@Sendable (WormholeError) -> Void)?, logger: Logger, context: String
+    ) {
+        if let handler {
+            handler(error)
+        } else {
+            logger.error(
+                "A wormhole listener could not deliver (pass an errorHandler to handle this)",
+                metadata: ["listening": "\(context)", "error": "\(error)"])
+        }
     }
 }

@@ -9,6 +9,8 @@ final class ListenerSink: Sendable {
     private let lastSeen = Locked<Envelope?>(nil)
     private let cancelled = Atomic<Bool>(false)
     private let deliver: @Sendable (Result<Envelope, WormholeError>) -> Void
+    /// Run once when the sink is cancelled, however: it ends the listener's `AsyncSequence`, if any.
+    private let onCancel = Locked<(@Sendable () -> Void)?>(nil)
 
     init(id: UInt64, deliver: @escaping @Sendable (Result<Envelope, WormholeError>) -> Void) {
         self.id = id
@@ -17,7 +19,23 @@ final class ListenerSink: Sendable {
 
     var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
 
-    func cancel() { cancelled.store(true, ordering: .releasing) }
+    func cancel() {
+        guard !cancelled.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let action = onCancel.withLock { action in
+            defer { action = nil }
+            return action
+        }
+        action?()
+    }
+
+    /// Sets what runs when the sink is cancelled; at once if it already is.
+    func whenCancelled(_ action: @escaping @Sendable () -> Void) {
+        onCancel.withLock { $0 = action }
+        if isCancelled {
+            onCancel.withLock { $0 = nil }
+            action()
+        }
+    }
 
     /// Records the message present when listening began, so that only later ones are delivered.
     func setBaseline(_ envelope: Envelope?) {

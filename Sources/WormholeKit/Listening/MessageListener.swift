@@ -13,13 +13,15 @@ import Synchronization
 ///     }
 /// }
 /// ```
-public final class MessageListener: Sendable {
+public final class MessageListener: WormholeCancellable {
     /// The identifier listened to.
     public let identifier: String
     private let cancellation: Locked<(@Sendable () -> Void)?>
+    private let sink: ListenerSink
 
-    init(identifier: String, cancel: @escaping @Sendable () -> Void) {
+    init(identifier: String, sink: ListenerSink, cancel: @escaping @Sendable () -> Void) {
         self.identifier = identifier
+        self.sink = sink
         self.cancellation = Locked(cancel)
     }
 
@@ -32,8 +34,12 @@ public final class MessageListener: Sendable {
         cancel?()
     }
 
-    /// Whether the listener has stopped.
-    public var isCancelled: Bool { cancellation.withLock { $0 == nil } }
+    /// Whether the listener has stopped: cancelled, or stopped by
+    /// ``Wormhole/stopListeningForMessage(withIdentifier:)``.
+    public var isCancelled: Bool { sink.isCancelled || cancellation.withLock { $0 == nil } }
+
+    /// Runs `action` once when the listener stops, however it stops.
+    func whenCancelled(_ action: @escaping @Sendable () -> Void) { sink.whenCancelled(action) }
 
     deinit { cancel() }
 }

@@ -11,10 +11,10 @@ import Synchronization
 /// A listening socket for one identifier, and the thread that serves its connections.
 ///
 /// The thread waits in `poll(2)` on the listening socket, on a pipe that wakes it to stop, and on every connection it
-/// accepted. A sender keeps its connection for the messages that follow (``Wormhole/sendMessageData(_:identifier:)``
-/// caches it), so a message costs one `send` and one wake-up, not a connection. Packets are read without blocking, so
-/// a slow or silent peer holds up nobody; each message is handed to `handle` on the endpoint's scheduler, with no
-/// connection. A request hands its connection over to `handle`, which replies on it and closes it. Connections from
+/// accepted. A sender keeps its connection for the messages that follow (``DirectoryLiveTransport`` caches it), so a
+/// message costs one `send` and one wake-up, not a connection. Packets are read without blocking, so a slow or silent
+/// peer holds up nobody; each message is handed to `handle` on the endpoint's thread, with no connection. A request
+/// hands its connection over to `handle`, which replies on it and closes it. Connections from
 /// another user are refused (`SO_PEERCRED`) unless the directory is shared.
 final class LiveEndpoint: Sendable {
     private let directory: DirectoryHandle
@@ -24,16 +24,19 @@ final class LiveEndpoint: Sendable {
     private let wakeWrite: Int32
     private let stopped = Atomic<Bool>(false)
 
-    /// - Parameter handle: Called with each packet; `connection` is nil for a message (the endpoint keeps the
-    ///   connection), and for a request the connection to reply on, which `handle` must close.
+    /// - Parameters:
+    ///   - prefix: The socket file's name prefix (``LiveSocket/prefix(for:)`` for a listener,
+    ///     ``LiveSocket/responderPrefix(for:)`` for a responder).
+    ///   - handle: Called on the endpoint's thread with each packet; `connection` is nil for a message (the endpoint
+    ///     keeps the connection), and for a request the connection to reply on, which `handle` must close.
     init(
         directory: DirectoryHandle,
+        name prefix: String,
         identifier: String,
-        schedule: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
         handle: @escaping @Sendable (LivePacket, _ connection: Int32?) -> Void
     ) throws(WormholeError) {
         self.directory = directory
-        name = LiveSocket.prefix(for: identifier) + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
+        name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
         let socket = LiveSocket.makeSocket()
         guard socket >= 0 else { throw WormholeError.fileSystem(currentErrno, "create a socket", identifier: identifier, path: nil) }
         guard let address = LiveSocket.address(directoryDescriptor: directory.rawDescriptor, name: name) else {
@@ -62,7 +65,7 @@ final class LiveEndpoint: Sendable {
         let trustsOthers = directory.trustsOtherOwners
         Thread { [self] in
             nameCurrentThread("wh-live")
-            serve(trustsOthers: trustsOthers, schedule: schedule, handle: handle)
+            serve(trustsOthers: trustsOthers, handle: handle)
         }.start()
     }
 
@@ -78,7 +81,6 @@ final class LiveEndpoint: Sendable {
 
     private func serve(
         trustsOthers: Bool,
-        schedule: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
         handle: @escaping @Sendable (LivePacket, Int32?) -> Void
     ) {
         var connections: [Int32] = []
@@ -109,7 +111,7 @@ final class LiveEndpoint: Sendable {
                     kept.append(entry.fd)
                     continue
                 }
-                switch drain(entry.fd, into: buffer, schedule: schedule, handle: handle) {
+                switch drain(entry.fd, into: buffer, handle: handle) {
                 case .open: kept.append(entry.fd)
                 case .closed: _ = close(entry.fd)
                 case .handedOver: break
@@ -139,7 +141,6 @@ final class LiveEndpoint: Sendable {
     /// Reads every packet waiting on a connection, without blocking, and hands each over.
     private func drain(
         _ connection: Int32, into buffer: UnsafeMutableRawBufferPointer,
-        schedule: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
         handle: @escaping @Sendable (LivePacket, Int32?) -> Void
     ) -> ConnectionState {
         while true {
@@ -149,10 +150,10 @@ final class LiveEndpoint: Sendable {
             guard let packet = LivePacket(Array(UnsafeRawBufferPointer(rebasing: buffer[..<count]))) else { return .closed }
             if packet.kind == .request {
                 // The reply goes back on this connection: the handler owns it from here.
-                schedule { handle(packet, connection) }
+                handle(packet, connection)
                 return .handedOver
             }
-            schedule { handle(packet, nil) }
+            handle(packet, nil)
         }
     }
 }
@@ -160,21 +161,4 @@ final class LiveEndpoint: Sendable {
 @inline(__always)
 private func Glibc_accept(_ socket: Int32) -> Int32 {
     accept(socket, nil, nil)
-}
-
-/// A process listening for live messages or answering requests; it stops when cancelled or released.
-public final class LiveListener: Sendable {
-    /// The identifier listened to.
-    public let identifier: String
-    private let endpoint: LiveEndpoint
-
-    init(identifier: String, endpoint: LiveEndpoint) {
-        self.identifier = identifier
-        self.endpoint = endpoint
-    }
-
-    /// Stops listening: senders no longer reach this process. A message being handled finishes.
-    public func cancel() { endpoint.stop() }
-
-    deinit { cancel() }
 }

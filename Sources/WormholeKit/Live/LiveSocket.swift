@@ -31,6 +31,12 @@ enum LiveSocket {
         return String(hash, radix: 16) + "."
     }
 
+    /// The file-name prefix of the sockets of an identifier's responders: apart from its listeners' sockets, so
+    /// that a message never reaches a responder, nor a request a listener.
+    static func responderPrefix(for identifier: String) -> String {
+        prefix(for: identifier) + "r."
+    }
+
     static func address(directoryDescriptor: Int32, name: String) -> sockaddr_un? {
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)

@@ -1,157 +1,5 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 import Synchronization
-
-/// A consumer's stored position: 16 bytes, `WHQC`, a CRC-32C of the offset, the offset (little-endian).
-final class QueueCursorFile: Sendable {
-    private static let magic: UInt32 = 0x4351_4857  // "WHQC"
-    private let descriptor: Int32
-    let name: String
-    let path: String
-
-    init(directory: DirectoryHandle, name: String, create: Bool) throws(WormholeError) {
-        try MessageIdentifier.validate(name)
-        self.name = name
-        self.path = directory.filePath(name)
-        let file: OwnedDescriptor
-        do {
-            file = try directory.openFile(named: name, flags: O_RDWR | (create ? O_CREAT : 0))
-        } catch {
-            throw WormholeError.fileSystem(error, "open the position of consumer \(name)", path: directory.filePath(name))
-        }
-        guard try directory.trustedStatus(of: file.descriptor, name: name, identifier: nil) != nil else {
-            throw WormholeError(.ioFailure, "The consumer's position file was removed while opening it.", path: path)
-        }
-        descriptor = file.release()
-    }
-
-    deinit { _ = close(descriptor) }
-
-    /// The stored offset, or nil for a consumer that has not handled anything yet.
-    func read() throws(WormholeError) -> UInt64? {
-        let bytes: [UInt8]
-        switch Descriptor(rawValue: descriptor).read(count: 16, at: 0) {
-        case .success(let read): bytes = read
-        case .failure(let errno): throw WormholeError.fileSystem(errno, "read the position of consumer \(name)", path: path)
-        }
-        guard let position = Self.decode(bytes) else {
-            throw WormholeError(
-                .corruptMessage,
-                "The position of consumer \(name) is damaged. Remove the file to start that consumer over from the "
-                    + "oldest message kept.",
-                path: path)
-        }
-        return position.offset
-    }
-
-    /// Decodes a position file's bytes: `.some(nil)` for an empty file, nil for damaged bytes.
-    static func decode(_ bytes: [UInt8]) -> (offset: UInt64?, Void)? {
-        if bytes.isEmpty { return (nil, ()) }
-        let slice = bytes[...]
-        guard bytes.count == 16, slice.load(at: 0) as UInt32 == magic,
-            slice.load(at: 4) as UInt32 == CRC32C.checksum(bytes[8..<16])
-        else { return nil }
-        return (slice.load(at: 8), ())
-    }
-
-    /// A position file's bytes.
-    static func encode(_ offset: UInt64) -> [UInt8] {
-        var bytes = [UInt8](repeating: 0, count: 16)
-        bytes.store(magic, at: 0)
-        bytes.store(offset, at: 8)
-        bytes.store(CRC32C.checksum(bytes[8..<16]), at: 4)
-        return bytes
-    }
-
-    func write(_ offset: UInt64) throws(WormholeError) {
-        let bytes = Self.encode(offset)
-        if case .failure(let errno) = Descriptor(rawValue: descriptor).write(bytes, at: 0) {
-            throw WormholeError.fileSystem(errno, "store the position of consumer \(name)", path: path)
-        }
-    }
-
-    /// When the position was last stored: how recently the consumer was seen.
-    var lastWritten: Date? {
-        var raw = stat()
-        guard fstat(descriptor, &raw) == 0, raw.st_size > 0 else { return nil }
-        return Date(timeIntervalSince1970: Double(raw.st_mtim.tv_sec) + Double(raw.st_mtim.tv_nsec) / 1e9)
-    }
-}
-
-/// A consumer's reader and position, used by one delivery at a time.
-final class QueueConsumerState: @unchecked Sendable {
-    // Guarded by QueueConsumer's lock (or used by one iterator at a time): never touched concurrently.
-    let queue: WormholeQueue
-    let cursor: QueueCursorFile
-    var reader: QueueReader
-    var sinceReclaim: UInt64 = 0
-
-    init(queue: WormholeQueue, name: String) throws(WormholeError) {
-        self.queue = queue
-        cursor = try QueueCursorFile(directory: queue.consumers, name: name, create: true)
-        let stored = try cursor.read()
-        if stored == nil { try cursor.write(0) }  // registered now: reclaiming waits for this consumer from here on
-        let start = stored ?? 0
-        reader = QueueReader(descriptor: try queue.openForReading(), position: start)
-    }
-
-    deinit { _ = close(reader.descriptor) }
-
-    /// Stores the position past a handled message; reclaims space now and then.
-    func acknowledge(_ item: QueueReader.Item) throws(WormholeError) {
-        try acknowledge(from: item.offset, through: item.end)
-    }
-
-    /// Stores the position past handled messages from `start` to `end`, with one write.
-    func acknowledge(from start: UInt64, through end: UInt64) throws(WormholeError) {
-        try cursor.write(end)
-        reader.advance(to: end)
-        sinceReclaim += end - start
-        if sinceReclaim > 4 << 20 {
-            sinceReclaim = 0
-            try queue.reclaimSpace()
-        }
-    }
-
-    /// Watches for appends: the log file itself, or the wormhole's notifier.
-    func observe(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
-        switch queue.wakeSource {
-        case .notifier(let notifier):
-            return try notifier.observe("queue." + queue.identifier, handler: handler)
-        case .logFile(let strategy):
-            let path = queue.logPath
-            let descriptor = reader.descriptor
-            let pollSize: @Sendable () -> [UInt8]? = {
-                var raw = stat()
-                guard fstat(descriptor, &raw) == 0 else { return nil }
-                return PollingMonitor.token(UInt64(raw.st_size))
-            }
-            switch strategy {
-            case .polling(let interval):
-                return PollingMonitor.shared.observe(probe: pollSize, interval: interval, handler: handler)
-            case .inotify, .automatic:
-                #if os(Linux) || os(Android)
-                do {
-                    let (directory, name) = (queue.directory, queue.logName)
-                    return try InotifyMonitor.shared.observe(
-                        path: path, create: { directory.touchFile(named: name) }, handler: handler)
-                } catch where strategy == .automatic {
-                    queue.logger.warning(
-                        "inotify is unavailable; polling the queue instead", metadata: ["cause": "\(error.message)"])
-                }
-                #endif
-                return PollingMonitor.shared.observe(
-                    probe: pollSize, interval: DirectoryNotifier.fallbackPollingInterval, handler: handler)
-            }
-        }
-    }
-}
 
 /// An identifier of the calling thread.
 func currentThreadID() -> UInt {
@@ -163,11 +11,14 @@ func currentThreadID() -> UInt {
 }
 
 /// A running queue consumer; it stops when cancelled or released.
-public final class QueueConsumer: Sendable {
-    private let state: Locked<QueueConsumerState>
+///
+/// It is the callback core of queue consumption: woken by its cursor's observation, it reads what was appended,
+/// hands it to the handler on the consumer's execution, and stores the position when the handler returns.
+public final class QueueConsumer: WormholeCancellable {
+    private let cursor: Locked<any QueueCursor>
     private let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
-    /// Hands over a batch of messages; false when they were not handled (and stay unacknowledged).
-    private let deliver: @Sendable ([QueueReader.Item]) -> Bool
+    /// Hands over a batch of records; false when they were not handled (and stay unacknowledged).
+    private let deliver: @Sendable ([QueueRecord]) -> Bool
     /// The most messages in one batch: 1 for a handler of single messages.
     private let batchSize: Int
     private let reportError: @Sendable (WormholeError) -> Void
@@ -180,33 +31,36 @@ public final class QueueConsumer: Sendable {
     public let name: String
 
     init(
-        state: QueueConsumerState, execution: CallbackExecution, batchSize: Int,
-        deliver: @escaping @Sendable ([QueueReader.Item]) -> Bool,
+        cursor: any QueueCursor, execution: CallbackExecution, label: String, batchSize: Int,
+        deliver: @escaping @Sendable ([QueueRecord]) -> Bool,
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {
-        self.name = state.cursor.name
+        self.name = cursor.consumer
         self.batchSize = max(1, batchSize)
-        self.state = Locked(state)
-        self.schedule = execution.makeScheduler(label: "wormhole.queue.\(state.queue.identifier).\(state.cursor.name)")
+        self.cursor = Locked(cursor)
+        self.schedule = execution.makeScheduler(label: label)
         self.deliver = deliver
         self.reportError = reportError
     }
 
     func start() throws(WormholeError) {
-        let watch = try state.withLock { (state) throws(WormholeError) in
-            try state.observe { [weak self] in self?.wake() }
+        let watch = try cursor.withLock { (cursor) throws(WormholeError) in
+            try cursor.observeAppends { [weak self] in self?.wake() }
         }
         observation.withLock { $0 = watch }
         wake()  // catch up on what was appended while this consumer was away
     }
 
     /// The offset of the next message this consumer will handle.
-    public var position: UInt64 { state.withLock { $0.reader.position } }
+    public var position: UInt64 { cursor.withLock { $0.position } }
+
+    /// Whether the consumer has stopped.
+    public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
 
     /// Stops the consumer. A message being handled finishes first, and is acknowledged if its handler returns:
     /// when `cancel()` returns (from outside a handler), no message is left handled but unacknowledged.
     public func cancel() {
-        cancelled.store(true, ordering: .relaxed)
+        cancelled.store(true, ordering: .releasing)
         let watch = observation.withLock { watch in
             defer { watch = nil }
             return watch
@@ -214,7 +68,7 @@ public final class QueueConsumer: Sendable {
         watch?.cancel()
         // Wait for a delivery under way, unless this is that delivery's own thread.
         if deliveringThread.load(ordering: .acquiring) != currentThreadID() {
-            state.withLock { _ in }
+            cursor.withLock { _ in }
         }
     }
 
@@ -230,31 +84,14 @@ public final class QueueConsumer: Sendable {
     }
 
     private func deliverPending() {
-        state.withLock { state in
+        cursor.withLock { cursor in
             deliveringThread.store(currentThreadID(), ordering: .releasing)
             defer { deliveringThread.store(0, ordering: .releasing) }
             do throws(WormholeError) {
                 while !cancelled.load(ordering: .relaxed) {
-                    let start = state.reader.position
-                    var batch: [QueueReader.Item] = []
-                    do throws(WormholeError) {
-                        // A batch also ends past one read chunk of bytes, so that it stays in the CPU's caches.
-                        while batch.count < batchSize, state.reader.position - start < QueueReader.chunkSize,
-                            let item = try state.reader.next()
-                        {
-                            batch.append(item)
-                            state.reader.advance(to: item.end)
-                        }
-                    } catch {
-                        state.reader.rewind(to: start)
-                        throw error
-                    }
-                    guard let last = batch.last else { return }
-                    guard deliver(batch) else {
-                        state.reader.rewind(to: start)
-                        return
-                    }
-                    try state.acknowledge(from: start, through: last.end)
+                    let batch = try cursor.read(maximumCount: batchSize)
+                    guard let last = batch.last, deliver(batch) else { return }
+                    try cursor.acknowledge(through: last.end)
                 }
             } catch {
                 reportError(error)
@@ -263,40 +100,81 @@ public final class QueueConsumer: Sendable {
     }
 }
 
-/// The messages of a queue a consumer has not handled, then each new one; see
+/// The messages of a queue a consumer has not handled, then each new one, as an `AsyncSequence`; see
 /// ``WormholeQueue/messages(consumer:as:)``. Iterate it once.
+///
+/// A message counts as handled, and the consumer's position moves past it, when the iteration asks for the next
+/// one, or when you call ``acknowledge(_:)``: do that before leaving a loop with `break`, so that the last message is
+/// not delivered again.
+///
+/// ```swift
+/// let jobs = try wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
+/// for try await job in jobs {
+///     print(job.value)
+///     try jobs.acknowledge(job)
+///     break
+/// }
+/// ```
 public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Sendable {
     public typealias Element = QueueMessage<Message>
+    public typealias Failure = WormholeError
 
-    /// The consumer's state behind its lock.
-    final class Guarded: Sendable {
-        let state: Locked<QueueConsumerState>
-        init(_ state: QueueConsumerState) { self.state = Locked(state) }
-    }
-
+    /// The consumer's cursor behind its lock, the messages handed out and not acknowledged, and the wake-ups.
     final class Feed: Sendable {
-        let state: Result<Guarded, WormholeError>
+        let cursor: Result<Locked<any QueueCursor>, WormholeError>
+        let decode: @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
+        /// The end of the last message handed out, not yet acknowledged.
+        let pending = Locked<UInt64?>(nil)
         let observation: NotifierObservation?
-        init(state: Result<Guarded, WormholeError>, observation: NotifierObservation?) {
-            self.state = state
+
+        init(
+            cursor: Result<Locked<any QueueCursor>, WormholeError>, observation: NotifierObservation?,
+            decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
+        ) {
+            self.cursor = cursor
             self.observation = observation
+            self.decode = decode
         }
+
         deinit { observation?.cancel() }
+
+        /// Stores the position past the messages handed out so far.
+        func acknowledgePending(through end: UInt64? = nil) throws(WormholeError) {
+            let cursor = try self.cursor.get()
+            try cursor.withLock { (cursor) throws(WormholeError) in
+                let target = pending.withLock { pending -> UInt64? in
+                    guard let last = pending else { return nil }
+                    let target = Swift.min(end ?? last, last)
+                    if target == last { pending = nil }
+                    return target
+                }
+                if let target, target > cursor.position { try cursor.acknowledge(through: target) }
+            }
+        }
     }
 
     private let feed: Feed
     private let wakes: AsyncStream<Void>
 
-    init(queue: WormholeQueue, consumer: String) {
+    init(
+        log: Result<any QueueLog, WormholeError>, consumer: String,
+        decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
+    ) {
         let (wakes, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         self.wakes = wakes
         do throws(WormholeError) {
-            let state = try QueueConsumerState(queue: queue, name: consumer)
-            let observation = try state.observe { continuation.yield() }
-            feed = Feed(state: .success(Guarded(state)), observation: observation)
+            let cursor = try log.get().openCursor(consumer: consumer)
+            let observation = try cursor.observeAppends { continuation.yield() }
+            feed = Feed(cursor: .success(Locked(cursor)), observation: observation, decode: decode)
         } catch {
-            feed = Feed(state: .failure(error), observation: nil)
+            feed = Feed(cursor: .failure(error), observation: nil, decode: decode)
         }
+    }
+
+    /// Acknowledges `message` and every message handed out before it: they are never delivered to this consumer
+    /// again.
+    public func acknowledge(_ message: QueueMessage<Message>) throws(WormholeError) {
+        try feed.acknowledgePending(through: message.end)
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
@@ -307,27 +185,25 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
     public struct AsyncIterator: AsyncIteratorProtocol {
         let feed: Feed
         var wakes: AsyncStream<Void>.AsyncIterator
-        var unacknowledged: QueueReader.Item?
 
-        /// The next message; throws a ``WormholeError`` when the queue cannot be read or a message decoded.
-        public mutating func next() async throws -> QueueMessage<Message>? {
-            let guarded = try feed.state.get()
-            while true {
+        /// The next message; throws a ``WormholeError`` when the queue cannot be read or a message decoded (it stays
+        /// unacknowledged).
+        public mutating func next() async throws(WormholeError) -> QueueMessage<Message>? {
+            let cursor = try feed.cursor.get()
+            try feed.acknowledgePending()
+            while !Task.isCancelled {
                 // Reading the page cache does not wait; waiting for appends happens on the AsyncStream below.
-                let previous = unacknowledged
-                let item: QueueReader.Item? = try guarded.state.withLock { (state) throws(WormholeError) in
-                    if let previous { try state.acknowledge(previous) }
-                    return try state.reader.next()
+                let record = try cursor.withLock { (cursor) throws(WormholeError) in
+                    try cursor.read(maximumCount: 1).first
                 }
-                unacknowledged = nil
-                if let item {
-                    let coder = guarded.state.withLock { $0.queue.coder }
-                    let value = try coder.decode(Message.self, from: item.record.payload)
-                    unacknowledged = item
-                    return QueueMessage(item: item, value: value)
+                if let record {
+                    let message = try feed.decode(record)
+                    feed.pending.withLock { $0 = record.end }
+                    return message
                 }
-                guard await wakes.next() != nil, !Task.isCancelled else { return nil }
+                guard await wakes.next() != nil else { return nil }
             }
+            return nil
         }
     }
 }

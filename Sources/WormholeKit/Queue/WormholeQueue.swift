@@ -1,16 +1,5 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
-#if os(Linux) || os(Android)
-import CWormholeSystem
-#endif
 import Foundation
 import Logging
-import Synchronization
 
 /// A durable queue: every message passed to it is kept, in order, and each named consumer receives every one once.
 ///
@@ -30,58 +19,26 @@ import Synchronization
 /// }
 /// ```
 ///
-/// Space is reclaimed once every registered consumer has passed it (the file keeps its offsets; the blocks are
-/// freed). A consumer not seen for ``retention`` no longer holds space back. `FORMAT.md` describes the files.
+/// Space is reclaimed once every registered consumer has passed it. A consumer not seen for ``retention`` no longer
+/// holds space back. The wormhole's engine stores the queue (a ``QueueLog``): in a directory, `FORMAT.md` describes
+/// the files.
 public final class WormholeQueue: Sendable {
     /// The queue's identifier.
     public let identifier: String
     /// How long a consumer may stay away and still hold back reclaiming; 7 days by default.
     public let retention: Duration
-    let directory: DirectoryHandle
-    let consumers: DirectoryHandle
-    let logName: String
+    /// The engine's log of this queue.
+    public let log: any QueueLog
     let coder: any MessageCoder
-    let sender: [UInt8]
     let logger: Logger
-    /// How consumers are woken: the log file itself (inotify, or polling its size), or the wormhole's notifier.
-    let wakeSource: WakeSource
-    private let appendDescriptor = Locked<Int32>(-1)
-    /// The bytes of a batch being appended, kept for the next batch.
-    private let batchBuffer = Locked<[UInt8]>([])
-
-    enum WakeSource: Sendable {
-        case logFile(DirectoryNotifier.Strategy)
-        case notifier(any Notifier)
-    }
-
-    var logPath: String { directory.filePath(logName) }
 
     init(wormhole: Wormhole, identifier: String, retention: Duration) throws(WormholeError) {
         try MessageIdentifier.validate(identifier)
-        guard let path = wormhole.directory else {
-            throw WormholeError(
-                .directoryUnavailable,
-                "Queues live in a directory; this wormhole was made with a custom transiting and has none.",
-                identifier: identifier)
-        }
-        let options = wormhole.fileOptions
         self.identifier = identifier
         self.retention = retention
-        self.logName = identifier + ".queue"
-        self.directory = try DirectoryHandle.open(path: path, create: true, options: options)
-        self.consumers = try directory.subdirectory(named: identifier + ".consumers")
+        self.log = try wormhole.engine.queueLog(identifier, sender: wormhole.sender, retention: retention)
         self.coder = wormhole.coder
-        self.sender = Array(wormhole.sender.utf8.prefix(Int(UInt16.max)))
         self.logger = wormhole.logger
-        if let files = wormhole.notifier as? DirectoryNotifier {
-            wakeSource = .logFile(files.strategy)
-        } else {
-            wakeSource = .notifier(wormhole.notifier)
-        }
-    }
-
-    deinit {
-        appendDescriptor.withLock { if $0 >= 0 { _ = close($0) } }
     }
 
     // MARK: Producing
@@ -115,66 +72,7 @@ public final class WormholeQueue: Sendable {
 
     /// Appends each payload as it is, in one write, in order; see ``enqueue(contentsOf:)``.
     public func enqueueData(contentsOf payloads: some Sequence<Data>) throws(WormholeError) {
-        let timestamp = ProcessFacts.wallClockNanoseconds()
-        // One buffer, kept between calls (a fresh one would cost an allocation per message, and page faults for a
-        // large batch), one write.
-        try batchBuffer.withLock { (buffer) throws(WormholeError) in
-            buffer.removeAll(keepingCapacity: true)
-            for payload in payloads {
-                try checkSize(payload)
-                payload.withUnsafeBytes { bytes in
-                    QueueFormat.encode(payload: bytes, sender: sender, timestampNanoseconds: timestamp, appendingTo: &buffer)
-                }
-            }
-            guard !buffer.isEmpty else { return }
-            try append(buffer)
-            if buffer.capacity > 8 << 20 { buffer = [] }  // not kept after a huge batch
-        }
-    }
-
-    private func checkSize(_ payload: Data) throws(WormholeError) {
-        guard payload.count + QueueFormat.bodyPrefixSize + sender.count <= QueueFormat.maximumBodySize else {
-            throw WormholeError(
-                .messageTooLarge, "The message is \(payload.count) bytes; a queue accepts up to 64 MiB.",
-                identifier: identifier)
-        }
-    }
-
-    /// Appends whole records with one write, then wakes the consumers.
-    private func append(_ records: [UInt8]) throws(WormholeError) {
-        try appendDescriptor.withLock { (descriptor) throws(WormholeError) in
-            if descriptor < 0 { descriptor = try openForAppending() }
-            // One write: with O_APPEND the kernel puts it at the end, whole, whatever other processes append
-            // meanwhile.
-            let written = records.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-            guard written == records.count else {
-                let errno = written < 0 ? currentErrno : .noSpace
-                _ = close(descriptor)
-                descriptor = -1
-                let action =
-                    written > 0
-                    ? "append to the queue (only the first \(written) of \(records.count) bytes were written: the "
-                        + "messages before the cut are in the queue, the rest are not)"
-                    : "append to the queue"
-                throw WormholeError.fileSystem(errno, action, identifier: identifier, path: logPath)
-            }
-        }
-        if case .notifier(let notifier) = wakeSource {
-            try notifier.post("queue." + identifier)
-        }
-    }
-
-    private func openForAppending() throws(WormholeError) -> Int32 {
-        let file: OwnedDescriptor
-        do {
-            file = try directory.openFile(named: logName, flags: O_WRONLY | O_APPEND | O_CREAT)
-        } catch {
-            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
-        }
-        guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
-            throw WormholeError(.ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
-        }
-        return file.release()
+        try log.append(contentsOf: payloads)
     }
 
     // MARK: Consuming
@@ -255,22 +153,22 @@ public final class WormholeQueue: Sendable {
             handler: handler)
     }
 
-    private static let bytes: @Sendable (QueueReader.Item) -> Result<QueueMessage<Data>, WormholeError> = { item in
-        .success(QueueMessage(item: item, value: item.record.payload))
+    private static let bytes: @Sendable (QueueRecord) -> Result<QueueMessage<Data>, WormholeError> = { record in
+        .success(QueueMessage(record: record, value: record.payload))
     }
 
     private func decoder<Message: Decodable & Sendable>(
         for type: Message.Type
-    ) -> @Sendable (QueueReader.Item) -> Result<QueueMessage<Message>, WormholeError> {
-        { [self] item in
+    ) -> @Sendable (QueueRecord) -> Result<QueueMessage<Message>, WormholeError> {
+        { [coder, identifier] record in
             do {
-                return .success(QueueMessage(item: item, value: try coder.decode(type, from: item.record.payload)))
+                return .success(QueueMessage(record: record, value: try coder.decode(type, from: record.payload)))
             } catch {
                 return .failure(
                     WormholeError(
                         .decodingFailed,
-                        "Queue message at offset \(item.offset) is not a \(Message.self) (from "
-                            + "\(String(decoding: item.record.sender, as: UTF8.self))): \(error). It is passed over.",
+                        "Queue message at offset \(record.offset) is not a \(Message.self) (from \(record.sender)): "
+                            + "\(error).",
                         identifier: identifier, underlyingError: error))
             }
         }
@@ -281,17 +179,24 @@ public final class WormholeQueue: Sendable {
         batchSize: Int,
         execution: CallbackExecution,
         errorHandler: (@Sendable (WormholeError) -> Void)?,
-        decode: @escaping @Sendable (QueueReader.Item) -> Result<QueueMessage<Value>, WormholeError>,
+        decode: @escaping @Sendable (QueueRecord) -> Result<QueueMessage<Value>, WormholeError>,
         handler: @escaping @Sendable ([QueueMessage<Value>]) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
-        let state = try QueueConsumerState(queue: self, name: consumer)
-        let core = QueueConsumer(state: state, execution: execution, batchSize: batchSize) { [self] items in
+        try MessageIdentifier.validate(consumer)
+        let cursor = try log.openCursor(consumer: consumer)
+        let core = QueueConsumer(
+            cursor: cursor, execution: execution, label: "wormhole.queue.\(identifier).\(consumer)",
+            batchSize: batchSize
+        ) { [self] records in
             var messages: [QueueMessage<Value>] = []
-            messages.reserveCapacity(items.count)
-            for item in items {
-                switch decode(item) {
+            messages.reserveCapacity(records.count)
+            for record in records {
+                switch decode(record) {
                 case .success(let decoded): messages.append(decoded)
-                case .failure(let error): report(error, to: errorHandler)  // passed over: it cannot block the queue
+                case .failure(var error):
+                    // Passed over: it cannot block the queue.
+                    error.message += " It is passed over."
+                    report(error, to: errorHandler)
                 }
             }
             guard !messages.isEmpty else { return true }
@@ -304,10 +209,8 @@ public final class WormholeQueue: Sendable {
                     ? "the message at offset \(messages[0].offset)"
                     : "\(messages.count) messages from offset \(messages[0].offset)"
                 report(
-                    WormholeError(
-                        .ioFailure, "The handler failed on \(place): \(error). It stays unacknowledged and is offered "
-                            + "again.",
-                        identifier: identifier, underlyingError: error),
+                    .handlerFailed(
+                        error, "on \(place); it stays unacknowledged and is offered again", identifier: identifier),
                     to: errorHandler)
                 return false
             }
@@ -318,102 +221,53 @@ public final class WormholeQueue: Sendable {
 
     /// The messages this consumer has not handled yet, then each new one, as an `AsyncSequence`.
     ///
-    /// A message counts as handled when the iteration asks for the next one. A message that cannot be decoded ends
-    /// the sequence with ``WormholeError/Code/decodingFailed`` (it stays unacknowledged); use
-    /// ``consume(consumer:as:on:errorHandler:handler:)`` to pass over such messages.
+    /// A message counts as handled when the iteration asks for the next one, or when you pass it to
+    /// ``QueueSequence/acknowledge(_:)``. A message that cannot be decoded ends the sequence with
+    /// ``WormholeError/Code/decodingFailed`` (it stays unacknowledged); use
+    /// ``consume(consumer:as:on:errorHandler:handler:)`` to pass over such messages. An invalid consumer name ends it
+    /// at once with ``WormholeError/Code/invalidIdentifier``.
     public func messages<Message: Decodable & Sendable>(
         consumer: String, as type: Message.Type = Message.self
     ) -> QueueSequence<Message> {
-        QueueSequence(queue: self, consumer: consumer)
+        let decode = decoder(for: type)
+        let log: Result<any QueueLog, WormholeError>
+        do throws(WormholeError) {
+            try MessageIdentifier.validate(consumer)
+            log = .success(self.log)
+        } catch {
+            log = .failure(error)
+        }
+        return QueueSequence(log: log, consumer: consumer) { (record) throws(WormholeError) in try decode(record).get() }
     }
 
+    /// Messages of the consumers that have no error handler.
     func report(_ error: WormholeError, to handler: (@Sendable (WormholeError) -> Void)?) {
-        if let handler { handler(error) } else {
-            logger.error("Queue consumer error", metadata: ["queue": "\(identifier)", "error": "\(error)"])
-        }
+        ErrorReporting.report(error, to: handler, logger: logger, context: "queue \(identifier)")
     }
 
     // MARK: Status
 
     /// The queue's size, and each consumer's position and how far behind it is.
     public func status() throws(WormholeError) -> QueueStatus {
-        let reader = try openForReading()
-        defer { _ = close(reader) }
-        var raw = stat()
-        fstat(reader, &raw)
-        let end = UInt64(raw.st_size)
-        var result: [QueueStatus.Consumer] = []
-        for name in try consumers.entries().sorted() where MessageIdentifier.isValid(name) {
-            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
-            let position = try cursor.read() ?? 0
-            var scan = QueueReader(descriptor: reader, position: position)
-            var pending = 0
-            while let item = try scan.next() {
-                pending += 1
-                scan.advance(to: item.end)
-            }
-            result.append(.init(name: name, offset: position, lagBytes: end - min(end, position), lagMessages: pending))
-        }
-        return QueueStatus(identifier: identifier, endOffset: end, consumers: result)
-    }
-
-    func openForReading() throws(WormholeError) -> Int32 {
-        let file: OwnedDescriptor
-        do {
-            file = try directory.openFile(named: logName, flags: O_RDONLY | O_CREAT)
-        } catch {
-            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
-        }
-        guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
-            throw WormholeError(.ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
-        }
-        return file.release()
+        try log.status()
     }
 
     // MARK: Reclaiming
 
-    /// Frees the blocks that every consumer has passed; consumers not seen for ``retention`` are dropped first.
+    /// Frees what every consumer has passed; consumers not seen for ``retention`` are dropped first.
     ///
     /// Consumers call it as they move on; call it yourself after removing consumers.
     public func reclaimSpace() throws(WormholeError) {
-        let now = Date()
-        var minimum: UInt64?
-        for name in try consumers.entries() where MessageIdentifier.isValid(name) {
-            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
-            if let seen = cursor.lastWritten, now.timeIntervalSince(seen) > Double(retention.components.seconds) {
-                _ = consumers.removeFile(named: name)
-                logger.warning("Dropped a queue consumer not seen within the retention", metadata: ["consumer": "\(name)"])
-                continue
-            }
-            let position = try cursor.read() ?? 0
-            minimum = min(minimum ?? position, position)
-        }
-        guard let minimum, minimum >= 4096 else { return }
-        #if os(Linux) || os(Android)
-        // Punching a hole needs a descriptor open for writing.
-        let file: OwnedDescriptor
-        do {
-            file = try directory.openFile(named: logName, flags: O_WRONLY)
-        } catch {
-            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
-        }
-        let descriptor = file.descriptor.rawValue
-        let through = minimum & ~4095
-        if cwormhole_punch_hole(descriptor, 0, Int64(through)) != 0 {
-            // Not every file system can punch holes; the queue still works, it only keeps its space.
-            logger.debug("Could not reclaim queue space", metadata: ["errno": "\(currentErrno)"])
-        }
-        _ = consume file
-        #endif
+        try log.reclaimSpace()
     }
 }
 
 extension Wormhole {
-    /// The durable queue named `identifier` in this wormhole's directory.
+    /// The durable queue named `identifier`, stored by this wormhole's engine.
     ///
     /// - Parameter retention: How long a consumer may stay away and still hold back reclaiming.
-    /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/directoryUnavailable`` for a
-    ///   wormhole made with a custom transiting (queues live in a directory).
+    /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/unsupported`` when the wormhole's
+    ///   engine has no queues (a wormhole made from a transiting that keeps no directory).
     public func queue(_ identifier: String, retention: Duration = .seconds(7 * 24 * 3600)) throws(WormholeError) -> WormholeQueue {
         try WormholeQueue(wormhole: self, identifier: identifier, retention: retention)
     }
@@ -432,11 +286,15 @@ public struct QueueMessage<Value: Sendable>: Sendable {
     /// The decoded message.
     public var value: Value
 
-    init(item: QueueReader.Item, value: Value) {
-        offset = item.offset
-        sender = String(decoding: item.record.sender, as: UTF8.self)
-        timestampNanoseconds = item.record.timestampNanoseconds
-        payload = item.record.payload
+    /// The position just past the message: where its consumer's position moves when it is acknowledged.
+    public var end: UInt64
+
+    init(record: QueueRecord, value: Value) {
+        offset = record.offset
+        end = record.end
+        sender = record.sender
+        timestampNanoseconds = record.timestampNanoseconds
+        payload = record.payload
         self.value = value
     }
 

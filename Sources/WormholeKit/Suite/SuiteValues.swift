@@ -52,7 +52,8 @@ public struct SuiteValues: Sendable, Equatable {
         storage[key].flatMap { try? JSONSerialization.jsonObject(with: $0, options: [.fragmentsAllowed]) }
     }
 
-    init() {}
+    /// Creates an empty set of values.
+    public init() {}
 
     init(storage: [String: Data]) { self.storage = storage }
 }

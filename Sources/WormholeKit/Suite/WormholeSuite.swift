@@ -1,8 +1,10 @@
 import Foundation
+import Logging
 import Synchronization
 
 /// A set of keys and values shared by the processes of a group, with change notifications: `UserDefaults(suiteName:)`
-/// plus Darwin notifications, the pattern of seed 002, done so that no update is lost and no change goes unnoticed.
+/// plus Darwin notifications, the pattern many app groups use, done so that no update is lost and no change goes
+/// unnoticed.
 ///
 /// ```swift
 /// let settings = try wormhole.suite("settings")
@@ -17,59 +19,50 @@ import Synchronization
 /// ```
 ///
 /// Each change records its sender and an optional direction (such as `app→widget`), so a process can ignore its
-/// own writes or listen to one direction only. Values are JSON. A suite is one file in the wormhole directory,
-/// written as a mailbox is (two checksummed slots, under a lock), holding the values and a log of the last 64
+/// own writes or listen to one direction only. Values are JSON. The wormhole's engine stores the suite (a
+/// ``SuiteStore``): in a directory, one file written as a mailbox is, holding the values and a log of the last 64
 /// changes.
 public final class WormholeSuite: Sendable {
     /// The suite's name.
     public let name: String
     /// This process's sender name in the changes it makes.
     public let sender: String
-    let files: FileTransiting
-    let notifier: any Notifier
-    let fileName: String
-    var notificationName: String { "suite." + name }
-    static let logLimit = 64
+    /// The engine's store of this suite.
+    public let store: any SuiteStore
+    let logger: Logger
 
     init(name: String, wormhole: Wormhole) throws(WormholeError) {
         try MessageIdentifier.validate(name)
-        guard let files = (wormhole.transiting as? FileTransiting)
-            ?? (wormhole.transiting as? CoordinatedFileTransiting)?.files
-        else {
-            throw WormholeError(
-                .directoryUnavailable, "Suites live in a directory; this wormhole was made with a custom transiting.",
-                identifier: name)
-        }
         self.name = name
         self.sender = wormhole.sender
-        self.files = files
-        self.notifier = wormhole.notifier
-        self.fileName = name + ".suite"
+        self.store = try wormhole.engine.suiteStore(name)
+        self.logger = wormhole.logger
     }
 
     // MARK: Reading
 
     /// The value of a key, or nil when the key is not set.
-    public func value<Value: Decodable>(forKey key: String, as type: Value.Type = Value.self) throws(WormholeError) -> Value? {
+    ///
+    /// Nil also when the value is not a `type`.
+    public func value<Value: Decodable>(
+        forKey key: String, as type: Value.Type = Value.self
+    ) throws(WormholeError) -> Value? {
         try snapshot()[key, as: type]
     }
 
     /// Every key and value, read at once.
     public func snapshot() throws(WormholeError) -> SuiteValues {
-        try document().values
-    }
-
-    func document() throws(WormholeError) -> SuiteDocument {
-        guard let envelope = try files.read(fileName: fileName, identifier: name) else { return SuiteDocument() }
-        return try SuiteDocument(decoding: envelope.payload, suite: name)
+        try store.read().values
     }
 
     // MARK: Writing
 
     /// Sets one key.
-    public func set<Value: Encodable>(_ value: Value, forKey key: String, direction: String? = nil) throws(WormholeError) {
+    public func set<Value: Encodable>(
+        _ value: Value, forKey key: String, direction: String? = nil
+    ) throws(WormholeError) {
         let encoded = try SuiteValues.encode(value, key: key)
-        try update(direction: direction) { (values: inout SuiteValues) throws(WormholeError) in values.set(raw: encoded, forKey: key) }
+        try store.update(sender: sender, direction: direction) { values in values.set(raw: encoded, forKey: key) }
     }
 
     /// Sets one key to a JSON value given as text or bytes, as it is (from a shell, another language).
@@ -85,41 +78,36 @@ public final class WormholeSuite: Sendable {
                 .encodingFailed, "The value for \"\(key)\" is not valid JSON: \(error).", identifier: name,
                 underlyingError: error)
         }
-        try update(direction: direction) { (values: inout SuiteValues) throws(WormholeError) in values.set(raw: compact, forKey: key) }
+        try store.update(sender: sender, direction: direction) { values in values.set(raw: compact, forKey: key) }
     }
 
     /// Removes one key.
     public func removeValue(forKey key: String, direction: String? = nil) throws(WormholeError) {
-        try update(direction: direction) { (values: inout SuiteValues) throws(WormholeError) in values.set(raw: nil, forKey: key) }
+        try store.update(sender: sender, direction: direction) { values in values.set(raw: nil, forKey: key) }
     }
 
     /// Changes any number of keys in one step, atomically for every process: `body` sees the current values, and no
     /// other process's update comes in between its read and its write. The observers are told once, with every key
     /// it changed.
-    public func update(
-        direction: String? = nil, _ body: (inout SuiteValues) throws(WormholeError) -> Void
-    ) throws(WormholeError) {
-        var changed = false
-        _ = try files.modify(fileName: fileName, identifier: name, sender: sender) { (current) throws(WormholeError) in
-            var document = try current.map { (data) throws(WormholeError) in try SuiteDocument(decoding: data, suite: name) }
-                ?? SuiteDocument()
-            var values = document.values
-            try body(&values)
-            let keys = document.values.changedKeys(comparedTo: values)
-            changed = !keys.isEmpty
-            if changed {
-                document.version += 1
-                document.values = values
-                document.log.append(
-                    SuiteDocument.Entry(
-                        version: document.version, keys: keys.sorted(), sender: sender, direction: direction,
-                        time: ProcessFacts.wallClockNanoseconds(),
-                        values: values.storage.filter { keys.contains($0.key) }))
-                if document.log.count > Self.logLimit { document.log.removeFirst(document.log.count - Self.logLimit) }
+    ///
+    /// ```swift
+    /// try settings.update { values in
+    ///     try values.set((values["count", as: Int.self] ?? 0) + 1, forKey: "count")
+    /// }
+    /// ```
+    ///
+    /// - Throws: ``WormholeError/Code/handlerFailed`` when `body` throws an error of its own (nothing is changed
+    ///   then), or the ``WormholeError`` it threw, and the store's codes.
+    public func update(direction: String? = nil, _ body: (inout SuiteValues) throws -> Void) throws(WormholeError) {
+        try store.update(sender: sender, direction: direction) { (values) throws(WormholeError) in
+            do {
+                try body(&values)
+            } catch let error as WormholeError {
+                throw error
+            } catch {
+                throw .handlerFailed(error, "while updating the suite; nothing was changed", identifier: name)
             }
-            return try document.encoded()
         }
-        if changed { try notifier.post(notificationName) }
     }
 
     // MARK: Observing
@@ -131,8 +119,11 @@ public final class WormholeSuite: Sendable {
     ///   - includingOwnChanges: Whether changes made through this process's suite (its ``sender``) are reported.
     ///   - direction: Only changes made with this direction; nil for all.
     ///   - notificationCenter: If given, each changed key is also posted there as a notification named like the key,
-    ///     its object the new value (a Foundation JSON object, nil when removed), as seed 002 reposts.
+    ///     its object the new value (a Foundation JSON object, nil when removed), as app groups often repost Darwin
+    ///     notifications.
     ///   - execution: Where `handler` runs.
+    ///   - errorHandler: Called when the suite cannot be read; observing goes on. When nil, the error is logged.
+    /// - Returns: The observer; it stops when cancelled or released.
     public func observe(
         keys: Set<String>? = nil,
         includingOwnChanges: Bool = false,
@@ -142,65 +133,110 @@ public final class WormholeSuite: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (SuiteChange) -> Void
     ) throws(WormholeError) -> SuiteObserver {
-        let start = try document()
-        let state = Locked<(version: UInt64, values: SuiteValues)>((start.version, start.values))
+        let start = try store.read()
+        let seen = Locked<SuiteState>(start)
         let schedule = execution.makeScheduler(label: "wormhole.suite.\(name)")
         let center = UncheckedSendableBox(notificationCenter)
-        let observation = try notifier.observe(notificationName) { [self] in
-            let current: SuiteDocument
+        let observer = SuiteObserver(name: name)
+        let observation = try store.observe { [self, weak observer] in
+            guard let observer, !observer.isCancelled else { return }
+            // Under the lock of this observer: changes are computed and handed over in order.
+            let changes: [SuiteChange]
             do throws(WormholeError) {
-                current = try document()
+                changes = try seen.withLock { (seen) throws(WormholeError) -> [SuiteChange] in
+                    let (current, logged) = try store.changes(after: seen.version)
+                    defer { seen = current }
+                    guard current.version > seen.version else { return [] }
+                    let result: [SuiteChange]
+                    if let logged {
+                        result = logged
+                    } else {
+                        // More changes than the store keeps came at once: report the difference, by an unknown sender.
+                        let keys = seen.values.changedKeys(comparedTo: current.values)
+                        result = [
+                            SuiteChange(
+                                version: current.version, keys: keys, sender: "", direction: nil,
+                                timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+                                values: SuiteValues(storage: current.values.storage.filter { keys.contains($0.key) }))
+                        ]
+                    }
+                    return result.compactMap { change in
+                        if !includingOwnChanges && change.sender == sender { return nil }
+                        if let direction, change.direction != direction { return nil }
+                        guard let keys else { return change }
+                        var filtered = change
+                        filtered.keys = change.keys.intersection(keys)
+                        return filtered.keys.isEmpty ? nil : filtered
+                    }
+                }
             } catch {
-                errorHandler?(error)
+                schedule { [self] in report(error, to: errorHandler) }
                 return
             }
-            // Under the lock of this observer: changes are computed and handed over in order.
-            let changes: [SuiteChange] = state.withLock { seen in
-                defer { seen = (current.version, current.values) }
-                guard current.version > seen.version else { return [] }
-                let logged = current.log.filter { $0.version > seen.version }
-                var result: [SuiteChange]
-                if logged.first?.version == seen.version + 1 {
-                    result = logged.map { SuiteChange(entry: $0) }
-                } else {
-                    // More changes than the log keeps came at once: report the difference, by an unknown sender.
-                    let keys = seen.values.changedKeys(comparedTo: current.values)
-                    result = [SuiteChange(version: current.version, keys: keys, sender: "", direction: nil,
-                        timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
-                        values: SuiteValues(storage: current.values.storage.filter { keys.contains($0.key) }))]
-                }
-                return result.compactMap { change in
-                    if !includingOwnChanges && change.sender == sender { return nil }
-                    if let direction, change.direction != direction { return nil }
-                    guard let keys else { return change }
-                    var filtered = change
-                    filtered.keys = change.keys.intersection(keys)
-                    return filtered.keys.isEmpty ? nil : filtered
-                }
-            }
             for change in changes {
-                schedule {
+                schedule { [weak observer] in
+                    guard let observer, !observer.isCancelled else { return }
                     handler(change)
                     if let center = center.value {
                         for key in change.keys.sorted() {
-                            center.post(name: Notification.Name(key), object: change.values.foundationObject(forKey: key))
+                            center.post(
+                                name: Notification.Name(key), object: change.values.foundationObject(forKey: key))
                         }
                     }
                 }
             }
         }
-        return SuiteObserver(observation: observation)
+        observer.attach(observation)
+        return observer
+    }
+
+    /// The changes to the suite, as an `AsyncSequence`; the same changes as
+    /// ``observe(keys:includingOwnChanges:direction:repostingTo:on:errorHandler:handler:)`` reports.
+    ///
+    /// The observer is registered when this method returns, so no change made after the call is missed. An error
+    /// reading the suite ends the sequence with it.
+    public func changes(
+        keys: Set<String>? = nil, includingOwnChanges: Bool = false, direction: String? = nil
+    ) -> ListeningSequence<SuiteChange> {
+        ListeningSequence { (continuation) throws(WormholeError) in
+            try observe(
+                keys: keys, includingOwnChanges: includingOwnChanges, direction: direction, on: .notifierThread,
+                errorHandler: { continuation.finish(throwing: $0) }
+            ) { change in continuation.yield(change) }
+        }
+    }
+
+    func report(_ error: WormholeError, to handler: (@Sendable (WormholeError) -> Void)?) {
+        ErrorReporting.report(error, to: handler, logger: logger, context: "suite \(name)")
     }
 }
 
 /// A suite observer; it stops when cancelled or released.
-public final class SuiteObserver: Sendable {
-    private let observation: NotifierObservation
+public final class SuiteObserver: WormholeCancellable {
+    /// The suite observed.
+    public let name: String
+    private let observation = Locked<NotifierObservation?>(nil)
+    private let cancelled = Atomic<Bool>(false)
 
-    init(observation: NotifierObservation) { self.observation = observation }
+    init(name: String) { self.name = name }
 
-    /// Stops observing.
-    public func cancel() { observation.cancel() }
+    func attach(_ observation: NotifierObservation) {
+        self.observation.withLock { $0 = observation }
+        if isCancelled { cancel() }
+    }
+
+    /// Stops observing. A change being handed over finishes; none is handed over after this returns.
+    public func cancel() {
+        cancelled.store(true, ordering: .releasing)
+        let observation = self.observation.withLock { observation in
+            defer { observation = nil }
+            return observation
+        }
+        observation?.cancel()
+    }
+
+    /// Whether the observer has stopped.
+    public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
 
     deinit { cancel() }
 }
@@ -220,7 +256,11 @@ public struct SuiteChange: Sendable, Equatable {
     /// The values this change set; a removed key is absent.
     public var values: SuiteValues
 
-    init(version: UInt64, keys: Set<String>, sender: String, direction: String?, timestampNanoseconds: Int64, values: SuiteValues) {
+    /// Creates a change, as an engine's ``SuiteStore`` records it.
+    public init(
+        version: UInt64, keys: Set<String>, sender: String, direction: String?, timestampNanoseconds: Int64,
+        values: SuiteValues
+    ) {
         self.version = version
         self.keys = keys
         self.sender = sender
@@ -243,10 +283,10 @@ struct UncheckedSendableBox<Value>: @unchecked Sendable {
 }
 
 extension Wormhole {
-    /// The shared key-value suite named `name` in this wormhole's directory.
+    /// The shared key-value suite named `name`, stored by this wormhole's engine.
     ///
-    /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/directoryUnavailable`` for a
-    ///   wormhole made with a custom transiting.
+    /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/unsupported`` when the
+    ///   wormhole's engine has no suites.
     public func suite(_ name: String) throws(WormholeError) -> WormholeSuite {
         try WormholeSuite(name: name, wormhole: self)
     }

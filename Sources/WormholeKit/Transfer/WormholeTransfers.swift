@@ -1,10 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 
 /// Files handed from one process of a group to another: WatchConnectivity's `transferFile`, between processes.
@@ -17,26 +10,27 @@ import Foundation
 ///
 /// // In the receiving process:
 /// let receiver = try exports.receive(consumer: "viewer", into: "/home/me/inbox") { file in
-///     open(file.path)                               // the file is now the receiver's, in its directory
+///     print("received", file.path)                  // the file is now the receiver's, in its directory
 /// }
 /// ```
 ///
 /// A transfer is queued and survives restarts of either side; each receiving consumer gets each file once (it is
-/// moved, not copied, into the destination). A file of any size is streamed in 1 MiB chunks, never read into memory.
-/// The sender may cancel a transfer until it is received.
+/// moved, not copied, into the destination). A file of any size is streamed in chunks, never read into memory.
+/// The sender may cancel a transfer until it is received. The wormhole's engine keeps the files (a
+/// ``TransferStaging``) and the queue of transfers (a ``QueueLog``).
 public final class WormholeTransfers: Sendable {
     /// The transfer channel's identifier.
     public let identifier: String
     let queue: WormholeQueue
-    let staging: DirectoryHandle
+    /// The engine's staging area of this channel.
+    public let staging: any TransferStaging
     let sender: String
-    static let chunkSize = 1 << 20
 
     init(identifier: String, wormhole: Wormhole) throws(WormholeError) {
         try MessageIdentifier.validate(identifier)
         self.identifier = identifier
         self.queue = try wormhole.queue(identifier + ".transfers")
-        self.staging = try queue.directory.subdirectory(named: identifier + ".files")
+        self.staging = try wormhole.engine.transferStaging(identifier)
         self.sender = wormhole.sender
     }
 
@@ -59,60 +53,18 @@ public final class WormholeTransfers: Sendable {
         metadata: [String: String] = [:],
         progress: (@Sendable (TransferProgress) -> Void)? = nil
     ) throws(WormholeError) -> FileTransfer {
-        let source = open(path, O_RDONLY | O_CLOEXEC)
-        guard source >= 0 else { throw WormholeError.fileSystem(currentErrno, "open the file to send", path: path) }
-        defer { _ = close(source) }
-        var status = stat()
-        guard fstat(source, &status) == 0, status.st_mode & S_IFMT == S_IFREG else {
-            throw WormholeError(.ioFailure, "Only regular files can be sent.", path: path)
-        }
         let id = UUID().uuidString.lowercased()
-        let transfer = FileTransfer(
-            id: id, name: name ?? URL(fileURLWithPath: path).lastPathComponent, size: UInt64(status.st_size),
-            metadata: metadata, sender: sender)
-        try MessageIdentifier.validate(transfer.name)
-        let partial = id + ".part"
-        let staged: OwnedDescriptor
-        do {
-            staged = try staging.openFile(named: partial, flags: O_WRONLY | O_CREAT | O_EXCL)
-        } catch {
-            throw WormholeError.fileSystem(error, "stage the file", path: staging.filePath(partial))
-        }
+        let name = name ?? URL(fileURLWithPath: path).lastPathComponent
+        try MessageIdentifier.validate(name)
+        let size = try staging.stage(id: id, from: path, progress: progress)
+        let transfer = FileTransfer(id: id, name: name, size: size, metadata: metadata, sender: sender)
         do throws(WormholeError) {
-            try copy(from: source, to: staged.descriptor.rawValue, size: transfer.size, progress: progress)
-            if case .failure(let errno) = staged.descriptor.synchronize() {
-                throw WormholeError.fileSystem(errno, "flush the staged file", path: staging.filePath(partial))
-            }
-            // Complete: it takes its final name, then is queued.
-            guard renameat(staging.rawDescriptor, partial, staging.rawDescriptor, id + ".file") == 0 else {
-                throw WormholeError.fileSystem(currentErrno, "stage the file", path: staging.filePath(partial))
-            }
             try queue.enqueue(transfer)
         } catch {
-            _ = unlinkat(staging.rawDescriptor, partial, 0)
-            _ = unlinkat(staging.rawDescriptor, id + ".file", 0)
+            _ = try? staging.remove(id: id)
             throw error
         }
         return transfer
-    }
-
-    private func copy(
-        from source: Int32, to destination: Int32, size: UInt64, progress: (@Sendable (TransferProgress) -> Void)?
-    ) throws(WormholeError) {
-        var buffer = [UInt8](repeating: 0, count: Self.chunkSize)
-        var copied: UInt64 = 0
-        while true {
-            let count = buffer.withUnsafeMutableBytes { bytes in
-                (try? valueOrErrno { read(source, bytes.baseAddress, bytes.count) }.get()) ?? -1
-            }
-            if count < 0 { throw WormholeError(.ioFailure, "Reading the file to send failed: \(currentErrno).") }
-            if count == 0 { break }
-            if case .failure(let errno) = Descriptor(rawValue: destination).write(Array(buffer[0..<count]), at: Int(copied)) {
-                throw WormholeError.fileSystem(errno, "copy the file", path: nil)
-            }
-            copied += UInt64(count)
-            progress?(TransferProgress(bytesCopied: copied, totalBytes: max(size, copied)))
-        }
     }
 
     /// Cancels a transfer that no receiver has taken yet. Returns false when it was already received (or unknown).
@@ -121,12 +73,12 @@ public final class WormholeTransfers: Sendable {
         guard UUID(uuidString: transferID) != nil else {
             throw WormholeError(.invalidIdentifier, "\(transferID) is not a transfer id.", identifier: identifier)
         }
-        return unlinkat(staging.rawDescriptor, transferID.lowercased() + ".file", 0) == 0
+        return try staging.remove(id: transferID.lowercased())
     }
 
     /// The transfers sent and not yet received (nor cancelled), by the id of their staged file.
     public func pendingTransferIDs() throws(WormholeError) -> [String] {
-        try staging.entries().filter { $0.hasSuffix(".file") }.map { String($0.dropLast(5)) }.sorted()
+        try staging.stagedIDs()
     }
 
     // MARK: Receiving
@@ -136,7 +88,9 @@ public final class WormholeTransfers: Sendable {
     /// The file is renamed into `destination` (copied when it is on another file system), under its transfer name,
     /// with ` (2)`, ` (3)`… added when the name is taken. The transfer is acknowledged when `handler` returns; a
     /// receiver killed before that gets the same file again (already in `destination`: it is not moved twice). A
-    /// transfer cancelled before it was received is reported to `errorHandler` and passed over.
+    /// transfer cancelled before it was received is reported to `errorHandler` (or logged) and passed over.
+    ///
+    /// - Returns: The receiver; it stops when cancelled or released.
     public func receive(
         consumer: String,
         into destination: String,
@@ -144,80 +98,46 @@ public final class WormholeTransfers: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (ReceivedFile) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
-        let target = try DirectoryHandle.open(path: destination, create: true)
+        _ = try DirectoryHandle.open(path: destination, create: true)
         return try queue.consume(consumer: consumer, as: FileTransfer.self, on: execution, errorHandler: errorHandler) {
             [self] message in
-            guard let file = try deliver(message.value, into: target) else {
-                errorHandler?(
+            guard let file = try staging.deliver(message.value, into: destination) else {
+                queue.report(
                     WormholeError(
-                        .ioFailure, "Transfer \(message.value.id) (\(message.value.name)) was cancelled before it was received.",
-                        identifier: identifier))
+                        .ioFailure,
+                        "Transfer \(message.value.id) (\(message.value.name)) was cancelled before it was received.",
+                        identifier: identifier),
+                    to: errorHandler)
                 return
             }
             try handler(file)
-            _ = unlinkat(staging.rawDescriptor, message.value.id + ".delivered", 0)
+            staging.finishDelivery(id: message.value.id)
         }
     }
 
-    /// Moves a transfer's file into the destination, once; nil when it was cancelled.
-    private func deliver(_ transfer: FileTransfer, into target: DirectoryHandle) throws(WormholeError) -> ReceivedFile? {
-        let marker = transfer.id + ".delivered"
-        // A delivery interrupted after the move: the marker says where the file went.
-        if let recorded = try? String(contentsOfFile: staging.filePath(marker), encoding: .utf8), !recorded.isEmpty {
-            return ReceivedFile(transfer: transfer, path: recorded)
+    /// The files received on this channel, as an `AsyncSequence`; see ``receive(consumer:into:on:errorHandler:handler:)``.
+    ///
+    /// A transfer is acknowledged once its file is in `destination` and handed to the sequence: a file the
+    /// iteration has not reached yet when the sequence ends is already in `destination`, and is not delivered again.
+    /// A transfer that cannot be delivered ends the sequence with its error.
+    public func files(consumer: String, into destination: String) -> ListeningSequence<ReceivedFile> {
+        ListeningSequence { (continuation) throws(WormholeError) in
+            try receive(
+                consumer: consumer, into: destination, on: .notifierThread,
+                errorHandler: { continuation.finish(throwing: $0) }
+            ) { file in continuation.yield(file) }
         }
-        let staged = transfer.id + ".file"
-        guard faccessat(staging.rawDescriptor, staged, F_OK, AT_SYMLINK_NOFOLLOW) == 0 else { return nil }
-        var name = transfer.name
-        var attempt = 1
-        while faccessat(target.rawDescriptor, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0 {
-            attempt += 1
-            let base = (transfer.name as NSString).deletingPathExtension
-            let suffix = (transfer.name as NSString).pathExtension
-            name = "\(base) (\(attempt))" + (suffix.isEmpty ? "" : "." + suffix)
-        }
-        let path = target.filePath(name)
-        // Record where the file goes before it moves, so that a restart finds it there.
-        do {
-            try Data(path.utf8).write(to: URL(fileURLWithPath: staging.filePath(marker)))
-        } catch {
-            throw WormholeError(.ioFailure, "Could not record the delivery: \(error).", identifier: identifier, underlyingError: error)
-        }
-        if renameat(staging.rawDescriptor, staged, target.rawDescriptor, name) != 0 {
-            let errno = currentErrno
-            guard errno == .improperLink else {
-                _ = unlinkat(staging.rawDescriptor, marker, 0)
-                if errno == .noSuchFileOrDirectory { return nil }  // cancelled meanwhile
-                throw WormholeError.fileSystem(errno, "move the received file", path: path)
-            }
-            try copyAcrossFileSystems(staged, to: name, in: target)
-        }
-        return ReceivedFile(transfer: transfer, path: path)
-    }
-
-    private func copyAcrossFileSystems(_ staged: String, to name: String, in target: DirectoryHandle) throws(WormholeError) {
-        let source: OwnedDescriptor
-        do { source = try staging.openFile(named: staged, flags: O_RDONLY) } catch {
-            throw WormholeError.fileSystem(error, "open the received file", path: staging.filePath(staged))
-        }
-        let destination: OwnedDescriptor
-        do { destination = try target.openFile(named: name, flags: O_WRONLY | O_CREAT | O_EXCL) } catch {
-            throw WormholeError.fileSystem(error, "copy the received file", path: target.filePath(name))
-        }
-        try copy(from: source.descriptor.rawValue, to: destination.descriptor.rawValue, size: 0, progress: nil)
-        _ = unlinkat(staging.rawDescriptor, staged, 0)
     }
 
     /// Removes staged copies left by senders killed mid-copy, older than `age`.
-    public func removeAbandonedCopies(olderThan age: TimeInterval = 3600) throws(WormholeError) {
-        for name in try staging.entries() where name.hasSuffix(".part") {
-            var status = stat()
-            if fstatat(staging.rawDescriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0,
-                Date().timeIntervalSince1970 - Double(status.st_mtim.tv_sec) > age
-            {
-                _ = unlinkat(staging.rawDescriptor, name, 0)
-            }
-        }
+    public func removeAbandonedCopies(olderThan age: Duration = .seconds(3600)) throws(WormholeError) {
+        try staging.removeAbandonedCopies(olderThan: age)
+    }
+
+    /// Removes staged copies left by senders killed mid-copy, older than `age` seconds.
+    @available(*, deprecated, message: "Pass a Duration: removeAbandonedCopies(olderThan: .seconds(3600)).")
+    public func removeAbandonedCopies(olderThan age: TimeInterval) throws(WormholeError) {
+        try removeAbandonedCopies(olderThan: .milliseconds(Int64(age * 1000)))
     }
 }
 
@@ -254,7 +174,7 @@ public struct TransferProgress: Sendable, Equatable {
 }
 
 extension Wormhole {
-    /// The file-transfer channel named `identifier` in this wormhole's directory.
+    /// The file-transfer channel named `identifier`, kept by this wormhole's engine.
     public func transfers(_ identifier: String) throws(WormholeError) -> WormholeTransfers {
         try WormholeTransfers(identifier: identifier, wormhole: self)
     }

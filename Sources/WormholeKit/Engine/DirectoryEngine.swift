@@ -1,0 +1,160 @@
+import Foundation
+import Logging
+
+/// The engine of the processes of one host: every mode in a directory they share.
+///
+/// Mailboxes are files of two checksummed slots (``FileTransiting``), woken through ``DirectoryNotifier`` (inotify,
+/// with polling as the fallback); queues are append-only logs; suites are files written as mailboxes are; live
+/// messages go through Unix sockets in `.live/`; transfers are staged in `IDENTIFIER.files/`. `FORMAT.md` describes
+/// every file, so that other languages can take part.
+///
+/// ``Wormhole/init(directory:configuration:)`` and ``Wormhole/init(applicationGroupIdentifier:optionalDirectory:configuration:)``
+/// make one; make it yourself to share it between wormholes, or to hand it to ``Wormhole/init(engine:coder:sender:logger:)``:
+///
+/// ```swift
+/// let engine = try DirectoryEngine(directory: "/tmp/example-wormhole")
+/// let app = Wormhole(engine: engine, sender: "app")
+/// ```
+public final class DirectoryEngine: WormholeEngine {
+    /// The directory of the wormhole's files.
+    public let directory: String
+    /// File modes, `fsync` and the size limit, which every mode follows.
+    public let options: FileTransiting.Options
+    public let transiting: any Transiting
+    public let notifier: any Notifier
+    /// The mailboxes' files, which suites share.
+    let files: FileTransiting
+    let logger: Logger
+
+    public var description: String { "directory \(directory)" }
+
+    /// Opens (and by default creates, mode 0700) a directory for every mode.
+    ///
+    /// - Parameters:
+    ///   - directory: The directory's path.
+    ///   - coordination: Whether mailbox operations take a directory-wide lock.
+    ///   - notification: How listeners learn of changes on Linux.
+    ///   - options: File modes, `fsync` and the size limit.
+    ///   - logger: Where warnings go (for example, falling back to polling).
+    /// - Throws: ``WormholeError/Code/directoryUnavailable`` when the directory cannot be created or written,
+    ///   ``WormholeError/Code/untrustedFile`` when it is a link or another user's.
+    public convenience init(
+        directory: String,
+        coordination: Wormhole.Configuration.Coordination = .none,
+        notification: DirectoryNotifier.Strategy = .automatic,
+        options: FileTransiting.Options = .init(),
+        logger: Logger = Logger(label: "wormhole")
+    ) throws(WormholeError) {
+        try self.init(
+            directory: directory, coordination: coordination, notification: notification, options: options,
+            logger: logger, darwinNotificationPrefix: nil)
+    }
+
+    convenience init(
+        directory: String,
+        coordination: Wormhole.Configuration.Coordination,
+        notification: DirectoryNotifier.Strategy,
+        options: FileTransiting.Options,
+        logger: Logger,
+        darwinNotificationPrefix: String?
+    ) throws(WormholeError) {
+        let transiting: any Transiting
+        let files: FileTransiting
+        switch coordination {
+        case .none:
+            files = try FileTransiting(directory: directory, options: options)
+            transiting = files
+        case .coordinated:
+            let coordinated = try CoordinatedFileTransiting(directory: directory, options: options)
+            files = coordinated.files
+            transiting = coordinated
+        }
+        let notifier: any Notifier
+        #if canImport(Darwin)
+        if let darwinNotificationPrefix, notification == .automatic {
+            notifier = DarwinNotifier(prefix: darwinNotificationPrefix)
+        } else {
+            notifier = try DirectoryNotifier(
+                directory: directory, strategy: notification, options: options, logger: logger)
+        }
+        #else
+        _ = darwinNotificationPrefix
+        notifier = try DirectoryNotifier(directory: directory, strategy: notification, options: options, logger: logger)
+        #endif
+        self.init(files: files, transiting: transiting, notifier: notifier, logger: logger)
+    }
+
+    /// An engine on the directory of a file transiting, with the given notifier.
+    init(files: FileTransiting, transiting: any Transiting, notifier: any Notifier, logger: Logger) {
+        self.directory = files.directory
+        self.options = files.options
+        self.files = files
+        self.transiting = transiting
+        self.notifier = notifier
+        self.logger = logger
+    }
+
+    /// The engine of a wormhole made from parts, when its transiting keeps a directory.
+    static func fromParts(transiting: any Transiting, notifier: any Notifier, logger: Logger) -> DirectoryEngine? {
+        let files: FileTransiting
+        switch transiting {
+        case let plain as FileTransiting: files = plain
+        case let coordinated as CoordinatedFileTransiting: files = coordinated.files
+        default: return nil
+        }
+        return DirectoryEngine(files: files, transiting: transiting, notifier: notifier, logger: logger)
+    }
+
+    public func queueLog(
+        _ identifier: String, sender: String, retention: Duration
+    ) throws(WormholeError) -> any QueueLog {
+        let wakeSource: DirectoryQueueLog.WakeSource =
+            if let files = notifier as? DirectoryNotifier { .logFile(files.strategy) } else { .notifier(notifier) }
+        return try DirectoryQueueLog(
+            directory: try DirectoryHandle.open(path: directory, create: true, options: options),
+            identifier: identifier, sender: sender, retention: retention, wakeSource: wakeSource, logger: logger)
+    }
+
+    public func suiteStore(_ name: String) throws(WormholeError) -> any SuiteStore {
+        try DirectorySuiteStore(name: name, files: files, notifier: notifier)
+    }
+
+    public func liveTransport(sender: String) throws(WormholeError) -> any LiveTransport {
+        DirectoryLiveTransport(path: directory, options: options, sender: sender)
+    }
+
+    public func transferStaging(_ identifier: String) throws(WormholeError) -> any TransferStaging {
+        try DirectoryTransferStaging(
+            directory: try DirectoryHandle.open(path: directory, create: true, options: options),
+            identifier: identifier)
+    }
+}
+
+/// The engine of a wormhole made from a transiting and a notifier that keep no directory: mailboxes only.
+final class MailboxOnlyEngine: WormholeEngine {
+    let transiting: any Transiting
+    let notifier: any Notifier
+
+    init(transiting: any Transiting, notifier: any Notifier) {
+        self.transiting = transiting
+        self.notifier = notifier
+    }
+
+    var description: String { "mailboxes only, on \(type(of: transiting))" }
+
+    func queueLog(_ identifier: String, sender: String, retention: Duration) throws(WormholeError) -> any QueueLog {
+        throw unsupported("queues", identifier: identifier)
+    }
+
+    func suiteStore(_ name: String) throws(WormholeError) -> any SuiteStore {
+        throw unsupported("suites", identifier: name)
+    }
+
+    func liveTransport(sender: String) throws(WormholeError) -> any LiveTransport {
+        throw unsupported("live messages")
+    }
+
+    func transferStaging(_ identifier: String) throws(WormholeError) -> any TransferStaging {
+        throw unsupported("file transfers", identifier: identifier)
+    }
+}

@@ -1,0 +1,260 @@
+import Foundation
+import Synchronization
+
+extension Wormhole {
+    // MARK: Live messages
+
+    /// Sends a message to every process listening for `identifier` right now; nothing is stored.
+    ///
+    /// This is WatchConnectivity's `sendMessage` between processes: a message for whoever is there. When nobody is
+    /// listening, it fails at once with ``WormholeError/Code/notReachable``; for a message that must wait for its
+    /// reader, pass it to a mailbox or a queue instead.
+    ///
+    /// On a directory, the connection to each listener is kept for the next message, so a message costs an `fstat`
+    /// of the directory and one `send`. A listener that falls behind holds its messages in its socket's buffer; when
+    /// that is full, sending waits for it.
+    ///
+    /// - Returns: How many processes it reached.
+    /// - Throws: ``WormholeError/Code/notReachable``, ``WormholeError/Code/messageTooLarge`` (over 64 KiB),
+    ///   ``WormholeError/Code/encodingFailed``, ``WormholeError/Code/invalidIdentifier``.
+    @discardableResult
+    public func sendMessage<Message: Encodable>(_ message: Message, identifier: String) throws(WormholeError) -> Int {
+        try sendMessageData(try coder.encodeMessage(message, identifier: identifier), identifier: identifier)
+    }
+
+    /// Sends bytes as they are to every process listening for `identifier` right now.
+    @discardableResult
+    public func sendMessageData(_ payload: Data, identifier: String) throws(WormholeError) -> Int {
+        try MessageIdentifier.validate(identifier)
+        try checkLiveSize(payload, identifier: identifier)
+        return try liveTransport().send(payload, identifier: identifier)
+    }
+
+    /// Calls `listener` with each live message sent to `identifier` while this listener lives.
+    ///
+    /// - Parameters:
+    ///   - execution: Where `listener` runs; a serial queue of the listener's own by default.
+    ///   - errorHandler: Called with a message that cannot be decoded as `type`; listening goes on. When nil, the
+    ///     error is logged.
+    /// - Throws: ``WormholeError`` when the endpoint cannot be created.
+    public func listenForLiveMessages<Message: Decodable & Sendable>(
+        withIdentifier identifier: String,
+        as type: Message.Type = Message.self,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        listener: @escaping @Sendable (Message) -> Void
+    ) throws(WormholeError) -> LiveListener {
+        try listenForLiveMessageData(withIdentifier: identifier, on: execution, errorHandler: errorHandler) {
+            [self] payload in
+            do throws(WormholeError) {
+                listener(try decodeLive(type, payload, identifier: identifier))
+            } catch {
+                report(error, to: errorHandler)
+            }
+        }
+    }
+
+    /// Calls `listener` with the bytes of each live message sent to `identifier` while this listener lives, as
+    /// ``sendMessageData(_:identifier:)`` sent them.
+    ///
+    /// - Parameter errorHandler: Kept for the vocabulary every listening call shares; bytes are never decoded, so it
+    ///   is called only if the transport reports an error.
+    public func listenForLiveMessageData(
+        withIdentifier identifier: String,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        listener: @escaping @Sendable (Data) -> Void
+    ) throws(WormholeError) -> LiveListener {
+        try MessageIdentifier.validate(identifier)
+        let schedule = execution.makeScheduler(label: "wormhole.live.\(identifier)")
+        let handle = LiveListener(identifier: identifier)
+        let observation = try liveTransport().listen(identifier: identifier) { [weak handle] message in
+            schedule { [weak handle] in
+                guard let handle, !handle.isCancelled else { return }
+                listener(message.payload)
+            }
+        }
+        handle.attach(observation)
+        return handle
+    }
+
+    /// The live messages sent to `identifier`, as an `AsyncSequence`, from the call on.
+    ///
+    /// A message that cannot be decoded as `type` ends the sequence with ``WormholeError/Code/decodingFailed``.
+    public func liveMessages<Message: Decodable & Sendable>(
+        withIdentifier identifier: String, as type: Message.Type = Message.self
+    ) -> ListeningSequence<Message> {
+        ListeningSequence { (continuation) throws(WormholeError) in
+            try listenForLiveMessageData(withIdentifier: identifier, on: .notifierThread) { [self] payload in
+                do throws(WormholeError) {
+                    continuation.yield(try decodeLive(type, payload, identifier: identifier))
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+        }
+    }
+
+    // MARK: Requests and replies
+
+    /// Sends a request to one process answering `identifier` and waits for its reply.
+    ///
+    /// ```swift
+    /// let answer = try await wormhole.request(Query(term: "swift"), identifier: "lookup", as: Answer.self,
+    ///                                         timeout: .seconds(1))
+    /// ```
+    ///
+    /// The waiting happens on a thread of its own, never on the cooperative thread pool.
+    ///
+    /// - Throws: ``WormholeError/Code/notReachable`` when no process answers `identifier`,
+    ///   ``WormholeError/Code/timedOut`` after `timeout`, ``WormholeError/Code/remoteFailure`` when the responder
+    ///   threw (its error's description is in the message) or its process ended before replying (at once, not at the
+    ///   time-out), ``WormholeError/Code/decodingFailed`` for a reply of another type.
+    public func request<Query: Encodable, Answer: Decodable & Sendable>(
+        _ query: Query, identifier: String, as type: Answer.Type = Answer.self, timeout: Duration = .seconds(5)
+    ) async throws(WormholeError) -> Answer {
+        let payload = try coder.encodeMessage(query, identifier: identifier)
+        let reply = try await requestData(payload, identifier: identifier, timeout: timeout)
+        return try decodeLive(type, reply, identifier: identifier)
+    }
+
+    /// Sends bytes as a request and returns the reply's bytes; see ``request(_:identifier:as:timeout:)``.
+    public func requestData(
+        _ payload: Data, identifier: String, timeout: Duration = .seconds(5)
+    ) async throws(WormholeError) -> Data {
+        try MessageIdentifier.validate(identifier)
+        try checkLiveSize(payload, identifier: identifier)
+        let transport = try liveTransport()
+        // A thread of its own: the wait must block neither the cooperative pool nor Dispatch's shared threads,
+        // which grow slowly when many requests wait at once.
+        let result: Result<Data, WormholeError> = await withCheckedContinuation { continuation in
+            Thread {
+                continuation.resume(returning: transport.request(payload, identifier: identifier, timeout: timeout))
+            }.start()
+        }
+        return try result.get()
+    }
+
+    /// Answers each request sent to `identifier` with what `responder` returns; an error it throws goes back to the
+    /// requester as ``WormholeError/Code/remoteFailure``.
+    ///
+    /// Any number of processes may answer one identifier; each request goes to one of them.
+    ///
+    /// - Parameters:
+    ///   - execution: Where `responder` runs; a serial queue of the responder's own by default.
+    ///   - errorHandler: Called when a request cannot be decoded as `type`, or `responder` throws (the requester
+    ///     gets the error too); when nil, the error is logged.
+    public func respondToRequests<Query: Decodable & Sendable, Answer: Encodable & Sendable>(
+        withIdentifier identifier: String,
+        as type: Query.Type = Query.self,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        responder: @escaping @Sendable (Query) throws -> Answer
+    ) throws(WormholeError) -> LiveListener {
+        try respondToRequestData(withIdentifier: identifier, on: execution, errorHandler: errorHandler) {
+            [self] payload in
+            let query = try decodeLive(type, payload, identifier: identifier)
+            return try coder.encode(try responder(query))
+        }
+    }
+
+    /// Answers each request sent to `identifier` with bytes; see
+    /// ``respondToRequests(withIdentifier:as:on:errorHandler:responder:)``.
+    public func respondToRequestData(
+        withIdentifier identifier: String,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        responder: @escaping @Sendable (Data) throws -> Data
+    ) throws(WormholeError) -> LiveListener {
+        try MessageIdentifier.validate(identifier)
+        let schedule = execution.makeScheduler(label: "wormhole.respond.\(identifier)")
+        let handle = LiveListener(identifier: identifier)
+        let observation = try liveTransport().respond(identifier: identifier) { [self, weak handle] request in
+            schedule { [self, weak handle] in
+                guard let handle, !handle.isCancelled else {
+                    request.fail("the responder stopped before answering")
+                    return
+                }
+                do {
+                    request.reply(try responder(request.payload))
+                } catch {
+                    request.fail("\(error)")
+                    let reported: WormholeError =
+                        (error as? WormholeError)
+                        ?? .handlerFailed(
+                            error, "answering a request from \(request.sender); the requester was told",
+                            identifier: identifier)
+                    report(reported, to: errorHandler)
+                }
+            }
+        }
+        handle.attach(observation)
+        return handle
+    }
+
+    // MARK: Plumbing
+
+    /// The engine's live transport, made on first use and kept: it holds the connections messages go out on.
+    func liveTransport() throws(WormholeError) -> any LiveTransport {
+        try live.withLock { (cached) throws(WormholeError) -> any LiveTransport in
+            if let cached { return cached }
+            let transport = try engine.liveTransport(sender: sender)
+            cached = transport
+            return transport
+        }
+    }
+
+    private func checkLiveSize(_ payload: Data, identifier: String) throws(WormholeError) {
+        guard payload.count <= Self.maximumLiveMessageSize - 256 - sender.utf8.count else {
+            throw WormholeError(
+                .messageTooLarge,
+                "Live messages and requests carry up to 64 KiB; this one is \(payload.count) bytes. Use a queue or a "
+                    + "file transfer for more.", identifier: identifier)
+        }
+    }
+
+    /// The largest live message or request, with its sender and framing, whatever the engine.
+    static let maximumLiveMessageSize = 64 * 1024
+
+    private func decodeLive<Message: Decodable>(
+        _ type: Message.Type, _ payload: Data, identifier: String
+    ) throws(WormholeError) -> Message {
+        do {
+            return try coder.decode(type, from: payload)
+        } catch {
+            throw WormholeError(
+                .decodingFailed, "The live message is not a \(Message.self): \(error).", identifier: identifier,
+                underlyingError: error)
+        }
+    }
+}
+
+/// A process listening for live messages or answering requests; it stops when cancelled or released.
+public final class LiveListener: WormholeCancellable {
+    /// The identifier listened to.
+    public let identifier: String
+    private let observation = Locked<NotifierObservation?>(nil)
+    private let cancelled = Atomic<Bool>(false)
+
+    init(identifier: String) { self.identifier = identifier }
+
+    func attach(_ observation: NotifierObservation) {
+        self.observation.withLock { $0 = observation }
+        if isCancelled { cancel() }
+    }
+
+    /// Stops listening: senders no longer reach this process. A message being handled finishes.
+    public func cancel() {
+        cancelled.store(true, ordering: .releasing)
+        let observation = self.observation.withLock { observation in
+            defer { observation = nil }
+            return observation
+        }
+        observation?.cancel()
+    }
+
+    /// Whether listening has stopped.
+    public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
+
+    deinit { cancel() }
+}

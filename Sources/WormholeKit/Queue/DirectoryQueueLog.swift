@@ -1,0 +1,283 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+#if os(Linux) || os(Android)
+import CWormholeSystem
+#endif
+import Foundation
+import Logging
+
+/// A durable queue in a directory: a lock-free `O_APPEND` log of checksummed records (`IDENTIFIER.queue`) and a
+/// position file per consumer (`IDENTIFIER.consumers/NAME`). `FORMAT.md` describes the files.
+///
+/// Consumers are woken by the log file itself (inotify on it, or polling its size), or, when the directory's
+/// notifier is not a ``DirectoryNotifier``, by that notifier's `queue.IDENTIFIER` posts.
+final class DirectoryQueueLog: QueueLog {
+    let identifier: String
+    let retention: Duration
+    let directory: DirectoryHandle
+    let consumers: DirectoryHandle
+    let logName: String
+    let sender: [UInt8]
+    let logger: Logger
+    let wakeSource: WakeSource
+    private let appendDescriptor = Locked<Int32>(-1)
+    /// The bytes of a batch being appended, kept for the next batch.
+    private let batchBuffer = Locked<[UInt8]>([])
+
+    enum WakeSource: Sendable {
+        case logFile(DirectoryNotifier.Strategy)
+        case notifier(any Notifier)
+    }
+
+    var logPath: String { directory.filePath(logName) }
+
+    init(
+        directory: DirectoryHandle, identifier: String, sender: String, retention: Duration, wakeSource: WakeSource,
+        logger: Logger
+    ) throws(WormholeError) {
+        try MessageIdentifier.validate(identifier)
+        self.identifier = identifier
+        self.retention = retention
+        self.logName = identifier + ".queue"
+        self.directory = directory
+        self.consumers = try directory.subdirectory(named: identifier + ".consumers")
+        self.sender = Array(sender.utf8.prefix(Int(UInt16.max)))
+        self.logger = logger
+        self.wakeSource = wakeSource
+    }
+
+    deinit {
+        appendDescriptor.withLock { if $0 >= 0 { _ = close($0) } }
+    }
+
+    // MARK: Appending
+
+    func append(contentsOf payloads: some Sequence<Data>) throws(WormholeError) {
+        let timestamp = ProcessFacts.wallClockNanoseconds()
+        // One buffer, kept between calls (a fresh one would cost an allocation per message, and page faults for a
+        // large batch), one write.
+        try batchBuffer.withLock { (buffer) throws(WormholeError) in
+            buffer.removeAll(keepingCapacity: true)
+            for payload in payloads {
+                try checkSize(payload)
+                payload.withUnsafeBytes { bytes in
+                    QueueFormat.encode(
+                        payload: bytes, sender: sender, timestampNanoseconds: timestamp, appendingTo: &buffer)
+                }
+            }
+            guard !buffer.isEmpty else { return }
+            try append(buffer)
+            if buffer.capacity > 8 << 20 { buffer = [] }  // not kept after a huge batch
+        }
+    }
+
+    private func checkSize(_ payload: Data) throws(WormholeError) {
+        guard payload.count + QueueFormat.bodyPrefixSize + sender.count <= QueueFormat.maximumBodySize else {
+            throw WormholeError(
+                .messageTooLarge, "The message is \(payload.count) bytes; a queue accepts up to 64 MiB.",
+                identifier: identifier)
+        }
+    }
+
+    /// Appends whole records with one write, then wakes the consumers.
+    private func append(_ records: [UInt8]) throws(WormholeError) {
+        try appendDescriptor.withLock { (descriptor) throws(WormholeError) in
+            if descriptor < 0 { descriptor = try openForAppending() }
+            // One write: with O_APPEND the kernel puts it at the end, whole, whatever other processes append
+            // meanwhile.
+            let written = records.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+            guard written == records.count else {
+                let errno = written < 0 ? currentErrno : .noSpace
+                _ = close(descriptor)
+                descriptor = -1
+                let action =
+                    written > 0
+                    ? "append to the queue (only the first \(written) of \(records.count) bytes were written: the "
+                        + "messages before the cut are in the queue, the rest are not)"
+                    : "append to the queue"
+                throw WormholeError.fileSystem(errno, action, identifier: identifier, path: logPath)
+            }
+        }
+        if case .notifier(let notifier) = wakeSource {
+            try notifier.post("queue." + identifier)
+        }
+    }
+
+    private func openForAppending() throws(WormholeError) -> Int32 {
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: logName, flags: O_WRONLY | O_APPEND | O_CREAT)
+        } catch {
+            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
+        }
+        guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
+            throw WormholeError(
+                .ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
+        }
+        return file.release()
+    }
+
+    func openForReading() throws(WormholeError) -> Int32 {
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: logName, flags: O_RDONLY | O_CREAT)
+        } catch {
+            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
+        }
+        guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
+            throw WormholeError(
+                .ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
+        }
+        return file.release()
+    }
+
+    // MARK: Consumers
+
+    func openCursor(consumer: String) throws(WormholeError) -> any QueueCursor {
+        try DirectoryQueueCursor(log: self, name: consumer)
+    }
+
+    func status() throws(WormholeError) -> QueueStatus {
+        let reader = try openForReading()
+        defer { _ = close(reader) }
+        var raw = stat()
+        fstat(reader, &raw)
+        let end = UInt64(raw.st_size)
+        var result: [QueueStatus.Consumer] = []
+        for name in try consumers.entries().sorted() where MessageIdentifier.isValid(name) {
+            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
+            let position = try cursor.read() ?? 0
+            var scan = QueueReader(descriptor: reader, position: position)
+            var pending = 0
+            while let item = try scan.next() {
+                pending += 1
+                scan.advance(to: item.end)
+            }
+            result.append(.init(name: name, offset: position, lagBytes: end - min(end, position), lagMessages: pending))
+        }
+        return QueueStatus(identifier: identifier, endOffset: end, consumers: result)
+    }
+
+    // MARK: Reclaiming
+
+    func reclaimSpace() throws(WormholeError) {
+        let now = Date()
+        var minimum: UInt64?
+        for name in try consumers.entries() where MessageIdentifier.isValid(name) {
+            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
+            if let seen = cursor.lastWritten, now.timeIntervalSince(seen) > Double(retention.components.seconds) {
+                _ = consumers.removeFile(named: name)
+                logger.warning(
+                    "Dropped a queue consumer not seen within the retention", metadata: ["consumer": "\(name)"])
+                continue
+            }
+            let position = try cursor.read() ?? 0
+            minimum = min(minimum ?? position, position)
+        }
+        guard let minimum, minimum >= 4096 else { return }
+        #if os(Linux) || os(Android)
+        // Punching a hole needs a descriptor open for writing.
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: logName, flags: O_WRONLY)
+        } catch {
+            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
+        }
+        let descriptor = file.descriptor.rawValue
+        let through = minimum & ~4095
+        if cwormhole_punch_hole(descriptor, 0, Int64(through)) != 0 {
+            // Not every file system can punch holes; the queue still works, it only keeps its space.
+            logger.debug("Could not reclaim queue space", metadata: ["errno": "\(currentErrno)"])
+        }
+        _ = consume file
+        #endif
+    }
+}
+
+/// A consumer's reader and stored position in a directory queue.
+final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
+    // Used by one reader at a time, as QueueCursor requires: its owner serialises every call.
+    let log: DirectoryQueueLog
+    let file: QueueCursorFile
+    private var reader: QueueReader
+    private var sinceReclaim: UInt64 = 0
+
+    init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
+        self.log = log
+        file = try QueueCursorFile(directory: log.consumers, name: name, create: true)
+        let stored = try file.read()
+        if stored == nil { try file.write(0) }  // registered now: reclaiming waits for this consumer from here on
+        reader = QueueReader(descriptor: try log.openForReading(), position: stored ?? 0)
+    }
+
+    deinit { _ = close(reader.descriptor) }
+
+    var consumer: String { file.name }
+
+    var position: UInt64 { reader.position }
+
+    func read(maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
+        let start = reader.position
+        defer { reader.rewind(to: start) }
+        var batch: [QueueRecord] = []
+        // A batch also ends past one read chunk of bytes, so that it stays in the CPU's caches.
+        while batch.count < maximumCount, reader.position - start < QueueReader.chunkSize,
+            let item = try reader.next()
+        {
+            batch.append(
+                QueueRecord(
+                    offset: item.offset, end: item.end, sender: String(decoding: item.record.sender, as: UTF8.self),
+                    timestampNanoseconds: item.record.timestampNanoseconds, payload: item.record.payload))
+            reader.advance(to: item.end)
+        }
+        return batch
+    }
+
+    func acknowledge(through end: UInt64) throws(WormholeError) {
+        let start = reader.position
+        try file.write(end)
+        reader.advance(to: end)
+        sinceReclaim += end - min(start, end)
+        if sinceReclaim > 4 << 20 {
+            sinceReclaim = 0
+            try log.reclaimSpace()
+        }
+    }
+
+    func observeAppends(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
+        switch log.wakeSource {
+        case .notifier(let notifier):
+            return try notifier.observe("queue." + log.identifier, handler: handler)
+        case .logFile(let strategy):
+            let path = log.logPath
+            let descriptor = reader.descriptor
+            let pollSize: @Sendable () -> [UInt8]? = {
+                var raw = stat()
+                guard fstat(descriptor, &raw) == 0 else { return nil }
+                return PollingMonitor.token(UInt64(raw.st_size))
+            }
+            switch strategy {
+            case .polling(let interval):
+                return PollingMonitor.shared.observe(probe: pollSize, interval: interval, handler: handler)
+            case .inotify, .automatic:
+                #if os(Linux) || os(Android)
+                do {
+                    let (directory, name) = (log.directory, log.logName)
+                    return try InotifyMonitor.shared.observe(
+                        path: path, create: { directory.touchFile(named: name) }, handler: handler)
+                } catch where strategy == .automatic {
+                    log.logger.warning(
+                        "inotify is unavailable; polling the queue instead", metadata: ["cause": "\(error.message)"])
+                }
+                #endif
+                return PollingMonitor.shared.observe(
+                    probe: pollSize, interval: DirectoryNotifier.fallbackPollingInterval, handler: handler)
+            }
+        }
+    }
+}

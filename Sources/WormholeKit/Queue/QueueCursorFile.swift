@@ -1,0 +1,84 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Foundation
+
+/// A consumer's stored position: 16 bytes, `WHQC`, a CRC-32C of the offset, the offset (little-endian).
+final class QueueCursorFile: Sendable {
+    private static let magic: UInt32 = 0x4351_4857  // "WHQC"
+    private let descriptor: Int32
+    let name: String
+    let path: String
+
+    init(directory: DirectoryHandle, name: String, create: Bool) throws(WormholeError) {
+        try MessageIdentifier.validate(name)
+        self.name = name
+        self.path = directory.filePath(name)
+        let file: OwnedDescriptor
+        do {
+            file = try directory.openFile(named: name, flags: O_RDWR | (create ? O_CREAT : 0))
+        } catch {
+            throw WormholeError.fileSystem(error, "open the position of consumer \(name)", path: directory.filePath(name))
+        }
+        guard try directory.trustedStatus(of: file.descriptor, name: name, identifier: nil) != nil else {
+            throw WormholeError(.ioFailure, "The consumer's position file was removed while opening it.", path: path)
+        }
+        descriptor = file.release()
+    }
+
+    deinit { _ = close(descriptor) }
+
+    /// The stored offset, or nil for a consumer that has not handled anything yet.
+    func read() throws(WormholeError) -> UInt64? {
+        let bytes: [UInt8]
+        switch Descriptor(rawValue: descriptor).read(count: 16, at: 0) {
+        case .success(let read): bytes = read
+        case .failure(let errno): throw WormholeError.fileSystem(errno, "read the position of consumer \(name)", path: path)
+        }
+        guard let position = Self.decode(bytes) else {
+            throw WormholeError(
+                .corruptMessage,
+                "The position of consumer \(name) is damaged. Remove the file to start that consumer over from the "
+                    + "oldest message kept.",
+                path: path)
+        }
+        return position.offset
+    }
+
+    /// Decodes a position file's bytes: `.some(nil)` for an empty file, nil for damaged bytes.
+    static func decode(_ bytes: [UInt8]) -> (offset: UInt64?, Void)? {
+        if bytes.isEmpty { return (nil, ()) }
+        let slice = bytes[...]
+        guard bytes.count == 16, slice.load(at: 0) as UInt32 == magic,
+            slice.load(at: 4) as UInt32 == CRC32C.checksum(bytes[8..<16])
+        else { return nil }
+        return (slice.load(at: 8), ())
+    }
+
+    /// A position file's bytes.
+    static func encode(_ offset: UInt64) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: 16)
+        bytes.store(magic, at: 0)
+        bytes.store(offset, at: 8)
+        bytes.store(CRC32C.checksum(bytes[8..<16]), at: 4)
+        return bytes
+    }
+
+    func write(_ offset: UInt64) throws(WormholeError) {
+        let bytes = Self.encode(offset)
+        if case .failure(let errno) = Descriptor(rawValue: descriptor).write(bytes, at: 0) {
+            throw WormholeError.fileSystem(errno, "store the position of consumer \(name)", path: path)
+        }
+    }
+
+    /// When the position was last stored: how recently the consumer was seen.
+    var lastWritten: Date? {
+        var raw = stat()
+        guard fstat(descriptor, &raw) == 0, raw.st_size > 0 else { return nil }
+        return Date(timeIntervalSince1970: Double(raw.st_mtim.tv_sec) + Double(raw.st_mtim.tv_nsec) / 1e9)
+    }
+}
