@@ -314,6 +314,14 @@ public struct QueueStatus: Sendable, Codable, Equatable {
         public var lagBytes: UInt64
         /// How many messages it has not handled.
         public var lagMessages: Int
+
+        /// Creates a consumer's status, as an engine's ``QueueLog`` reports it.
+        public init(name: String, offset: UInt64, lagBytes: UInt64, lagMessages: Int) {
+            self.name = name
+            self.offset = offset
+            self.lagBytes = lagBytes
+            self.lagMessages = lagMessages
+        }
     }
 
     /// The queue's identifier.
@@ -322,4 +330,11 @@ public struct QueueStatus: Sendable, Codable, Equatable {
     public var endOffset: UInt64
     /// The registered consumers, by name.
     public var consumers: [Consumer]
+
+    /// Creates a queue's status, as an engine's ``QueueLog`` reports it.
+    public init(identifier: String, endOffset: UInt64, consumers: [Consumer]) {
+        self.identifier = identifier
+        self.endOffset = endOffset
+        self.consumers = consumers
+    }
 }

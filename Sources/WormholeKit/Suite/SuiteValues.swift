@@ -29,6 +29,10 @@ public struct SuiteValues: Sendable, Equatable {
 
     mutating func set(raw: Data?, forKey key: String) { storage[key] = raw }
 
+    /// Sets a key to JSON text as it is, for engines that store values as JSON; the text must be one compact JSON
+    /// value, as ``json(forKey:)`` returns it.
+    public mutating func setJSON(_ json: Data, forKey key: String) { storage[key] = json }
+
     static func encode<Value: Encodable>(_ value: Value, key: String) throws(WormholeError) -> Data {
         do {
             let encoder = JSONEncoder()

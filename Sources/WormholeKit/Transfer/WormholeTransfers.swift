@@ -153,6 +153,15 @@ public struct FileTransfer: Codable, Sendable, Equatable {
     public var metadata: [String: String]
     /// Who sent it.
     public var sender: String
+
+    /// Creates a transfer's description.
+    public init(id: String, name: String, size: UInt64, metadata: [String: String], sender: String) {
+        self.id = id
+        self.name = name
+        self.size = size
+        self.metadata = metadata
+        self.sender = sender
+    }
 }
 
 /// A file received: where it now is, and what came with it.
@@ -161,6 +170,12 @@ public struct ReceivedFile: Sendable, Equatable {
     public var transfer: FileTransfer
     /// Where the file is now.
     public var path: String
+
+    /// Creates a received file, as an engine's ``TransferStaging`` delivers it.
+    public init(transfer: FileTransfer, path: String) {
+        self.transfer = transfer
+        self.path = path
+    }
 }
 
 /// How far a sender's copy has gone.
@@ -169,6 +184,12 @@ public struct TransferProgress: Sendable, Equatable {
     public var bytesCopied: UInt64
     /// The file's size.
     public var totalBytes: UInt64
+
+    /// Creates a progress report, as an engine's ``TransferStaging`` reports it.
+    public init(bytesCopied: UInt64, totalBytes: UInt64) {
+        self.bytesCopied = bytesCopied
+        self.totalBytes = totalBytes
+    }
     /// From 0 to 1.
     public var fraction: Double { totalBytes == 0 ? 1 : Double(bytesCopied) / Double(totalBytes) }
 }

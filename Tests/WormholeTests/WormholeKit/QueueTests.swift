@@ -106,7 +106,7 @@ struct QueueTests {
             attempts.append(batch.map(\.value.index))
             if attempts.count == 1 { throw Refused() }
         }
-        #expect(eventually { attempts.values == [[0, 1, 2, 3, 4]] && errors.values == [.ioFailure] })
+        #expect(eventually { attempts.values == [[0, 1, 2, 3, 4]] && errors.values == [.handlerFailed] })
         // The next append offers the refused batch again, with the new message.
         try queue.enqueue(Job(writer: "here", index: 5))
         #expect(eventually { attempts.values.count == 2 })

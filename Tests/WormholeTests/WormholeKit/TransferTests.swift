@@ -111,7 +111,7 @@ struct TransferTests {
         let transfers = try makeTransfers()
         #expect(try transfers.pendingTransferIDs().isEmpty)
         #expect(try transfers.queue.status().endOffset == 0, "nothing was queued")
-        try transfers.removeAbandonedCopies(olderThan: -1)
+        try transfers.removeAbandonedCopies(olderThan: .seconds(-1))
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/files.files")).isEmpty)
     }
 
