@@ -178,7 +178,7 @@ struct StorePurge: ParsableCommand {
     var maxAge: Double?
 
     func run() throws {
-        let removed = try location.open().purgeHistory(maximumAge: maxAge)
+        let removed = try location.open().purgeHistory(maximumAge: maxAge.map { .milliseconds(Int64($0 * 1000)) })
         Output.line("purged \(removed) transactions")
     }
 }

@@ -26,21 +26,26 @@ extension SharedStore {
 
     /// Calls `handler` with each transaction other processes commit, from this consumer's history token on.
     ///
-    /// The handler runs on a serial queue of the observer's own. A transaction is acknowledged (the token moves past
-    /// it) when the handler returns without throwing; when it throws, the error goes to `errorHandler` and the same
-    /// transaction is offered again at the next commit. History rows that cannot be read are reported to
-    /// `errorHandler` as ``StoreError/Code/corruptHistory``, and the rest of their transaction is delivered.
+    /// The handler runs where `execution` says, a serial queue of the observer's own by default, together with the
+    /// reading of the history. A transaction is acknowledged (the token moves past it) when the handler returns
+    /// without throwing; when it throws, the error goes to `errorHandler` as ``StoreError/Code/handlerFailed`` and
+    /// the same transaction is offered again at the next commit. History rows that cannot be read are reported to
+    /// `errorHandler` as ``StoreError/Code/corruptHistory``, and the rest of their transaction is delivered. With no
+    /// `errorHandler`, errors are logged.
     ///
     /// - Returns: The observer; it stops when cancelled or released.
     public func observeRemoteChanges(
         consumer: String?,
         tables: Set<String>? = nil,
         includingOwnWrites: Bool = false,
+        on execution: CallbackExecution = .serialQueue,
         errorHandler: (@Sendable (StoreError) -> Void)? = nil,
         handler: @escaping @Sendable (StoreTransaction) throws -> Void
     ) throws(StoreError) -> RemoteChangeObserver {
-        let cursor = try ConsumerCursor(store: self, name: consumer, tables: tables, includingOwnWrites: includingOwnWrites)
-        let observer = RemoteChangeObserver(cursor: cursor, handler: handler, errorHandler: errorHandler)
+        let cursor = try ConsumerCursor(
+            store: self, name: consumer, tables: tables, includingOwnWrites: includingOwnWrites)
+        let observer = RemoteChangeObserver(
+            cursor: cursor, execution: execution, handler: handler, errorHandler: errorHandler)
         do {
             let observation = try notifier.observe(notificationName) { [weak observer] in observer?.wake() }
             observer.start(observation)
@@ -51,14 +56,18 @@ extension SharedStore {
     }
 
     /// Marks a transaction as merged by a durable consumer, for a consumer that stopped iterating after it.
-    public func acknowledge(_ transaction: StoreTransaction, consumer: String) throws {
-        try databasePool.write { db in
-            try ConsumerCursor.store(token: transaction.id, consumer: consumer, db)
+    public func acknowledge(_ transaction: StoreTransaction, consumer: String) throws(StoreError) {
+        do {
+            try databasePool.write { db in
+                try ConsumerCursor.store(token: transaction.id, consumer: consumer, db)
+            }
+        } catch {
+            throw Self.storeError(error, "store the history token of \(consumer)", path: path)
         }
     }
 
     /// The history token stored for a durable consumer, or nil if there is no such consumer.
-    public func historyToken(forConsumer consumer: String) throws -> Int64? {
+    public func historyToken(forConsumer consumer: String) throws(StoreError) -> Int64? {
         try read { db in try Int64.fetchOne(db, sql: "SELECT token FROM wormhole_consumer WHERE name = ?", arguments: [consumer]) }
     }
 }
@@ -117,23 +126,27 @@ final class ConsumerCursor: Sendable {
 }
 
 /// A running observation of remote changes; it stops when cancelled or released.
-public final class RemoteChangeObserver: Sendable {
+public final class RemoteChangeObserver: WormholeCancellable {
     private let cursor: ConsumerCursor
     private let handler: @Sendable (StoreTransaction) throws -> Void
     private let errorHandler: (@Sendable (StoreError) -> Void)?
-    private let queue = DispatchQueue(label: "wormhole.store.observer")
-    private static let onQueue = DispatchSpecificKey<Bool>()
+    private let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
+    /// Held while delivering, so that `cancel()` can wait for a delivery under way.
+    private let delivering = Locked(())
+    /// The thread delivering right now, so that `cancel()` called from a handler does not wait for itself.
+    private let deliveringThread = Atomic<UInt>(0)
+    private let scheduled = Atomic<Bool>(false)
     private let observation = Locked<NotifierObservation?>(nil)
     private let cancelled = Atomic<Bool>(false)
 
     init(
-        cursor: ConsumerCursor, handler: @escaping @Sendable (StoreTransaction) throws -> Void,
-        errorHandler: (@Sendable (StoreError) -> Void)?
+        cursor: ConsumerCursor, execution: CallbackExecution,
+        handler: @escaping @Sendable (StoreTransaction) throws -> Void, errorHandler: (@Sendable (StoreError) -> Void)?
     ) {
         self.cursor = cursor
         self.handler = handler
         self.errorHandler = errorHandler
-        queue.setSpecific(key: Self.onQueue, value: true)
+        self.schedule = execution.makeScheduler(label: "wormhole.store.observer")
     }
 
     func start(_ observation: NotifierObservation) {
@@ -141,7 +154,21 @@ public final class RemoteChangeObserver: Sendable {
         wake()  // catch up on what was committed while this consumer was away
     }
 
-    func wake() { queue.async { [self] in deliverPending() } }
+    func wake() {
+        // Coalesce: one pass reads everything committed so far.
+        guard !scheduled.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        schedule { [self] in
+            scheduled.store(false, ordering: .releasing)
+            delivering.withLock { _ in
+                deliveringThread.store(UInt(bitPattern: Int(bitPattern: pthread_self())), ordering: .releasing)
+                defer { deliveringThread.store(0, ordering: .releasing) }
+                deliverPending()
+            }
+        }
+    }
+
+    /// Whether the observer has stopped.
+    public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
 
     /// The consumer's history token.
     public var historyToken: Int64 { cursor.current }
@@ -155,7 +182,10 @@ public final class RemoteChangeObserver: Sendable {
             return watch
         }
         watch?.cancel()
-        if DispatchQueue.getSpecific(key: Self.onQueue) != true { queue.sync {} }
+        // Wait for a delivery under way, unless this is that delivery's own thread.
+        if deliveringThread.load(ordering: .acquiring) != UInt(bitPattern: Int(bitPattern: pthread_self())) {
+            delivering.withLock { _ in }
+        }
     }
 
     deinit { cancel() }
@@ -185,7 +215,10 @@ public final class RemoteChangeObserver: Sendable {
                 } catch {
                     // Not merged: offered again at the next commit.
                     return report(
-                        StoreError(.database, "The handler failed on transaction \(transaction.id): \(error)",
+                        StoreError(
+                            .handlerFailed,
+                            "The handler threw on transaction \(transaction.id): \(error). It stays unacknowledged "
+                                + "and is offered again at the next commit.",
                             path: cursor.store.path, underlyingError: error))
                 }
                 do {
@@ -221,6 +254,7 @@ public final class RemoteChangeObserver: Sendable {
 /// Iterate it once. The database work runs on GRDB's queues, never blocking the cooperative thread pool.
 public struct RemoteChangeSequence: AsyncSequence, Sendable {
     public typealias Element = StoreTransaction
+    public typealias Failure = StoreError
 
     private let feed: Feed
     private let wakes: AsyncStream<Void>
@@ -269,8 +303,16 @@ public struct RemoteChangeSequence: AsyncSequence, Sendable {
         var unacknowledged: Int64?
 
         /// The next transaction; throws a ``StoreError`` when the history cannot be read.
-        public mutating func next() async throws -> StoreTransaction? {
+        public mutating func next() async throws(StoreError) -> StoreTransaction? {
             let cursor = try feed.cursor.get()
+            do {
+                return try await nextTransaction(cursor)
+            } catch {
+                throw SharedStore.storeError(error, "read the history", path: cursor.store.path)
+            }
+        }
+
+        private mutating func nextTransaction(_ cursor: ConsumerCursor) async throws -> StoreTransaction? {
             let pool = cursor.store.databasePool
             if let previous = unacknowledged {
                 try await pool.write { db in try cursor.acknowledge(through: previous, db) }

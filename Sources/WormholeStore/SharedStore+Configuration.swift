@@ -11,9 +11,9 @@ extension SharedStore {
         public var author: String
         /// How long a write waits for another process's write before failing with ``StoreError/Code/busy``;
         /// 5 seconds by default.
-        public var busyTimeout: TimeInterval
+        public var busyTimeout: Duration
         /// How long history is kept for a consumer that never comes back; 7 days by default.
-        public var historyMaximumAge: TimeInterval
+        public var historyMaximumAge: Duration
         /// Tables whose changes are not recorded nor notified (caches, scratch tables).
         public var untrackedTables: Set<String>
         /// Whether this process's GRDB observations fire after other processes' commits; on by default.
@@ -29,8 +29,8 @@ extension SharedStore {
         /// Creates a configuration; every parameter has the default described on its property.
         public init(
             author: String = ProcessInfo.processInfo.processName,
-            busyTimeout: TimeInterval = 5,
-            historyMaximumAge: TimeInterval = 7 * 24 * 3600,
+            busyTimeout: Duration = .seconds(5),
+            historyMaximumAge: Duration = .seconds(7 * 24 * 3600),
             untrackedTables: Set<String> = [],
             observesRemoteChanges: Bool = true,
             notification: DirectoryNotifier.Strategy = .automatic,

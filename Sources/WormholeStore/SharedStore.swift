@@ -114,7 +114,7 @@ public final class SharedStore: Sendable {
         }
 
         var grdb = configuration.databaseConfiguration
-        grdb.busyMode = .timeout(configuration.busyTimeout)
+        grdb.busyMode = .timeout(configuration.busyTimeout.seconds)
         grdb.journalMode = .wal
         let pool: DatabasePool
         let lock = try SetupLock(path: path + ".wormhole-lock")
@@ -158,10 +158,11 @@ public final class SharedStore: Sendable {
     /// Changes that other tools made since the last write through a store are first recorded as a transaction of
     /// their own, of author `external`. A table created inside `updates` is tracked from the next write on.
     ///
-    /// - Throws: ``StoreError/Code/busy`` when another process held the database longer than the busy timeout, or
-    ///   the error `updates` throws (the transaction is then rolled back).
+    /// - Throws: ``StoreError/Code/busy`` when another process held the database longer than the busy timeout,
+    ///   ``StoreError/Code/database`` for another database error, ``StoreError/Code/handlerFailed`` with the error
+    ///   `updates` threw as its ``StoreError/underlyingError`` (the transaction is rolled back in both cases).
     @discardableResult
-    public func write<T>(_ updates: (Database) throws -> T) throws -> T {
+    public func write<T>(_ updates: (Database) throws -> T) throws(StoreError) -> T {
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try databasePool.write { db in
@@ -169,7 +170,7 @@ public final class SharedStore: Sendable {
                 let value = try updates(db)
                 return (value, try HistorySchema.endWrite(db, since: last, author: author))
             }
-        } catch let error as DatabaseError {
+        } catch {
             throw Self.storeError(error, "write", path: path)
         }
         if recorded != nil { notifyOtherProcesses() }
@@ -179,7 +180,9 @@ public final class SharedStore: Sendable {
     /// The asynchronous form of ``write(_:)``: the database work runs on GRDB's writer queue, not on the caller's
     /// thread.
     @discardableResult
-    public func write<T: Sendable>(_ updates: @escaping @Sendable (Database) throws -> T) async throws -> T {
+    public func write<T: Sendable>(
+        _ updates: @escaping @Sendable (Database) throws -> T
+    ) async throws(StoreError) -> T {
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try await databasePool.write { [self] db in
@@ -187,7 +190,7 @@ public final class SharedStore: Sendable {
                 let value = try updates(db)
                 return (value, try HistorySchema.endWrite(db, since: last, author: author))
             }
-        } catch let error as DatabaseError {
+        } catch {
             throw Self.storeError(error, "write", path: path)
         }
         if recorded != nil { notifyOtherProcesses() }
@@ -217,10 +220,12 @@ public final class SharedStore: Sendable {
     }
 
     /// Reads from the database (a GRDB read: concurrent with writes, in WAL mode).
-    public func read<T>(_ value: (Database) throws -> T) throws -> T {
+    ///
+    /// - Throws: ``StoreError/Code/database``, or ``StoreError/Code/handlerFailed`` with the error `value` threw.
+    public func read<T>(_ value: (Database) throws -> T) throws(StoreError) -> T {
         do {
             return try databasePool.read(value)
-        } catch let error as DatabaseError {
+        } catch {
             throw Self.storeError(error, "read", path: path)
         }
     }
@@ -228,12 +233,14 @@ public final class SharedStore: Sendable {
     // MARK: History
 
     /// The recorded transactions after `token` (all of them from 0), oldest first, at most `limit`.
-    public func transactions(after token: Int64 = 0, tables: Set<String>? = nil, limit: Int = 100) throws -> [StoreTransaction] {
+    public func transactions(
+        after token: Int64 = 0, tables: Set<String>? = nil, limit: Int = 100
+    ) throws(StoreError) -> [StoreTransaction] {
         try read { db in try HistorySchema.transactions(db, after: token, limit: limit, tables: tables).transactions }
     }
 
     /// The newest history token: the id of the last recorded transaction, or 0.
-    public func currentToken() throws -> Int64 {
+    public func currentToken() throws(StoreError) -> Int64 {
         try read { db in try HistorySchema.currentToken(db) }
     }
 
@@ -242,8 +249,19 @@ public final class SharedStore: Sendable {
     ///
     /// With no consumer registered, history older than `maximumAge` is deleted. Returns how many transactions went.
     @discardableResult
-    public func purgeHistory(maximumAge: TimeInterval? = nil) throws -> Int {
-        let cutoff = Date().timeIntervalSince1970 - (maximumAge ?? configuration.historyMaximumAge)
+    public func purgeHistory(maximumAge: Duration? = nil) throws(StoreError) -> Int {
+        try purgeHistory(maximumAgeInSeconds: (maximumAge ?? configuration.historyMaximumAge).seconds)
+    }
+
+    /// Deletes merged history; `maximumAge` in seconds.
+    @available(*, deprecated, message: "Pass a Duration: purgeHistory(maximumAge: .seconds(3600)).")
+    @discardableResult
+    public func purgeHistory(maximumAge: TimeInterval) throws(StoreError) -> Int {
+        try purgeHistory(maximumAgeInSeconds: maximumAge)
+    }
+
+    private func purgeHistory(maximumAgeInSeconds maximumAge: TimeInterval) throws(StoreError) -> Int {
+        let cutoff = Date().timeIntervalSince1970 - maximumAge
         do {
             return try databasePool.write { db in
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
@@ -335,6 +353,11 @@ public final class SharedStore: Sendable {
                 .busy, "Could not \(action): another process held the database longer than the busy timeout.",
                 path: path, underlyingError: error)
         }
+        guard error is DatabaseError else {
+            // Thrown by the caller's closure, not by the database.
+            return StoreError(
+                .handlerFailed, "Could not \(action): your closure threw \(error).", path: path, underlyingError: error)
+        }
         return StoreError(.database, "Could not \(action): \(error)", path: path, underlyingError: error)
     }
 }
@@ -354,4 +377,9 @@ struct SetupLock: ~Copyable {
     func unlock() { _ = flock(descriptor, LOCK_UN) }
 
     deinit { _ = close(descriptor) }
+}
+
+extension Duration {
+    /// The duration in seconds, as Foundation and GRDB take it.
+    var seconds: TimeInterval { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }

@@ -7,7 +7,7 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
     /// A stable code for a kind of failure.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Value: Hashable, Sendable {
-            case unavailable, migrationFailed, busy, corruptHistory, database, notification
+            case unavailable, migrationFailed, busy, corruptHistory, database, notification, handlerFailed
         }
         private let value: Value
         private init(_ value: Value) { self.value = value }
@@ -24,6 +24,9 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
         public static let database = Code(.database)
         /// Other processes could not be notified, or notifications could not be observed.
         public static let notification = Code(.notification)
+        /// A closure or handler of yours threw; its error is the ``StoreError/underlyingError`` (a write is rolled
+        /// back, a remote change stays unacknowledged).
+        public static let handlerFailed = Code(.handlerFailed)
 
         public var description: String {
             switch value {
@@ -33,6 +36,7 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
             case .corruptHistory: "corrupt history"
             case .database: "database error"
             case .notification: "notification failed"
+            case .handlerFailed: "handler failed"
             }
         }
     }

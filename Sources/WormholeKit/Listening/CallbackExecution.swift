@@ -24,7 +24,7 @@ public struct CallbackExecution: Sendable {
     public static let notifierThread = CallbackExecution(kind: .notifierThread)
 
     /// A function that runs work where this execution says, in order.
-    func makeScheduler(label: String) -> @Sendable (@escaping @Sendable () -> Void) -> Void {
+    package func makeScheduler(label: String) -> @Sendable (@escaping @Sendable () -> Void) -> Void {
         switch kind {
         case .queue(let queue): return { work in queue.async(execute: work) }
         case .serialQueue:
