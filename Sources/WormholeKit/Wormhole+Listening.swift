@@ -104,6 +104,51 @@ extension Wormhole {
         }
     }
 
+    /// Reposts each new message of a mailbox to a `NotificationCenter`, as apps repost Darwin notifications as local
+    /// ones, so that code written for `NotificationCenter` hears other processes' messages.
+    ///
+    /// ```swift
+    /// let reposting = try wormhole.repostMessages(withIdentifier: "button", to: .default)
+    /// let token = NotificationCenter.default.addObserver(
+    ///     forName: Notification.Name("button"), object: nil, queue: nil
+    /// ) { notification in
+    ///     print("button message", notification.object ?? "")   // the message as a Foundation JSON object
+    /// }
+    /// ```
+    ///
+    /// Each notification's `object` is the message as a Foundation JSON object (`[String: Any]`, `[Any]`, a
+    /// string, a number…; nil when the message is not JSON), and its `userInfo` holds the ``Envelope`` under
+    /// `"envelope"` and the identifier under `"identifier"`. The guarantees are those of
+    /// ``listenForEnvelopes(withIdentifier:deliveringCurrentMessage:on:errorHandler:listener:)``.
+    ///
+    /// - Parameters:
+    ///   - identifier: The mailbox.
+    ///   - center: Where to post.
+    ///   - name: The notification's name; the identifier by default.
+    ///   - execution: Where the posts are made (observers run there, as `NotificationCenter` calls them on the
+    ///     posting thread unless they asked for a queue).
+    ///   - errorHandler: Called when a message cannot be read; when nil, the error is logged.
+    /// - Returns: The listener; reposting stops when it is cancelled or released.
+    public func repostMessages(
+        withIdentifier identifier: String,
+        to center: NotificationCenter,
+        as name: Notification.Name? = nil,
+        deliveringCurrentMessage: Bool = false,
+        on execution: CallbackExecution = .serialQueue,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil
+    ) throws(WormholeError) -> MessageListener {
+        let box = UncheckedSendableBox(center)
+        let name = name ?? Notification.Name(identifier)
+        return try listenForEnvelopes(
+            withIdentifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage, on: execution,
+            errorHandler: errorHandler
+        ) { envelope in
+            let object = try? JSONSerialization.jsonObject(with: envelope.payload, options: [.fragmentsAllowed])
+            box.value.post(
+                name: name, object: object, userInfo: ["envelope": envelope, "identifier": identifier])
+        }
+    }
+
     /// Stops every listener of this wormhole that listens to `identifier`.
     ///
     /// Listeners of other wormhole instances, in this process or others, go on.

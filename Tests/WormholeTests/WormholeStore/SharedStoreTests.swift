@@ -215,7 +215,7 @@ struct SharedStoreTests {
         slow.cancel()
         // The slow consumer is not seen again: with a maximum age of zero it is dropped, and what only it needed goes.
         usleep(20_000)
-        try store.purgeHistory(maximumAge: 0.01)
+        try store.purgeHistory(maximumAge: .milliseconds(10))
         #expect(try store.historyToken(forConsumer: "slow") == nil)
         #expect(try store.transactions().isEmpty)
         fast.cancel()
