@@ -55,6 +55,7 @@ struct Consume: ParsableCommand {
         let printed = Locked(0)
         let done = DispatchSemaphore(value: 0)
         let limit = count
+        // Any JSON decodes as a JSONValue: the tool needs no message type, and prints the payload as it is.
         let consumer = try queue.consume(
             consumer: self.consumer, as: JSONValue.self, errorHandler: { Output.error("\($0)") }
         ) { message in
@@ -86,13 +87,5 @@ struct QueueStatusCommand: ParsableCommand {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         Output.line(String(decoding: try encoder.encode(status), as: UTF8.self))
-    }
-}
-
-/// Any JSON value: lets the tool consume a queue without knowing its message type.
-struct JSONValue: Decodable, Sendable {
-    init(from decoder: any Decoder) throws {
-        // Decoding succeeds for any well-formed JSON; the payload bytes are printed as they are.
-        _ = try decoder.singleValueContainer()
     }
 }

@@ -44,7 +44,8 @@ public enum WormholeFuzzing {
             while offset < buffer.count {
                 steps += 1
                 precondition(steps <= buffer.count + 1, "the queue parser stopped making progress")
-                switch QueueFormat.parse(buffer, at: offset) {
+                // The reader's own rule, with the bytes as the whole log.
+                switch QueueFormat.step(buffer, at: offset, reachesEnd: true) {
                 case .record(let record, let size):
                     precondition(size > 0)
                     let encoded = record.payload.withUnsafeBytes {
@@ -52,12 +53,15 @@ public enum WormholeFuzzing {
                     }
                     precondition(encoded.count == size, "a queue record did not survive re-encoding")
                     offset += size
-                case .incomplete:
-                    return
-                case .invalid:
-                    guard let next = QueueFormat.nextRecord(in: buffer, after: offset) else { return }
-                    precondition(next > offset)
+                case .resume(let next):
+                    precondition(next > offset && next < buffer.count)
                     offset = next
+                case .nothingBefore, .read:
+                    preconditionFailure("bytes that run to the end of the log were read again")
+                case .wait:
+                    // What is left is a record being written, or no record: nothing in it is whole.
+                    precondition(QueueFormat.nextRecord(in: buffer, after: offset) == nil)
+                    return
                 }
             }
         }

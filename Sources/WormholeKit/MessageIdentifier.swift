@@ -14,9 +14,15 @@ public enum MessageIdentifier {
     /// The longest identifier, in bytes of UTF-8; file names have 255 bytes on Linux, and the wormhole adds a suffix.
     public static let maximumLength = 200
 
+    /// The longest notification name, in bytes of UTF-8: a file name on Linux (`NAME_MAX`).
+    ///
+    /// A notification name is an identifier with a prefix (`mailbox.`, `queue.`, `suite.`, `store.`), so it may be
+    /// longer than ``maximumLength``; otherwise it follows the identifier rules.
+    public static let maximumNotificationNameLength = 255
+
     /// Checks an identifier and throws ``WormholeError/Code/invalidIdentifier`` saying what is wrong with it.
     public static func validate(_ identifier: String) throws(WormholeError) {
-        if let problem = problem(with: identifier) {
+        if let problem = problem(with: identifier, limit: maximumLength) {
             throw WormholeError(
                 .invalidIdentifier, "The identifier \(describe(identifier)) is not valid: \(problem).",
                 identifier: identifier)
@@ -24,12 +30,22 @@ public enum MessageIdentifier {
     }
 
     /// Whether an identifier follows the rules.
-    public static func isValid(_ identifier: String) -> Bool { problem(with: identifier) == nil }
+    public static func isValid(_ identifier: String) -> Bool { problem(with: identifier, limit: maximumLength) == nil }
 
-    private static func problem(with identifier: String) -> String? {
+    /// Checks a notification name: the identifier rules, with ``maximumNotificationNameLength`` as the limit, so that
+    /// every valid identifier with its prefix is a valid name. Throws ``WormholeError/Code/invalidIdentifier``.
+    public static func validateNotificationName(_ name: String) throws(WormholeError) {
+        if let problem = problem(with: name, limit: maximumNotificationNameLength) {
+            throw WormholeError(
+                .invalidIdentifier, "The notification name \(describe(name)) is not valid: \(problem).",
+                identifier: name)
+        }
+    }
+
+    private static func problem(with identifier: String, limit: Int) -> String? {
         let length = identifier.utf8.count
         if length == 0 { return "it is empty" }
-        if length > maximumLength { return "it is \(length) bytes long, and the limit is \(maximumLength)" }
+        if length > limit { return "it is \(length) bytes long, and the limit is \(limit)" }
         if identifier.hasPrefix(".") { return "it starts with '.', which is reserved for the wormhole's own files" }
         for scalar in identifier.unicodeScalars {
             if scalar == "/" { return "it contains '/', which would name another directory" }

@@ -18,6 +18,10 @@ import Synchronization
 /// so no blocking call ever runs on Swift's cooperative thread pool. Wormholes in one process and in different
 /// processes wake each other alike.
 ///
+/// A notification name follows the identifier rules (``MessageIdentifier``) with a longer limit,
+/// ``MessageIdentifier/maximumNotificationNameLength``, so that the name of any valid identifier with its prefix
+/// (`mailbox.` and the like) is valid too.
+///
 /// When inotify cannot be used (its instance or watch limits are exhausted, or the platform has none), the
 /// ``Strategy/automatic`` strategy logs a warning and falls back to polling the files' contents.
 public final class DirectoryNotifier: Notifier {
@@ -64,7 +68,7 @@ public final class DirectoryNotifier: Notifier {
     }
 
     public func post(_ name: String) throws(WormholeError) {
-        try MessageIdentifier.validate(name)
+        try MessageIdentifier.validateNotificationName(name)
         // A fresh value each time, so that a poller can tell one post from the next.
         let token = PollingMonitor.token(tokenBase &+ tokenCounter.add(1, ordering: .relaxed).newValue)
         try openFiles.entry(name).descriptor.withLock { (cached) throws(WormholeError) in
@@ -94,7 +98,7 @@ public final class DirectoryNotifier: Notifier {
     public func observe(
         _ name: String, handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        try MessageIdentifier.validate(name)
+        try MessageIdentifier.validateNotificationName(name)
         switch strategy {
         case .polling(let interval):
             return PollingMonitor.shared.observe(handle, name: name, interval: interval, handler: handler)

@@ -84,11 +84,59 @@ enum QueueFormat {
             size: headerSize + bodySize)
     }
 
-    /// The offset of the next whole record after `offset` (exclusive), if the bytes hold one.
-    static func nextRecord(in bytes: UnsafeRawBufferPointer, after offset: Int) -> Int? {
+    /// What a reader does at `offset` of bytes read from the log; `reachesEnd` says that they run to its end.
+    enum Step: Equatable {
+        /// A whole record of `size` bytes: deliver it.
+        case record(Record, size: Int)
+        /// No record to deliver here: go on at `offset`, where a whole record starts, or one to be read whole first.
+        case resume(at: Int)
+        /// No record starts before `offset` in the bytes read: go on from there (past a hole, if the file has one).
+        case nothingBefore(Int)
+        /// The record runs past the bytes read: read `count` bytes from its start.
+        case read(count: Int)
+        /// Nothing whole yet at the end of the log: wait for it to grow.
+        case wait
+    }
+
+    /// The reader's rule at `offset` (`FORMAT.md`, "A durable queue").
+    ///
+    /// A record the log ends inside is still being written, unless a whole record follows it: appends are serialised,
+    /// so a record that starts after it was appended after its write ended, short, by a producer killed mid-write.
+    /// Bytes that are not a record are stepped over up to the next record, whole or not yet read whole.
+    static func step(_ bytes: UnsafeRawBufferPointer, at offset: Int, reachesEnd: Bool) -> Step {
+        switch parse(bytes, at: offset) {
+        case .record(let record, let size):
+            return .record(record, size: size)
+        case .incomplete:
+            if !reachesEnd {
+                // A header cut short by the end of the bytes read may be no header at all: trust no length then.
+                let claimed = bytes.count - offset >= 8 ? Int(load(UInt32.self, bytes, offset + 4)) : 0
+                return .read(count: headerSize + (claimed <= maximumBodySize ? claimed : 0))
+            }
+            // Only a whole record proves this one torn: the start of one that is not whole yet may be this
+            // record's own payload, still arriving.
+            if let next = nextRecord(in: bytes, after: offset) { return .resume(at: next) }
+            return .wait
+        case .invalid:
+            if let next = nextRecord(in: bytes, after: offset, orUnfinished: true) { return .resume(at: next) }
+            if reachesEnd { return .wait }
+            // A record may start in the last bytes, too few for its header: look there again.
+            return .nothingBefore(max(bytes.count - headerSize + 1, offset + 1))
+        }
+    }
+
+    /// The offset of the next whole record after `offset` (exclusive), if the bytes hold one; with `orUnfinished`, of
+    /// the next record start (a magic and a length in range) whose record runs past the bytes, if that comes first.
+    static func nextRecord(in bytes: UnsafeRawBufferPointer, after offset: Int, orUnfinished: Bool = false) -> Int? {
         var candidate = offset + 1
         while candidate + headerSize <= bytes.count {
-            if bytes[candidate] == 0x57, case .record = parse(bytes, at: candidate) { return candidate }
+            if bytes[candidate] == 0x57 {
+                switch parse(bytes, at: candidate) {
+                case .record: return candidate
+                case .incomplete where orUnfinished: return candidate
+                case .incomplete, .invalid: break
+                }
+            }
             candidate += 1
         }
         return nil

@@ -10,9 +10,9 @@ import Foundation
 /// Reads a queue log record by record from a position, reading ahead in large chunks.
 ///
 /// It steps over what is not a record: a hole punched where consumed messages were reclaimed, and a record torn by a
-/// producer killed mid-write. A record that does not parse is taken as torn only when a whole record follows it
-/// (appends are serialised, so a later whole record means the earlier one will never be finished); at the end of the
-/// log it is taken as being written, and the reader waits.
+/// producer killed mid-write. A record the log ends inside is taken as torn only when a whole record follows it
+/// (appends are serialised, so a later whole record means the earlier one will never be finished); otherwise it is
+/// taken as being written, and the reader waits. ``QueueFormat/step(_:at:reachesEnd:)`` holds the rule.
 struct QueueReader {
     static let chunkSize = 256 * 1024
 
@@ -43,46 +43,37 @@ struct QueueReader {
     /// The record at the reading position, or nil when none is whole yet.
     mutating func next() throws(WormholeError) -> Item? {
         var freshlyRead = false
-        var wanted = Self.chunkSize
         while true {
             // A whole record already in the buffer is final (appends never change it): only a record not yet
             // whole, or the end of the buffer, calls for reading again.
             let inBuffer = position >= bufferStart && position < bufferStart + UInt64(buffer.count)
             if !inBuffer {
-                try fill(from: position, count: wanted)
+                try fill(from: position, count: Self.chunkSize)
                 freshlyRead = true
                 if buffer.isEmpty { return nil }
             }
             let offset = Int(position - bufferStart)
-            let parsed = buffer.withUnsafeBytes { QueueFormat.parse($0, at: offset) }
-            switch parsed {
+            let reachesEnd = bufferReachedEnd
+            switch buffer.withUnsafeBytes({ QueueFormat.step($0, at: offset, reachesEnd: reachesEnd) }) {
             case .record(let record, let size):
                 return Item(record: record, offset: position, end: position + UInt64(size))
-            case .incomplete:
-                if bufferReachedEnd && freshlyRead { return nil }  // being written: wait for it
-                // A record longer than what was read: read it whole.
-                let needed = buffer.withUnsafeBytes { bytes in
-                    bytes.count - offset >= 8 ? Int(QueueFormat.load(UInt32.self, bytes, offset + 4)) : 0
-                }
-                wanted = max(wanted, QueueFormat.headerSize + needed)
-                try fill(from: position, count: wanted)
-                freshlyRead = true
-            case .invalid:
-                if !freshlyRead {
-                    try fill(from: position, count: wanted)
-                    freshlyRead = true
-                    continue
-                }
-                if let next = buffer.withUnsafeBytes({ QueueFormat.nextRecord(in: $0, after: offset) }) {
-                    // A whole record follows: the one here was torn and will never be finished.
-                    position = bufferStart + UInt64(next)
-                    continue
-                }
-                if bufferReachedEnd { return nil }
+            case .resume(let next):
+                // What lies before is torn or no record: it can never be delivered.
+                position = bufferStart + UInt64(next)
+            case .nothingBefore(let end):
                 // A stretch with no record in it, such as a reclaimed hole: jump to the next data.
-                position = nextData(after: bufferStart + UInt64(max(buffer.count - QueueFormat.headerSize, 1)))
+                position = nextData(after: bufferStart + UInt64(end))
                 freshlyRead = false
                 buffer.count = 0
+            case .read(let count):
+                // A record longer than what was read: read it whole, or up to the end of the log.
+                try fill(from: position, count: max(count, Self.chunkSize))
+                freshlyRead = true
+            case .wait:
+                // The end of the log as read: once read afresh, a record not yet whole is waited for.
+                if freshlyRead { return nil }
+                try fill(from: position, count: Self.chunkSize)
+                freshlyRead = true
             }
         }
     }

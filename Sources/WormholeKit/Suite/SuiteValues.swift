@@ -1,9 +1,15 @@
 import Foundation
 
 /// The keys and values of a suite: JSON values by key.
+///
+/// Values are encoded and decoded alike, as messages are (``JSONMessageCoder``): a `Date` as an ISO 8601 string, in
+/// whole seconds, and `Data` as Base64.
 public struct SuiteValues: Sendable, Equatable {
     /// Each value as compact JSON text.
     private(set) var storage: [String: Data] = [:]
+
+    /// The one JSON configuration for writing and reading values: a value must read back as what was written.
+    static let coder = JSONMessageCoder()
 
     /// The keys that are set, sorted.
     public var keys: [String] { storage.keys.sorted() }
@@ -11,7 +17,7 @@ public struct SuiteValues: Sendable, Equatable {
     /// The value of `key` decoded as `type`, or nil when it is not set or not a `type`.
     public subscript<Value: Decodable>(key: String, as type: Value.Type) -> Value? {
         guard let data = storage[key] else { return nil }
-        return try? JSONDecoder().decode(type, from: data)
+        return try? Self.coder.decode(type, from: data)
     }
 
     /// Sets the value of a key.
@@ -35,10 +41,7 @@ public struct SuiteValues: Sendable, Equatable {
 
     static func encode<Value: Encodable>(_ value: Value, key: String) throws(WormholeError) -> Data {
         do {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-            encoder.dateEncodingStrategy = .iso8601
-            return try encoder.encode(value)
+            return try coder.encode(value)
         } catch {
             throw WormholeError(
                 .encodingFailed, "The value for \"\(key)\" could not be encoded as JSON: \(error).",

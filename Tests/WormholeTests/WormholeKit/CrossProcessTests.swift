@@ -74,6 +74,18 @@ struct CrossProcessTests {
         #expect(result.lines == [#"{"number":1}"#, #"{"number":2}"#, #"{"number":3}"#])
     }
 
+    @Test("wormhole send with the longest identifier stores the message, exits 0 and wakes a listener here")
+    func sendLongestIdentifier() throws {
+        let identifier = String(repeating: "x", count: MessageIdentifier.maximumLength)
+        let wormhole = try makeWormhole()
+        let received = Collector<Tap>()
+        let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Tap.self) { received.append($0) }
+        let sent = try WormholeTool.run(["send"] + location + [identifier, #"{"number":5}"#])
+        #expect(sent.status == 0, "\(sent.error)")
+        #expect(eventually(timeout: 10) { received.values == [Tap(number: 5)] })
+        listener.cancel()
+    }
+
     @Test("Many listener processes all receive the message")
     func manyListenerProcesses() throws {
         let listeners = try (0..<4).map { _ in

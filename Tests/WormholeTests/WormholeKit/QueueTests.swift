@@ -194,6 +194,81 @@ struct QueueTests {
         }
     }
 
+    /// The bytes of a record of `size` bytes in all, its payload `fill` repeated.
+    static func record(size: Int, fill: UInt8 = UInt8(ascii: "t")) -> [UInt8] {
+        let payload = [UInt8](repeating: fill, count: size - QueueFormat.headerSize - QueueFormat.bodyPrefixSize)
+        return payload.withUnsafeBytes { QueueFormat.encode(payload: $0, sender: [], timestampNanoseconds: 0) }
+    }
+
+    /// Appends bytes to the queue's log as a producer's `write` would.
+    func append(_ bytes: [UInt8], to identifier: String = "jobs") throws {
+        let handle = try #require(FileHandle(forWritingAtPath: directory("wormhole/\(identifier).queue")))
+        handle.seekToEndOfFile()
+        handle.write(Data(bytes))
+        try handle.close()
+    }
+
+    @Test("A record after a torn one comes at once, not when later bytes cover the torn one's length")
+    func recordAfterTornPrefix() throws {
+        let queue = try makeQueue()
+        let received = Collector<String>()
+        let errors = Collector<WormholeError>()
+        let consumer = try queue.consumeData(consumer: "c", on: .notifierThread, errorHandler: { errors.append($0) }) {
+            received.append(String(decoding: $0.value, as: UTF8.self))
+        }
+        try queue.enqueue("A")
+        #expect(eventually(timeout: 5) { received.values == [#""A""#] })
+        // A producer killed 100 bytes into the write of a 2,000-byte record.
+        try append(Array(Self.record(size: 2000).prefix(100)))
+        try queue.enqueue("B")
+        #expect(eventually(timeout: 5) { received.values == [#""A""#, #""B""#] })
+        consumer.cancel()
+        #expect(errors.values.isEmpty)
+        // A consumer that starts afterwards, and the command line, step over it too.
+        let tool = try WormholeTool.run(
+            ["consume"] + location + ["jobs", "--consumer", "d", "--count", "2", "--timeout", "10"])
+        #expect(tool.status == 0, "\(tool.error)")
+        #expect(tool.lines == [#""A""#, #""B""#])
+        #expect(try queue.status().consumers.first { $0.name == "c" }?.lagMessages == 0)
+    }
+
+    @Test("A record still being written is waited for, not stepped over, however long it takes")
+    func recordBeingWritten() throws {
+        let queue = try makeQueue()
+        let received = Collector<Int>()
+        let consumer = try queue.consumeData(consumer: "c", on: .notifierThread) { received.append($0.value.count) }
+        try queue.enqueueData(Data("A".utf8))
+        #expect(eventually(timeout: 5) { received.values == [1] })
+        // A large record arrives in pieces, as a long write lands page by page; the reader wakes at each piece.
+        let large = Self.record(size: 700_000)
+        var written = 0
+        for piece in [100, 5000, 300_000, 250_000] {
+            try append(Array(large[written..<written + piece]))
+            written += piece
+            usleep(50_000)
+            #expect(received.values == [1])
+        }
+        try append(Array(large[written...]))
+        try queue.enqueueData(Data("B".utf8))
+        #expect(eventually(timeout: 5) { received.values == [1, large.count - 22, 1] })
+        consumer.cancel()
+    }
+
+    @Test("A large record after a torn one is read whole, though it runs past the read that skipped the torn one")
+    func largeRecordAfterTornOne() throws {
+        let queue = try makeQueue()
+        try queue.enqueueData(Data("A".utf8))
+        // The torn record claims 300 KB, more than one read; the next record is longer still.
+        try append(Array(Self.record(size: 300_000).prefix(100)))
+        let large = Self.record(size: 400_000, fill: UInt8(ascii: "b"))
+        try append(large)
+        try queue.enqueueData(Data("C".utf8))
+        let received = Collector<Int>()
+        let consumer = try queue.consumeData(consumer: "c", on: .notifierThread) { received.append($0.value.count) }
+        #expect(eventually(timeout: 5) { received.values == [1, large.count - 22, 1] })
+        consumer.cancel()
+    }
+
     @Test("Space that every consumer has passed is reclaimed; the queue goes on working")
     func reclaimsSpace() throws {
         let queue = try makeQueue()

@@ -28,6 +28,41 @@ struct SuiteTests {
         #expect(throws: WormholeError.self) { try Wormhole(directory: directory("wormhole")).suite("../x") }
     }
 
+    @Test("Dates and data read back as written, from the suite, a snapshot, an update and a change")
+    func datesAndData() throws {
+        struct Stamp: Codable, Equatable {
+            var at: Date
+            var bytes: Data
+        }
+        let suite = try makeSuite()
+        // ISO 8601 keeps whole seconds: a date with a fraction reads back without it.
+        let now = Date()
+        let whole = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
+        let bytes = Data([0, 1, 2, 0xFE, 0xFF])
+        let changes = Collector<SuiteChange>()
+        let observer = try suite.observe(includingOwnChanges: true, on: .notifierThread) { changes.append($0) }
+        try suite.set(now, forKey: "d")
+        try suite.set(bytes, forKey: "data")
+        try suite.set(Stamp(at: whole, bytes: bytes), forKey: "stamp")
+        #expect(try suite.value(forKey: "d", as: Date.self) == whole)
+        #expect(try suite.value(forKey: "data", as: Data.self) == bytes)
+        #expect(try suite.value(forKey: "stamp", as: Stamp.self) == Stamp(at: whole, bytes: bytes))
+        let snapshot = try suite.snapshot()
+        #expect(snapshot["d", as: Date.self] == whole)
+        #expect(snapshot["data", as: Data.self] == bytes)
+        // The JSON in the file is what other languages read: an ISO 8601 string and Base64.
+        let json = try #require(snapshot.json(forKey: "d"))
+        #expect(String(decoding: json, as: UTF8.self).hasPrefix("\""))
+        try suite.update { (values: inout SuiteValues) throws(WormholeError) in
+            #expect(values["d", as: Date.self] == whole)
+            try values.set(whole.addingTimeInterval(60), forKey: "d")
+        }
+        #expect(try suite.value(forKey: "d", as: Date.self) == whole.addingTimeInterval(60))
+        #expect(eventually { changes.count == 4 })
+        #expect(changes.values.first?.values["d", as: Date.self] == whole)
+        observer.cancel()
+    }
+
     @Test("4 processes × 250 read-modify-write updates: none lost")
     func concurrentUpdates() throws {
         let writers = try (0..<4).map { index in

@@ -249,6 +249,50 @@ struct WormholeTests {
         _ = listener
     }
 
+    @Test("The longest identifier works: a message passed on one thread wakes a listener on another")
+    func longestIdentifier() throws {
+        let identifier = String(repeating: "x", count: MessageIdentifier.maximumLength)
+        let wormhole = try makeWormhole()
+        let received = Collector<Int>()
+        let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Tap.self, on: .notifierThread) {
+            received.append($0.number)
+        }
+        let failures = Collector<String>()
+        let sent = DispatchSemaphore(value: 0)
+        Thread {
+            do {
+                try wormhole.passMessageObject(Tap(number: 7), identifier: identifier)
+            } catch {
+                failures.append("\(error)")
+            }
+            sent.signal()
+        }.start()
+        #expect(sent.wait(timeout: .now() + 10) == .success)
+        #expect(failures.values.isEmpty)
+        #expect(eventually(timeout: 5) { received.values == [7] })
+        #expect(try wormhole.message(withIdentifier: identifier, as: Tap.self) == Tap(number: 7))
+        listener.cancel()
+    }
+
+    @Test("A suite and a queue with the longest name notify as short ones do")
+    func longestSuiteAndQueueNames() throws {
+        let name = String(repeating: "é", count: MessageIdentifier.maximumLength / 2)
+        let suite = try makeWormhole().suite(name)
+        let changes = Collector<Set<String>>()
+        let observer = try suite.observe(includingOwnChanges: true, on: .notifierThread) { changes.append($0.keys) }
+        try suite.set("dark", forKey: "theme")
+        #expect(eventually(timeout: 5) { changes.values == [["theme"]] })
+        observer.cancel()
+        let queue = try makeWormhole().queue(name)
+        let received = Collector<Int>()
+        let consumer = try queue.consume(consumer: "c", as: Tap.self, on: .notifierThread) {
+            received.append($0.value.number)
+        }
+        try queue.enqueue(Tap(number: 1))
+        #expect(eventually(timeout: 5) { received.values == [1] })
+        consumer.cancel()
+    }
+
     @Test("Coordinated wormholes behave the same and offer a consistent snapshot")
     func coordinated() throws {
         let wormhole = try makeWormhole(.init(coordination: .coordinated))
@@ -316,5 +360,21 @@ struct NotifierTests {
         let notifier = try DirectoryNotifier(directory: directory("w"))
         #expect(throws: WormholeError.self) { try notifier.post("../x") }
         #expect(throws: WormholeError.self) { try notifier.observe("a/b") {} }
+        #expect(throws: WormholeError.self) { try notifier.post(".hidden") }
+        #expect(throws: WormholeError.self) { try notifier.post(String(repeating: "x", count: 256)) }
+        try notifier.post(String(repeating: "x", count: 255))
+    }
+
+    @Test("Every prefix with the longest identifier is a name that posts and observes", arguments: [
+        "mailbox.", "queue.", "suite.", "store.",
+    ])
+    func longestIdentifierWithPrefix(_ prefix: String) throws {
+        let name = prefix + String(repeating: "x", count: MessageIdentifier.maximumLength)
+        let notifier = try DirectoryNotifier(directory: directory("w"), strategy: .inotify)
+        let fired = Collector<Int>()
+        let observation = try notifier.observe(name) { fired.append(1) }
+        try notifier.post(name)
+        #expect(eventually(timeout: 5) { fired.count >= 1 })
+        observation.cancel()
     }
 }
