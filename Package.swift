@@ -11,7 +11,7 @@ let package = Package(
         .library(name: "WormholeStore", targets: ["WormholeStore"]),
         // Test doubles for users' own tests: an in-memory transiting and a manual notifier.
         .library(name: "WormholeTesting", targets: ["WormholeTesting"]),
-        // The command-line tool: send, read, listen, clear, list, demo, bench.
+        // The command-line tool: the user's commands and the demo. (The harness is a target no product names.)
         .executable(name: "wormhole", targets: ["WormholeCommand"]),
     ],
     dependencies: [
@@ -21,7 +21,7 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
     ],
     targets: [
-        // CRC-32C in hardware, and the few Linux calls that Glibc does not import (eventfd, renameat2, CPU affinity).
+        // CRC-32C in hardware, and the few Linux calls that Glibc does not import (eventfd, renameat2, hole punching).
         .target(name: "CWormholeSystem"),
         .target(
             name: "WormholeKit",
@@ -41,23 +41,47 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // What the tool and the harness share: where a command's wormhole lives, output, child processes.
+        .target(
+            name: "WormholeCLI",
+            dependencies: [
+                "WormholeKit",
+                "WormholeStore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         .executableTarget(
             name: "WormholeCommand",
             dependencies: [
                 "WormholeKit",
                 "WormholeStore",
-                .target(name: "CWormholeSystem", condition: .when(platforms: [.linux, .android])),
+                "WormholeCLI",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The harness of the tests, scripts/crash-test and the benchmarks: crash tests, load exercises, benchmark
+        // cases. No product names it, so nothing a user installs carries it.
+        .target(name: "CWormholeHarness"),
+        .executableTarget(
+            name: "WormholeHarness",
+            dependencies: [
+                "WormholeKit",
+                "WormholeStore",
+                "WormholeCLI",
+                .target(name: "CWormholeHarness", condition: .when(platforms: [.linux, .android])),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // The fuzzer of every decoder of on-disk and on-wire bytes: `scripts/fuzz` builds it with libFuzzer.
         .executableTarget(name: "WormholeFuzz", dependencies: ["WormholeKit"]),
-        // One test target, its folders mirroring the modules; it depends on the tool so that the tests can run it.
+        // One test target, its folders mirroring the modules. It depends on the tool and the harness so that both are
+        // built for the tests to run.
         .testTarget(
             name: "WormholeTests",
             dependencies: [
-                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCommand", "CWormholeSystem",
+                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCommand", "WormholeHarness", "CWormholeSystem",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

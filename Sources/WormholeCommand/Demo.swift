@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import WormholeCLI
 import Synchronization
 import WormholeKit
 
@@ -87,7 +88,7 @@ struct Demo: ParsableCommand {
             Output.line(
                 String(
                     format: "Round trip app → widget → app: median %.0f µs, slowest %.0f µs over %d taps "
-                        + "(one-way ≈ half). For careful figures run: swift run -c release wormhole bench",
+                        + "(one-way ≈ half). For careful figures run: swift run -c release WormholeHarness bench",
                     measured[measured.count / 2], measured.last!, measured.count))
         }
     }

@@ -2,7 +2,7 @@
 import Glibc
 #endif
 import Foundation
-@_spi(Fuzzing) import WormholeKit
+import WormholeKit
 
 /// The fuzzer of every decoder of bytes another process wrote.
 ///

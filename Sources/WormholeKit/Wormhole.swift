@@ -39,8 +39,9 @@ public final class Wormhole: Sendable {
     public var directory: String? { (engine as? DirectoryEngine)?.directory }
     let logger: Logger
     let registry: ListenerRegistry
-    /// The engine's live transport, made on first use.
-    let live = Locked<(any LiveTransport)?>(nil)
+    /// The engine's live transport, made with the wormhole (an engine makes it cheaply and connects on first use),
+    /// so that a live message takes no lock to find it.
+    let live: Result<any LiveTransport, WormholeError>
 
     /// Creates a wormhole in an application group's shared directory, as MMWormhole does.
     ///
@@ -115,6 +116,11 @@ public final class Wormhole: Sendable {
         self.sender = sender
         self.logger = logger
         self.registry = ListenerRegistry()
+        do throws(WormholeError) {
+            self.live = .success(try engine.liveTransport(sender: sender))
+        } catch {
+            self.live = .failure(error)
+        }
     }
 
     /// Creates a wormhole from parts: a transiting, a notifier and a coder of your own, or the test doubles of
@@ -134,90 +140,5 @@ public final class Wormhole: Sendable {
             DirectoryEngine.fromParts(transiting: transiting, notifier: notifier, logger: logger)
             ?? MailboxOnlyEngine(transiting: transiting, notifier: notifier)
         self.init(engine: engine, coder: coder, sender: sender, logger: logger)
-    }
-
-    /// The notification name posted when a mailbox changes.
-    static func notificationName(forIdentifier identifier: String) -> String { "mailbox." + identifier }
-
-    // MARK: Passing
-
-    /// Encodes a message and stores it as the newest message of a mailbox, then wakes its listeners.
-    ///
-    /// - Parameters:
-    ///   - message: Any `Encodable` value.
-    ///   - identifier: The mailbox (see ``MessageIdentifier`` for the rules).
-    /// - Returns: The envelope as stored, with its sequence number.
-    /// - Throws: ``WormholeError`` with ``WormholeError/Code/encodingFailed``,
-    ///   ``WormholeError/Code/invalidIdentifier``, ``WormholeError/Code/diskFull`` and the other codes of
-    ///   ``Transiting/writeMessage(_:sender:identifier:)``.
-    @discardableResult
-    public func passMessageObject<Message: Encodable>(
-        _ message: Message, identifier: String
-    ) throws(WormholeError) -> Envelope {
-        try passMessageData(try coder.encodeMessage(message, identifier: identifier), identifier: identifier)
-    }
-
-    /// Stores bytes as they are as the newest message of a mailbox, then wakes its listeners.
-    ///
-    /// Use it to pass data encoded by other means; ``messageData(withIdentifier:)`` reads it back.
-    @discardableResult
-    public func passMessageData(_ payload: Data, identifier: String) throws(WormholeError) -> Envelope {
-        let envelope = try transiting.writeMessage(payload, sender: sender, identifier: identifier)
-        try notifier.post(Self.notificationName(forIdentifier: identifier))
-        return envelope
-    }
-
-    // MARK: Reading
-
-    /// The newest message of a mailbox, decoded as `type`, or nil when the mailbox is empty.
-    ///
-    /// - Throws: ``WormholeError/Code/decodingFailed`` when the message is not a `type`, and the codes of
-    ///   ``Transiting/readMessage(identifier:)`` for a damaged file.
-    public func message<Message: Decodable>(
-        withIdentifier identifier: String, as type: Message.Type = Message.self
-    ) throws(WormholeError) -> Message? {
-        guard let envelope = try transiting.readMessage(identifier: identifier) else { return nil }
-        return try decode(type, from: envelope, identifier: identifier)
-    }
-
-    /// The newest message of a mailbox as stored bytes, or nil when the mailbox is empty.
-    public func messageData(withIdentifier identifier: String) throws(WormholeError) -> Data? {
-        try transiting.readMessage(identifier: identifier)?.payload
-    }
-
-    /// The newest message of a mailbox with its sequence, sender and time, or nil when the mailbox is empty.
-    public func envelope(withIdentifier identifier: String) throws(WormholeError) -> Envelope? {
-        try transiting.readMessage(identifier: identifier)
-    }
-
-    /// The identifiers of the mailboxes that hold a message, sorted.
-    public func identifiers() throws(WormholeError) -> [String] {
-        try transiting.identifiers()
-    }
-
-    func decode<Message: Decodable>(
-        _ type: Message.Type, from envelope: Envelope, identifier: String
-    ) throws(WormholeError) -> Message {
-        do {
-            return try coder.decode(type, from: envelope.payload)
-        } catch {
-            throw WormholeError(
-                .decodingFailed,
-                "The message in the mailbox is not a \(Message.self) (passed by \(envelope.sender), sequence "
-                    + "\(envelope.sequence)): \(error). Check that both sides use the same message type.",
-                identifier: identifier, underlyingError: error)
-        }
-    }
-
-    // MARK: Clearing
-
-    /// Empties one mailbox. Listeners are not called; the next message passed is delivered as usual.
-    public func clearMessageContents(forIdentifier identifier: String) throws(WormholeError) {
-        try transiting.deleteMessage(identifier: identifier)
-    }
-
-    /// Empties every mailbox of the wormhole.
-    public func clearAllMessageContents() throws(WormholeError) {
-        try transiting.deleteAllMessages()
     }
 }

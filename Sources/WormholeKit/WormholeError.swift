@@ -9,7 +9,8 @@ import SystemPackage
 /// ```swift
 /// do {
 ///     let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)
-/// } catch let error as WormholeError where error.code == .decodingFailed {
+///     print("tapped", tap?.number ?? 0)
+/// } catch where error.code == .decodingFailed {   // every call here throws a WormholeError
 ///     // The mailbox holds a message of another type.
 /// }
 /// ```
@@ -177,21 +178,5 @@ extension WormholeError.Code {
     /// Lets `catch` clauses match a code directly: `catch WormholeError.Code.diskFull { … }`.
     public static func ~= (code: WormholeError.Code, error: any Error) -> Bool {
         (error as? WormholeError)?.code == code
-    }
-}
-
-/// Where errors go that happen while listening.
-enum ErrorReporting {
-    /// Hands `error` to the caller's handler, or logs it when there is none: an error is never dropped.
-    static func report(
-        _ error: WormholeError, to handler: (@Sendable (WormholeError) -> Void)?, logger: Logger, context: String
-    ) {
-        if let handler {
-            handler(error)
-        } else {
-            logger.error(
-                "A wormhole listener could not deliver (pass an errorHandler to handle this)",
-                metadata: ["listening": "\(context)", "error": "\(error)"])
-        }
     }
 }

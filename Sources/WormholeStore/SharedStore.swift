@@ -35,7 +35,7 @@ import WormholeKit
 /// let store = try SharedStore(
 ///     applicationGroupIdentifier: "group.com.example.app", name: "shared.sqlite", migrator: migrator,
 ///     configuration: .init(author: "app"))
-/// try store.write { db in try db.execute(sql: "UPDATE counter SET value = value + 1") }
+/// try await store.write { db in try db.execute(sql: "UPDATE counter SET value = value + 1") }
 ///
 /// for try await transaction in store.remoteChanges(consumer: "app", tables: ["counter"]) {
 ///     print(transaction.author, "changed", transaction.tableNames)

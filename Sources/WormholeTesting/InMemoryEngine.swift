@@ -13,8 +13,10 @@ import WormholeKit
 /// let app = Wormhole(engine: engine, sender: "app")
 /// let widget = Wormhole(engine: engine, sender: "widget")
 /// try app.queue("jobs").enqueue("first job")
-/// for try await job in widget.queue("jobs").messages(consumer: "worker", as: String.self) {
+/// let jobs = try widget.queue("jobs").messages(consumer: "worker", as: String.self)
+/// for try await job in jobs {
 ///     print(job.value, "from", job.sender)   // "first job from app"
+///     try jobs.acknowledge(job)
 ///     break
 /// }
 /// ```

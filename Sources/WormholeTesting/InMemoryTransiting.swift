@@ -10,7 +10,9 @@ import WormholeKit
 /// ```swift
 /// let notifier = ManualNotifier()
 /// let wormhole = Wormhole(transiting: InMemoryTransiting(), notifier: notifier)
-/// let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .notifierThread) { … }
+/// let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .notifierThread) { tap in
+///     print("tapped", tap.number)
+/// }
 /// try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
 /// notifier.deliverPendingNotifications()   // the listener runs now, on this thread
 /// ```

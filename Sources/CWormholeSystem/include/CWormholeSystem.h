@@ -23,14 +23,6 @@ uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length);
 /// Creates a close-on-exec, non-blocking eventfd (Glibc's module map does not import eventfd).
 static inline int cwormhole_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
 
-/// Pins the calling thread, and the children it spawns later, to one CPU. Returns 0 or -1 with errno set.
-static inline int cwormhole_pin_to_cpu(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    return sched_setaffinity(0, sizeof(set), &set);
-}
-
 /// Frees the blocks of [offset, offset + length) without changing the file's size or later offsets
 /// (fallocate with FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE). Returns 0, or -1 with errno set.
 int cwormhole_punch_hole(int fd, long long offset, long long length);

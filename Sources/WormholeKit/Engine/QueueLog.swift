@@ -23,6 +23,9 @@ public protocol QueueLog: Sendable {
     ///   other storage codes.
     func append(contentsOf payloads: some Sequence<Data>) throws(WormholeError)
 
+    /// Appends one payload as one record; an engine may do it faster than a batch of one.
+    func append(_ payload: Data) throws(WormholeError)
+
     /// Opens the durable position of `consumer`, registering the consumer if it is new.
     func openCursor(consumer: String) throws(WormholeError) -> any QueueCursor
 
@@ -31,6 +34,13 @@ public protocol QueueLog: Sendable {
 
     /// Frees what every registered consumer has passed; consumers not seen within the retention are dropped first.
     func reclaimSpace() throws(WormholeError)
+}
+
+extension QueueLog {
+    /// Appends one payload as a batch of one.
+    public func append(_ payload: Data) throws(WormholeError) {
+        try append(contentsOf: CollectionOfOne(payload))
+    }
 }
 
 /// One consumer's reading and stored position in a ``QueueLog``.

@@ -42,6 +42,8 @@ public protocol WormholeEngine: Sendable {
     func suiteStore(_ name: String) throws(WormholeError) -> any SuiteStore
 
     /// The transport of live messages and requests, sending as `sender`.
+    ///
+    /// A wormhole asks for it once, when it is made: make it cheaply, and connect on first use.
     func liveTransport(sender: String) throws(WormholeError) -> any LiveTransport
 
     /// The staging area of the file-transfer channel `identifier`.

@@ -68,9 +68,10 @@ extension Wormhole {
         try MessageIdentifier.validate(identifier)
         let schedule = execution.makeScheduler(label: "wormhole.live.\(identifier)")
         let handle = LiveListener(identifier: identifier)
-        let observation = try liveTransport().listen(identifier: identifier) { [weak handle] message in
-            schedule { [weak handle] in
-                guard let handle, !handle.isCancelled else { return }
+        let cancelled = handle.cancelled
+        let observation = try liveTransport().listen(identifier: identifier) { message in
+            schedule {
+                guard !cancelled.isSet else { return }
                 listener(message.payload)
             }
         }
@@ -169,9 +170,10 @@ extension Wormhole {
         try MessageIdentifier.validate(identifier)
         let schedule = execution.makeScheduler(label: "wormhole.respond.\(identifier)")
         let handle = LiveListener(identifier: identifier)
-        let observation = try liveTransport().respond(identifier: identifier) { [self, weak handle] request in
-            schedule { [self, weak handle] in
-                guard let handle, !handle.isCancelled else {
+        let cancelled = handle.cancelled
+        let observation = try liveTransport().respond(identifier: identifier) { [self] request in
+            schedule { [self] in
+                guard !cancelled.isSet else {
                     request.fail("the responder stopped before answering")
                     return
                 }
@@ -194,14 +196,9 @@ extension Wormhole {
 
     // MARK: Plumbing
 
-    /// The engine's live transport, made on first use and kept: it holds the connections messages go out on.
+    /// The engine's live transport, made with the wormhole: it holds the connections messages go out on.
     func liveTransport() throws(WormholeError) -> any LiveTransport {
-        try live.withLock { (cached) throws(WormholeError) -> any LiveTransport in
-            if let cached { return cached }
-            let transport = try engine.liveTransport(sender: sender)
-            cached = transport
-            return transport
-        }
+        try live.get()
     }
 
     private func checkLiveSize(_ payload: Data, identifier: String) throws(WormholeError) {
@@ -227,34 +224,4 @@ extension Wormhole {
                 underlyingError: error)
         }
     }
-}
-
-/// A process listening for live messages or answering requests; it stops when cancelled or released.
-public final class LiveListener: WormholeCancellable {
-    /// The identifier listened to.
-    public let identifier: String
-    private let observation = Locked<NotifierObservation?>(nil)
-    private let cancelled = Atomic<Bool>(false)
-
-    init(identifier: String) { self.identifier = identifier }
-
-    func attach(_ observation: NotifierObservation) {
-        self.observation.withLock { $0 = observation }
-        if isCancelled { cancel() }
-    }
-
-    /// Stops listening: senders no longer reach this process. A message being handled finishes.
-    public func cancel() {
-        cancelled.store(true, ordering: .releasing)
-        let observation = self.observation.withLock { observation in
-            defer { observation = nil }
-            return observation
-        }
-        observation?.cancel()
-    }
-
-    /// Whether listening has stopped.
-    public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
-
-    deinit { cancel() }
 }

@@ -76,6 +76,11 @@ final class DirectoryQueueLog: QueueLog {
         }
     }
 
+    func append(_ payload: Data) throws(WormholeError) {
+        // Not through the generic batch path: a producer of single messages pays for no unspecialised iteration.
+        try append(contentsOf: CollectionOfOne(payload))
+    }
+
     private func checkSize(_ payload: Data) throws(WormholeError) {
         guard payload.count + QueueFormat.bodyPrefixSize + sender.count <= QueueFormat.maximumBodySize else {
             throw WormholeError(

@@ -53,7 +53,7 @@ public final class WormholeQueue: Sendable {
 
     /// Appends bytes as they are to the queue; consumers read them back with ``QueueMessage/payload``.
     public func enqueueData(_ payload: Data) throws(WormholeError) {
-        try enqueueData(contentsOf: CollectionOfOne(payload))
+        try log.append(payload)
     }
 
     /// Encodes messages and appends them to the queue in one write, in order.
@@ -124,8 +124,12 @@ public final class WormholeQueue: Sendable {
     /// decoded is reported as ``WormholeError/Code/decodingFailed`` and left out of its batch.
     ///
     /// - Parameters:
+    ///   - consumer: The consumer's durable name, as for ``consume(consumer:as:on:errorHandler:handler:)``.
+    ///   - type: The type of the messages.
     ///   - maximumCount: The most messages in one batch (at least 1).
-    ///   - consumer, type, execution, errorHandler: As for ``consume(consumer:as:on:errorHandler:handler:)``.
+    ///   - execution: Where the handler runs, as for ``consume(consumer:as:on:errorHandler:handler:)``.
+    ///   - errorHandler: Called with the errors, as for ``consume(consumer:as:on:errorHandler:handler:)``.
+    ///   - handler: Called with each batch; returning acknowledges it.
     public func consumeBatches<Message: Decodable & Sendable>(
         consumer: String,
         as type: Message.Type = Message.self,
@@ -270,71 +274,5 @@ extension Wormhole {
     ///   engine has no queues (a wormhole made from a transiting that keeps no directory).
     public func queue(_ identifier: String, retention: Duration = .seconds(7 * 24 * 3600)) throws(WormholeError) -> WormholeQueue {
         try WormholeQueue(wormhole: self, identifier: identifier, retention: retention)
-    }
-}
-
-/// A message taken from a queue.
-public struct QueueMessage<Value: Sendable>: Sendable {
-    /// The message's position in the queue: its id, growing with each append.
-    public var offset: UInt64
-    /// Who enqueued it.
-    public var sender: String
-    /// When it was enqueued, in nanoseconds since 1970.
-    public var timestampNanoseconds: Int64
-    /// The encoded message.
-    public var payload: Data
-    /// The decoded message.
-    public var value: Value
-
-    /// The position just past the message: where its consumer's position moves when it is acknowledged.
-    public var end: UInt64
-
-    init(record: QueueRecord, value: Value) {
-        offset = record.offset
-        end = record.end
-        sender = record.sender
-        timestampNanoseconds = record.timestampNanoseconds
-        payload = record.payload
-        self.value = value
-    }
-
-    /// When it was enqueued.
-    public var date: Date { Date(timeIntervalSince1970: Double(timestampNanoseconds) / 1e9) }
-}
-
-/// A queue's size and its consumers' positions.
-public struct QueueStatus: Sendable, Codable, Equatable {
-    /// A consumer's position.
-    public struct Consumer: Sendable, Codable, Equatable {
-        /// The consumer's name.
-        public var name: String
-        /// The offset of the next message it will handle.
-        public var offset: UInt64
-        /// How many bytes of the queue it has not handled.
-        public var lagBytes: UInt64
-        /// How many messages it has not handled.
-        public var lagMessages: Int
-
-        /// Creates a consumer's status, as an engine's ``QueueLog`` reports it.
-        public init(name: String, offset: UInt64, lagBytes: UInt64, lagMessages: Int) {
-            self.name = name
-            self.offset = offset
-            self.lagBytes = lagBytes
-            self.lagMessages = lagMessages
-        }
-    }
-
-    /// The queue's identifier.
-    public var identifier: String
-    /// The offset just past the last message.
-    public var endOffset: UInt64
-    /// The registered consumers, by name.
-    public var consumers: [Consumer]
-
-    /// Creates a queue's status, as an engine's ``QueueLog`` reports it.
-    public init(identifier: String, endOffset: UInt64, consumers: [Consumer]) {
-        self.identifier = identifier
-        self.endOffset = endOffset
-        self.consumers = consumers
     }
 }

@@ -3,21 +3,43 @@ import Synchronization
 import WormholeKit
 import Testing
 
-/// Runs the package's own `wormhole` executable, built next to the test bundle.
+/// Runs the package's own executables, built next to the test bundle: the `wormhole` tool for the user's commands,
+/// and `WormholeHarness` for the harness's (crash tests, load exercises, benchmark cases).
 enum WormholeTool {
-    /// The built executable: `$WORMHOLE_EXECUTABLE`, or `wormhole` in the build directory of the tests.
+    /// The built tool: `$WORMHOLE_EXECUTABLE`, or `wormhole` in the build directory of the tests.
     static let path: String = {
         if let path = ProcessInfo.processInfo.environment["WORMHOLE_EXECUTABLE"] { return path }
+        return builtExecutable(named: "wormhole")
+    }()
+
+    /// The built harness: `$WORMHOLE_HARNESS`, or `WormholeHarness` in the build directory of the tests.
+    static let harnessPath: String = {
+        if let path = ProcessInfo.processInfo.environment["WORMHOLE_HARNESS"] { return path }
+        return builtExecutable(named: "WormholeHarness")
+    }()
+
+    /// The harness's commands; every other command is the tool's.
+    static let harnessCommands: Set<String> = [
+        "bench", "bench-case", "crash-test", "exercise", "exercise-store", "crash-victim", "bench-peer",
+        "bench-peer-store", "bench-case-peer",
+    ]
+
+    /// The executable that runs `arguments`.
+    static func executable(for arguments: [String]) -> String {
+        harnessCommands.contains(arguments.first ?? "") ? harnessPath : path
+    }
+
+    private static func builtExecutable(named name: String) -> String {
         let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         var directory = URL(fileURLWithPath: me).deletingLastPathComponent()
-        // The test binary sits in PackageTests.xctest (or a .xctest bundle directory); the tool next to it.
+        // The test binary sits in PackageTests.xctest (or a .xctest bundle directory); the executables next to it.
         while directory.path != "/" {
-            let candidate = directory.appendingPathComponent("wormhole").path
+            let candidate = directory.appendingPathComponent(name).path
             if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
             directory = directory.deletingLastPathComponent()
         }
-        return "wormhole-executable-not-found"
-    }()
+        return "\(name)-executable-not-found"
+    }
 
     struct Result {
         var status: Int32
@@ -40,14 +62,16 @@ final class RunningTool: Sendable {
     private let errorOutput = Locked(Data())
     private let readers = DispatchGroup()
 
-    /// Starts `wormhole ARGUMENTS`, or with `launcher`, `LAUNCHER... wormhole ARGUMENTS` (a command such as
-    /// `unshare` or `setpriv` that runs the tool in another setting).
+    /// Starts `wormhole ARGUMENTS` (or the harness, for its commands), or with `launcher`,
+    /// `LAUNCHER... wormhole ARGUMENTS` (a command such as `unshare` or `setpriv` that runs the tool in another
+    /// setting).
     init(
         _ arguments: [String], input: String? = nil, environment: [String: String] = [:], launcher: [String] = []
     ) throws {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: launcher.first ?? WormholeTool.path)
-        process.arguments = launcher.isEmpty ? arguments : Array(launcher.dropFirst()) + [WormholeTool.path] + arguments
+        let executable = WormholeTool.executable(for: arguments)
+        process.executableURL = URL(fileURLWithPath: launcher.first ?? executable)
+        process.arguments = launcher.isEmpty ? arguments : Array(launcher.dropFirst()) + [executable] + arguments
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         }

@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-@_spi(Fuzzing) @testable import WormholeKit
+@testable import WormholeKit
 
 /// The fuzzer's committed corpus, replayed on every test run, and hand-made damage to every seed: each decoder of
 /// bytes another process wrote must neither crash nor hang on any of them.

@@ -11,10 +11,11 @@ import Synchronization
 /// Apple platforms; `WormholeTesting` ships a `ManualNotifier` for tests. Every implementation must pass this test:
 ///
 /// ```swift
-/// let fired = Locked(0)
-/// let observation = try notifier.observe("mailbox.button") { fired.withLock { $0 += 1 } }
+/// let (calls, call) = AsyncStream.makeStream(of: Void.self)
+/// let observation = try notifier.observe("mailbox.button") { call.yield() }
 /// try notifier.post("mailbox.button")
-/// // … within a short time: fired ≥ 1; after observation.cancel(), no more calls.
+/// for await _ in calls { break }   // the handler ran, soon after the post
+/// observation.cancel()             // and it runs no more once this returns
 /// ```
 public protocol Notifier: Sendable {
     /// Wakes the observers of `name` in every process.

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Foundation
+import WormholeCLI
 
 enum FloorKind: String {
     /// Write a temporary file, rename it over the message file; the reader wakes on IN_MOVED_TO.

@@ -9,7 +9,7 @@ extension Wormhole {
     ///
     /// ```swift
     /// let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .main) { tap in
-    ///     label.text = "\(tap.number)"
+    ///     MainActor.assumeIsolated { label.text = "\(tap.number)" }   // .main runs it on the main actor
     /// }
     /// ```
     ///

@@ -4,15 +4,14 @@ import Foundation
 /// positions, suite documents and live packets. Not API: the `WormholeFuzz` target and the corpus test use them.
 ///
 /// Each takes any bytes, must not crash nor hang, and checks that whatever decodes encodes back to the same thing.
-@_spi(Fuzzing)
-public enum WormholeFuzzing {
+package enum WormholeFuzzing {
     /// The decoders, chosen by the first byte of a fuzz input.
-    public enum Target: UInt8, CaseIterable, Sendable {
+    package enum Target: UInt8, CaseIterable, Sendable {
         case mailboxFile = 0, queueLog, consumerPosition, suiteDocument, livePacket
     }
 
     /// Runs the decoder the first byte selects on the rest of the bytes.
-    public static func run(_ input: [UInt8]) {
+    package static func run(_ input: [UInt8]) {
         guard let first = input.first else { return }
         let bytes = Array(input.dropFirst())
         switch Target(rawValue: first % UInt8(Target.allCases.count))! {
@@ -89,7 +88,7 @@ public enum WormholeFuzzing {
     }
 
     /// Valid inputs for each decoder, to seed a corpus.
-    public static func seeds() -> [(name: String, bytes: [UInt8])] {
+    package static func seeds() -> [(name: String, bytes: [UInt8])] {
         let record = MailboxFormat.Record(
             sequence: 3, timestampNanoseconds: 1_700_000_000_000_000_000, isCleared: false, sender: Array("app[1]".utf8),
             payload: Array(#"{"number":1}"#.utf8))

@@ -4,13 +4,13 @@ import Synchronization
 /// A child process running this same executable, whose output lines are handed to a callback as they come.
 ///
 /// The lines are read on a thread of their own, never on the cooperative pool.
-final class ChildProcess: Sendable {
+package final class ChildProcess: Sendable {
     private let process: Process
     private let readiness = DispatchSemaphore(value: 0)
     private let outputEnded = DispatchSemaphore(value: 0)
 
     /// The path of the running executable, to start copies of it.
-    static var executablePath: String {
+    package static var executablePath: String {
         #if os(Linux)
         if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return path }
         #endif
@@ -19,7 +19,7 @@ final class ChildProcess: Sendable {
 
     /// Starts `wormhole ARGUMENTS`; each line of its standard output goes to `onLine`, and a line equal to
     /// `readyLine` signals ``waitUntilReady(timeout:)``. Standard error is passed through.
-    init(arguments: [String], readyLine: String? = nil, onLine: @escaping @Sendable (String) -> Void) throws {
+    package init(arguments: [String], readyLine: String? = nil, onLine: @escaping @Sendable (String) -> Void) throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: Self.executablePath)
         process.arguments = arguments
@@ -48,13 +48,13 @@ final class ChildProcess: Sendable {
     }
 
     /// Waits for the ready line; false on time-out.
-    func waitUntilReady(timeout: Double) -> Bool {
+    package func waitUntilReady(timeout: Double) -> Bool {
         readiness.wait(timeout: .now() + timeout) == .success
     }
 
     /// Waits for the child to exit, up to `timeout` seconds; kills it after that. Returns its exit status.
     @discardableResult
-    func wait(timeout: Double) -> Int32 {
+    package func wait(timeout: Double) -> Int32 {
         let deadline = Date().addingTimeInterval(timeout)
         while process.isRunning && Date() < deadline { usleep(10_000) }
         if process.isRunning {
@@ -66,12 +66,12 @@ final class ChildProcess: Sendable {
         return process.terminationStatus
     }
 
-    func terminate() {
+    package func terminate() {
         if process.isRunning { process.terminate() }
     }
 
     /// Kills the child with SIGKILL, then waits until every line it wrote has gone to `onLine`.
-    func kill() {
+    package func kill() {
         Foundation.kill(process.processIdentifier, SIGKILL)
         process.waitUntilExit()
         _ = outputEnded.wait(timeout: .now() + 10)

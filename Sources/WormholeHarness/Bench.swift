@@ -1,10 +1,11 @@
 import ArgumentParser
 import Foundation
+import WormholeCLI
 import Synchronization
 import WormholeKit
 
 #if os(Linux) || os(Android)
-import CWormholeSystem
+import CWormholeHarness
 #endif
 
 /// The message of the benchmark: a counter and padding that make about 64 bytes of JSON.

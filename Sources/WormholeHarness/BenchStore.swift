@@ -1,12 +1,13 @@
 import ArgumentParser
 import Foundation
+import WormholeCLI
 import GRDB
 import Synchronization
 import WormholeKit
 import WormholeStore
 
 #if os(Linux) || os(Android)
-import CWormholeSystem
+import CWormholeHarness
 #endif
 
 /// `wormhole bench store`: the shared store's figures, each against its baseline in the same run.

@@ -1,9 +1,10 @@
 import ArgumentParser
 import Foundation
+import WormholeCLI
 import WormholeKit
 
 #if os(Linux) || os(Android)
-import CWormholeSystem
+import CWormholeHarness
 #endif
 
 /// The wormhole's cases of `Benchmarks/compare`: one mode, one metric, one JSON line on standard output, in the same

@@ -9,7 +9,9 @@ import Synchronization
 /// final class WidgetModel {
 ///     private var listener: MessageListener?
 ///     func start(_ wormhole: Wormhole) throws {
-///         listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) { tap in … }
+///         listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) { tap in
+///             print("tapped", tap.number)
+///         }
 ///     }
 /// }
 /// ```

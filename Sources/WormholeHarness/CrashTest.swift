@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import WormholeCLI
 import GRDB
 import WormholeKit
 import WormholeStore

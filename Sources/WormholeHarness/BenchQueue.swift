@@ -1,10 +1,11 @@
 import ArgumentParser
 import Foundation
+import WormholeCLI
 import Synchronization
 import WormholeKit
 
 #if os(Linux) || os(Android)
-import CWormholeSystem
+import CWormholeHarness
 #endif
 
 /// `wormhole bench queue`: a queue between two processes against an append-only log written by hand.

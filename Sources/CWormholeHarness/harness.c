@@ -1,0 +1,1 @@
+// The header holds everything; SwiftPM needs one source file per C target.

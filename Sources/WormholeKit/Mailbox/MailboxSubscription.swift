@@ -1,0 +1,55 @@
+import Synchronization
+
+/// The listeners of one identifier in one wormhole, sharing one notifier observation and one read per change.
+final class MailboxSubscription: Sendable {
+    let identifier: String
+    private let transiting: any Transiting
+    private let sinks = Locked<[UInt64: ListenerSink]>([:])
+    private let observation = Locked<NotifierObservation?>(nil)
+
+    init(identifier: String, transiting: any Transiting) {
+        self.identifier = identifier
+        self.transiting = transiting
+    }
+
+    func start(notifier: any Notifier) throws(WormholeError) {
+        let token = try notifier.observe(Wormhole.notificationName(forIdentifier: identifier)) { [weak self] in
+            self?.mailboxChanged()
+        }
+        observation.withLock { $0 = token }
+    }
+
+    func stop() {
+        let token = observation.withLock { token in
+            defer { token = nil }
+            return token
+        }
+        token?.cancel()
+    }
+
+    func add(_ sink: ListenerSink) { sinks.withLock { $0[sink.id] = sink } }
+
+    /// Removes a sink; returns whether none is left.
+    func remove(_ id: UInt64) -> Bool {
+        sinks.withLock { sinks in
+            sinks[id] = nil
+            return sinks.isEmpty
+        }
+    }
+
+    func removeAll() -> [ListenerSink] {
+        sinks.withLock { sinks in
+            defer { sinks = [:] }
+            return Array(sinks.values)
+        }
+    }
+
+    /// Reads the mailbox once and offers the result to every listener.
+    private func mailboxChanged() {
+        let current = sinks.withLock { $0.values.sorted { $0.id < $1.id } }
+        guard !current.isEmpty else { return }
+        let result: Result<Envelope?, WormholeError>
+        do { result = .success(try transiting.readMessage(identifier: identifier)) } catch { result = .failure(error) }
+        for sink in current { sink.offer(result) }
+    }
+}

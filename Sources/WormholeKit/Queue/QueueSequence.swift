@@ -1,0 +1,110 @@
+import Foundation
+import Synchronization
+
+/// The messages of a queue a consumer has not handled, then each new one, as an `AsyncSequence`; see
+/// ``WormholeQueue/messages(consumer:as:)``. Iterate it once.
+///
+/// A message counts as handled, and the consumer's position moves past it, when the iteration asks for the next
+/// one, or when you call ``acknowledge(_:)``: do that before leaving a loop with `break`, so that the last message is
+/// not delivered again.
+///
+/// ```swift
+/// let jobs = try wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
+/// for try await job in jobs {
+///     print(job.value)
+///     try jobs.acknowledge(job)
+///     break
+/// }
+/// ```
+public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Sendable {
+    public typealias Element = QueueMessage<Message>
+    public typealias Failure = WormholeError
+
+    /// The consumer's cursor behind its lock, the messages handed out and not acknowledged, and the wake-ups.
+    final class Feed: Sendable {
+        let cursor: Result<Locked<any QueueCursor>, WormholeError>
+        let decode: @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
+        /// The end of the last message handed out, not yet acknowledged.
+        let pending = Locked<UInt64?>(nil)
+        let observation: NotifierObservation?
+
+        init(
+            cursor: Result<Locked<any QueueCursor>, WormholeError>, observation: NotifierObservation?,
+            decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
+        ) {
+            self.cursor = cursor
+            self.observation = observation
+            self.decode = decode
+        }
+
+        deinit { observation?.cancel() }
+
+        /// Stores the position past the messages handed out so far.
+        func acknowledgePending(through end: UInt64? = nil) throws(WormholeError) {
+            let cursor = try self.cursor.get()
+            try cursor.withLock { (cursor) throws(WormholeError) in
+                let target = pending.withLock { pending -> UInt64? in
+                    guard let last = pending else { return nil }
+                    let target = Swift.min(end ?? last, last)
+                    if target == last { pending = nil }
+                    return target
+                }
+                if let target, target > cursor.position { try cursor.acknowledge(through: target) }
+            }
+        }
+    }
+
+    private let feed: Feed
+    private let wakes: AsyncStream<Void>
+
+    init(
+        log: Result<any QueueLog, WormholeError>, consumer: String,
+        decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
+    ) {
+        let (wakes, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        self.wakes = wakes
+        do throws(WormholeError) {
+            let cursor = try log.get().openCursor(consumer: consumer)
+            let observation = try cursor.observeAppends { continuation.yield() }
+            feed = Feed(cursor: .success(Locked(cursor)), observation: observation, decode: decode)
+        } catch {
+            feed = Feed(cursor: .failure(error), observation: nil, decode: decode)
+        }
+    }
+
+    /// Acknowledges `message` and every message handed out before it: they are never delivered to this consumer
+    /// again.
+    public func acknowledge(_ message: QueueMessage<Message>) throws(WormholeError) {
+        try feed.acknowledgePending(through: message.end)
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(feed: feed, wakes: wakes.makeAsyncIterator())
+    }
+
+    /// The iterator; asking for the next message acknowledges the previous one.
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let feed: Feed
+        var wakes: AsyncStream<Void>.AsyncIterator
+
+        /// The next message; throws a ``WormholeError`` when the queue cannot be read or a message decoded (it stays
+        /// unacknowledged).
+        public mutating func next() async throws(WormholeError) -> QueueMessage<Message>? {
+            let cursor = try feed.cursor.get()
+            try feed.acknowledgePending()
+            while !Task.isCancelled {
+                // Reading the page cache does not wait; waiting for appends happens on the AsyncStream below.
+                let record = try cursor.withLock { (cursor) throws(WormholeError) in
+                    try cursor.read(maximumCount: 1).first
+                }
+                if let record {
+                    let message = try feed.decode(record)
+                    feed.pending.withLock { $0 = record.end }
+                    return message
+                }
+                guard await wakes.next() != nil else { return nil }
+            }
+            return nil
+        }
+    }
+}

@@ -1,0 +1,39 @@
+import Foundation
+import Logging
+
+/// A queue's size and its consumers' positions.
+public struct QueueStatus: Sendable, Codable, Equatable {
+    /// A consumer's position.
+    public struct Consumer: Sendable, Codable, Equatable {
+        /// The consumer's name.
+        public var name: String
+        /// The offset of the next message it will handle.
+        public var offset: UInt64
+        /// How many bytes of the queue it has not handled.
+        public var lagBytes: UInt64
+        /// How many messages it has not handled.
+        public var lagMessages: Int
+
+        /// Creates a consumer's status, as an engine's ``QueueLog`` reports it.
+        public init(name: String, offset: UInt64, lagBytes: UInt64, lagMessages: Int) {
+            self.name = name
+            self.offset = offset
+            self.lagBytes = lagBytes
+            self.lagMessages = lagMessages
+        }
+    }
+
+    /// The queue's identifier.
+    public var identifier: String
+    /// The offset just past the last message.
+    public var endOffset: UInt64
+    /// The registered consumers, by name.
+    public var consumers: [Consumer]
+
+    /// Creates a queue's status, as an engine's ``QueueLog`` reports it.
+    public init(identifier: String, endOffset: UInt64, consumers: [Consumer]) {
+        self.identifier = identifier
+        self.endOffset = endOffset
+        self.consumers = consumers
+    }
+}
