@@ -88,3 +88,8 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// Every public type says whether it is Sendable, as swift-log requires of its own (C targets take no Swift flags).
+for target in package.targets where !target.name.hasPrefix("C") {
+    target.swiftSettings = (target.swiftSettings ?? []) + [.unsafeFlags(["-Xfrontend", "-require-explicit-sendable"])]
+}

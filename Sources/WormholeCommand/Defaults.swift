@@ -77,32 +77,32 @@ struct DefaultsWatch: ParsableCommand {
     @Argument(help: "The suite.") var suite: String
     @Option(name: .customLong("key"), help: "A key to watch (repeat for several); all keys by default.") var keys: [String] = []
     @Option(help: "Only changes made with this direction.") var direction: String?
-    @Option(help: "Exit after this many changes.") var count: Int?
-    @Option(help: "Exit after this many seconds.") var timeout: Double?
+    @OptionGroup var limits: ListeningLimits
 
     func run() throws {
-        let printed = Locked(0)
-        let done = DispatchSemaphore(value: 0)
-        let limit = count
-        let observer = try location.makeWormhole().suite(suite).observe(
-            keys: keys.isEmpty ? nil : Set(keys), direction: direction, errorHandler: { Output.error("\($0)") }
-        ) { change in
-            let values = change.keys.sorted().map { key in
-                let name = String(decoding: try! JSONEncoder().encode(key), as: UTF8.self)
-                return name + ":" + (change.values.json(forKey: key).map { String(decoding: $0, as: UTF8.self) } ?? "null")
+        let suite = try location.makeWormhole().suite(suite)
+        try limits.listen(ready: "watching \(suite.name)") { tally in
+            try suite.observe(
+                keys: keys.isEmpty ? nil : Set(keys), direction: direction, errorHandler: { Output.error("\($0)") }
+            ) { change in
+                Output.line(Self.line(change))
+                tally.add()
             }
-            let keys = String(decoding: try! JSONEncoder().encode(change.keys.sorted()), as: UTF8.self)
-            let sender = String(decoding: try! JSONEncoder().encode(change.sender), as: UTF8.self)
-            let direction = change.direction.map { String(decoding: try! JSONEncoder().encode($0), as: UTF8.self) } ?? "null"
-            Output.line(
-                "{\"direction\":\(direction),\"keys\":\(keys),\"sender\":\(sender),\"values\":{\(values.joined(separator: ","))},"
-                    + "\"version\":\(change.version)}")
-            if printed.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
         }
-        FileHandle.standardError.write(Data("watching \(suite)\n".utf8))
-        let finished = Output.wait(for: done, timeout: timeout)
-        observer.cancel()
-        if !finished, limit != nil { throw Output.fail("timed out") }
+    }
+
+    /// A change as one line of JSON: direction, keys, sender, values, version.
+    static func line(_ change: SuiteChange) -> String {
+        let values = change.keys.sorted().map { key in
+            let name = String(decoding: try! JSONEncoder().encode(key), as: UTF8.self)
+            return name + ":" + (change.values.json(forKey: key).map { String(decoding: $0, as: UTF8.self) } ?? "null")
+        }
+        let keys = String(decoding: try! JSONEncoder().encode(change.keys.sorted()), as: UTF8.self)
+        let sender = String(decoding: try! JSONEncoder().encode(change.sender), as: UTF8.self)
+        let direction =
+            change.direction.map { String(decoding: try! JSONEncoder().encode($0), as: UTF8.self) } ?? "null"
+        return "{\"direction\":\(direction),\"keys\":\(keys),\"sender\":\(sender),"
+            + "\"values\":{\(values.joined(separator: ","))},\"version\":\(change.version)}"
     }
 }
 

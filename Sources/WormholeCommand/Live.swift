@@ -146,60 +146,18 @@ struct LiveListen: ParsableCommand {
 
     @OptionGroup var location: LocationOptions
     @Argument(help: "The identifier.") var identifier: String
-    @Option(help: "Exit after this many messages.") var count: Int?
-    @Option(help: "Exit after this many seconds.") var timeout: Double?
+    @OptionGroup var limits: ListeningLimits
 
     func run() throws {
-        let received = Locked(0)
-        let done = DispatchSemaphore(value: 0)
-        let limit = count
-        let listener = try location.makeWormhole().listenForLiveMessages(
-            withIdentifier: identifier, as: JSONPassthrough.self
-        ) { message in
-            Output.line(Output.jsonLine(message.data))
-            if received.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
+        let wormhole = try location.makeWormhole()
+        try limits.listen(ready: "listening to \(identifier)") { tally in
+            // Any JSON decodes as a JSONValue; what is not JSON is reported and listening goes on.
+            try wormhole.listenForLiveMessages(
+                withIdentifier: identifier, as: JSONValue.self, errorHandler: { Output.error("\($0)") }
+            ) { message in
+                Output.line(message.description)
+                tally.add()
+            }
         }
-        FileHandle.standardError.write(Data("listening to \(identifier)\n".utf8))
-        let finished = Output.wait(for: done, timeout: timeout)
-        listener.cancel()
-        if !finished, limit != nil { throw Output.fail("timed out") }
-    }
-}
-
-/// Any JSON value, kept as compact JSON text.
-struct JSONPassthrough: Decodable, Sendable {
-    var data: Data
-    init(from decoder: any Decoder) throws {
-        let value = try decoder.singleValueContainer().decode(AnyJSON.self)
-        data = (try? JSONSerialization.data(withJSONObject: value.object, options: [.fragmentsAllowed, .sortedKeys])) ?? Data()
-    }
-}
-
-/// A decoded JSON value of any shape.
-struct AnyJSON: Decodable {
-    var object: Any
-    init(from decoder: any Decoder) throws {
-        if let keyed = try? decoder.container(keyedBy: AnyKey.self) {
-            var dictionary: [String: Any] = [:]
-            for key in keyed.allKeys { dictionary[key.stringValue] = try keyed.decode(AnyJSON.self, forKey: key).object }
-            object = dictionary
-        } else if var unkeyed = try? decoder.unkeyedContainer() {
-            var array: [Any] = []
-            while !unkeyed.isAtEnd { array.append(try unkeyed.decode(AnyJSON.self).object) }
-            object = array
-        } else {
-            let single = try decoder.singleValueContainer()
-            if single.decodeNil() { object = NSNull() }
-            else if let bool = try? single.decode(Bool.self) { object = bool }
-            else if let number = try? single.decode(Double.self) { object = number }
-            else { object = try single.decode(String.self) }
-        }
-    }
-
-    struct AnyKey: CodingKey {
-        var stringValue: String
-        var intValue: Int? { nil }
-        init(stringValue: String) { self.stringValue = stringValue }
-        init?(intValue: Int) { nil }
     }
 }

@@ -41,35 +41,19 @@ struct Consume: ParsableCommand {
     @Option(help: "The consumer's durable name.")
     var consumer: String
 
-    @Option(help: "Exit after this many messages.")
-    var count: Int?
-
-    @Option(help: "Exit after this many seconds.")
-    var timeout: Double?
-
-    func validate() throws {
-        if let count, count < 1 { throw ValidationError("--count must be at least 1.") }
-    }
+    @OptionGroup var limits: ListeningLimits
 
     func run() throws {
         let queue = try location.makeWormhole().queue(identifier)
-        let printed = Locked(0)
-        let done = DispatchSemaphore(value: 0)
-        let limit = count
-        // Any JSON decodes as a JSONValue: the tool needs no message type, and prints the payload as it is.
-        let consumer = try queue.consume(
-            consumer: self.consumer, as: JSONValue.self, errorHandler: { Output.error("\($0)") }
-        ) { message in
-            // Past the limit, refuse: those messages stay for the next consume.
-            guard printed.withLock({ $0 < (limit ?? .max) }) else { throw CancellationError() }
-            Output.line(Output.jsonLine(message.payload))
-            if printed.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
-        }
-        FileHandle.standardError.write(Data("consuming \(identifier)\n".utf8))
-        let finished = Output.wait(for: done, timeout: timeout)
-        consumer.cancel()
-        if !finished, let limit {
-            throw Output.fail("timed out with \(printed.withLock { $0 }) of \(limit) messages")
+        try limits.listen(ready: "consuming \(identifier)") { tally in
+            // Any JSON decodes as a JSONValue: the tool needs no message type, and prints the payload as it is.
+            try queue.consume(consumer: consumer, as: JSONValue.self, errorHandler: { Output.error("\($0)") }) {
+                message in
+                // Past the limit, refuse: those messages stay for the next consume.
+                guard !tally.isReached else { throw CancellationError() }
+                Output.line(Output.jsonLine(message.payload))
+                tally.add()
+            }
         }
     }
 }

@@ -102,31 +102,20 @@ struct StoreWatch: ParsableCommand {
     @Flag(help: "Also print transactions written with this --author.")
     var includeOwn = false
 
-    @Option(help: "Exit after this many transactions.")
-    var count: Int?
-
-    @Option(help: "Exit after this many seconds (status 1 if --count transactions have not all come).")
-    var timeout: Double?
+    @OptionGroup var limits: ListeningLimits
 
     func run() throws {
         let store = try location.open()
-        let printed = Locked(0)
-        let done = DispatchSemaphore(value: 0)
-        let limit = count
-        let observer = try store.observeRemoteChanges(
-            consumer: consumer, tables: tables.isEmpty ? nil : Set(tables), includingOwnWrites: includeOwn,
-            errorHandler: { Output.error("\($0)") }
-        ) { transaction in
-            // Once the limit is reached, refuse the rest: they stay unmerged for the next watch.
-            guard printed.withLock({ $0 < (limit ?? .max) }) else { throw CancellationError() }
-            Output.line(StoreOutput.line(transaction))
-            if printed.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
-        }
-        FileHandle.standardError.write(Data("watching \(location.store)\n".utf8))
-        let finished = Output.wait(for: done, timeout: timeout)
-        observer.cancel()
-        if !finished, let limit {
-            throw Output.fail("timed out with \(printed.withLock { $0 }) of \(limit) transactions")
+        try limits.listen(ready: "watching \(location.store)") { tally in
+            try store.observeRemoteChanges(
+                consumer: consumer, tables: tables.isEmpty ? nil : Set(tables), includingOwnWrites: includeOwn,
+                errorHandler: { Output.error("\($0)") }
+            ) { transaction in
+                // Once the limit is reached, refuse the rest: they stay unmerged for the next watch.
+                guard !tally.isReached else { throw CancellationError() }
+                Output.line(StoreOutput.line(transaction))
+                tally.add()
+            }
         }
     }
 }

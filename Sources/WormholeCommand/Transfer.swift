@@ -57,30 +57,24 @@ struct TransferReceive: ParsableCommand {
     @Argument(help: "The transfer channel.") var channel: String
     @Option(help: "The receiver's durable name.") var consumer: String
     @Option(help: "The directory to put the files in.") var into: String
-    @Option(help: "Exit after this many files.") var count: Int?
-    @Option(help: "Exit after this many seconds.") var timeout: Double?
+    @OptionGroup var limits: ListeningLimits
 
     func run() throws {
-        let received = Locked(0)
-        let done = DispatchSemaphore(value: 0)
-        let limit = count
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        let receiver = try location.makeWormhole().transfers(channel).receive(
-            consumer: consumer, into: into, errorHandler: { Output.error("\($0)") }
-        ) { file in
-            guard received.withLock({ $0 < (limit ?? .max) }) else { throw CancellationError() }
-            let line: [String: String] = [
-                "id": file.transfer.id, "name": file.transfer.name, "path": file.path, "sender": file.transfer.sender,
-                "size": String(file.transfer.size),
-            ].merging(file.transfer.metadata.mapKeys { "meta." + $0 }) { first, _ in first }
-            Output.line(String(decoding: try encoder.encode(line), as: UTF8.self))
-            if received.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
+        let transfers = try location.makeWormhole().transfers(channel)
+        try limits.listen(ready: "receiving \(channel)") { tally in
+            try transfers.receive(consumer: consumer, into: into, errorHandler: { Output.error("\($0)") }) { file in
+                // Past the limit, refuse: those files stay for the next receive.
+                guard !tally.isReached else { throw CancellationError() }
+                let line: [String: String] = [
+                    "id": file.transfer.id, "name": file.transfer.name, "path": file.path,
+                    "sender": file.transfer.sender, "size": String(file.transfer.size),
+                ].merging(file.transfer.metadata.mapKeys { "meta." + $0 }) { first, _ in first }
+                Output.line(String(decoding: try encoder.encode(line), as: UTF8.self))
+                tally.add()
+            }
         }
-        FileHandle.standardError.write(Data("receiving \(channel)\n".utf8))
-        let finished = Output.wait(for: done, timeout: timeout)
-        receiver.cancel()
-        if !finished, limit != nil { throw Output.fail("timed out with \(received.withLock { $0 }) files") }
     }
 }
 

@@ -5,7 +5,7 @@ import Foundation
 /// On Linux, a group is a directory named by its identifier under a root: `$WORMHOLE_APP_GROUPS` when set,
 /// otherwise `$XDG_DATA_HOME/app-groups`, otherwise `~/.local/share/app-groups`. On Apple platforms it is the
 /// App Group container that the system gives the app (`containerURL(forSecurityApplicationGroupIdentifier:)`).
-public enum GroupContainer {
+public enum GroupContainer: Sendable {
     /// The environment variable that overrides the root of group containers on Linux.
     public static let rootEnvironmentVariable = "WORMHOLE_APP_GROUPS"
 

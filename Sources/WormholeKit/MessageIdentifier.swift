@@ -10,7 +10,7 @@
 ///
 /// Any other Unicode is allowed. Look-alikes such as U+2215 DIVISION SLASH are ordinary characters to the file
 /// system and cannot escape the directory.
-public enum MessageIdentifier {
+public enum MessageIdentifier: Sendable {
     /// The longest identifier, in bytes of UTF-8; file names have 255 bytes on Linux, and the wormhole adds a suffix.
     public static let maximumLength = 200
 

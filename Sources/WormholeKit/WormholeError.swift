@@ -10,12 +10,15 @@ import SystemPackage
 /// do {
 ///     let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)
 ///     print("tapped", tap?.number ?? 0)
-/// } catch where error.code == .decodingFailed {   // every call here throws a WormholeError
-///     // The mailbox holds a message of another type.
+/// } catch {
+///     switch error.code {   // error is a WormholeError: every call in the `do` throws one
+///     case .decodingFailed: print("the mailbox holds a message of another type")
+///     default: throw error
+///     }
 /// }
 /// ```
 ///
-/// New codes may be added in minor releases, so a `switch` over codes should keep a `default` case.
+/// New codes may be added in minor releases, so a `switch` over codes should keep a `default` case, as above.
 public struct WormholeError: Error, Sendable, CustomStringConvertible {
     /// A stable code for a kind of failure.
     public struct Code: Hashable, Sendable, CustomStringConvertible {

@@ -338,3 +338,7 @@ public struct RemoteChangeSequence: AsyncSequence, Sendable {
         }
     }
 }
+
+/// An iterator belongs to the task that iterates: it is not `Sendable`.
+@available(*, unavailable)
+extension RemoteChangeSequence.AsyncIterator: Sendable {}

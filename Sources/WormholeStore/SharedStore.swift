@@ -19,8 +19,9 @@ import WormholeKit
 ///
 /// - **History.** Every committed write is recorded with its author, time, and per table the inserted, updated and
 ///   deleted primary keys (see ``StoreTransaction``). Triggers record it, so writes by other tools are seen too.
-/// - **Remote changes.** After a write through ``write(_:)`` commits, the other processes are notified at once, and
-///   receive the transactions since their own history token: ``remoteChanges(consumer:tables:includingOwnWrites:)``.
+/// - **Remote changes.** After a write through ``write(_:)-7b863`` commits, the other processes are notified at once,
+///   and receive the transactions since their own history token:
+///   ``remoteChanges(consumer:tables:includingOwnWrites:)``.
 /// - **Cross-process GRDB observation.** A `ValueObservation` or `DatabaseRegionObservation` in this process fires
 ///   after another process commits a change to its region.
 ///
@@ -42,7 +43,8 @@ import WormholeKit
 /// }
 /// ```
 public final class SharedStore: Sendable {
-    /// The database, for reads and for GRDB observation. Write through ``write(_:)``, which records and notifies.
+    /// The database, for reads and for GRDB observation. Write through ``write(_:)-7b863``, which records and
+    /// notifies.
     public let databasePool: DatabasePool
     /// The database file.
     public let path: String
@@ -177,7 +179,7 @@ public final class SharedStore: Sendable {
         return value
     }
 
-    /// The asynchronous form of ``write(_:)``: the database work runs on GRDB's writer queue, not on the caller's
+    /// The asynchronous form of ``write(_:)-7b863``: the database work runs on GRDB's writer queue, not on the caller's
     /// thread.
     @discardableResult
     public func write<T: Sendable>(

@@ -73,3 +73,7 @@ public struct ListeningSequence<Element: Sendable>: AsyncSequence, Sendable {
         }
     }
 }
+
+/// An iterator belongs to the task that iterates: it is not `Sendable`.
+@available(*, unavailable)
+extension ListeningSequence.AsyncIterator: Sendable {}

@@ -379,6 +379,11 @@ public final class FileTransiting: Transiting {
         switch try decode(file, size: size, identifier: identifier) {
         case .success(let decoded):
             contents = decoded
+        case .failure(.header(.unsupportedVersion(let version))):
+            // A newer writer's file is not damaged: replacing it would lose its message for the processes that read
+            // that version. Say so, and keep it.
+            throw MailboxFormat.error(
+                for: .header(.unsupportedVersion(version)), identifier: identifier, path: handle.filePath(name))
         case .failure:
             // A damaged file holds nothing to keep: replace it with a fresh mailbox of a new generation, so
             // listeners accept the new message whatever sequence the damaged file claimed.

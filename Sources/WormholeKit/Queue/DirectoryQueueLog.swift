@@ -181,7 +181,16 @@ final class DirectoryQueueLog: QueueLog {
                     "Dropped a queue consumer not seen within the retention", metadata: ["consumer": "\(name)"])
                 continue
             }
-            let position = try cursor.read() ?? 0
+            let position: UInt64
+            do {
+                position = try cursor.read() ?? 0
+            } catch {
+                // A damaged position holds nothing back and stops nobody: the other consumers go on.
+                logger.warning(
+                    "A queue consumer's position is damaged; reclaiming leaves it out",
+                    metadata: ["consumer": "\(name)", "error": "\(error)"])
+                continue
+            }
             minimum = min(minimum ?? position, position)
         }
         guard let minimum, minimum >= 4096 else { return }
@@ -250,7 +259,12 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         sinceReclaim += end - min(start, end)
         if sinceReclaim > 4 << 20 {
             sinceReclaim = 0
-            try log.reclaimSpace()
+            // The position is stored: a failure to reclaim space is not this acknowledgement's.
+            do {
+                try log.reclaimSpace()
+            } catch {
+                log.logger.warning("Could not reclaim queue space", metadata: ["error": "\(error)"])
+            }
         }
     }
 

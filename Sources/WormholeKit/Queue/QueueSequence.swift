@@ -108,3 +108,7 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
         }
     }
 }
+
+/// An iterator belongs to the task that iterates: it is not `Sendable`.
+@available(*, unavailable)
+extension QueueSequence.AsyncIterator: Sendable {}

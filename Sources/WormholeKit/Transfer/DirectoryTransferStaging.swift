@@ -139,7 +139,8 @@ final class DirectoryTransferStaging: TransferStaging {
 
     func removeAbandonedCopies(olderThan age: Duration) throws(WormholeError) {
         let seconds = Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18
-        for name in try staging.entries() where name.hasSuffix(".part") {
+        // Partial copies of senders that stopped, and the markers of deliveries long done.
+        for name in try staging.entries() where name.hasSuffix(".part") || name.hasSuffix(".delivered") {
             var status = stat()
             if fstatat(staging.rawDescriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0,
                 Date().timeIntervalSince1970 - Double(status.st_mtim.tv_sec) > seconds

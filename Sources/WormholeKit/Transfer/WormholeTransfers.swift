@@ -99,19 +99,39 @@ public final class WormholeTransfers: Sendable {
         handler: @escaping @Sendable (ReceivedFile) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
         _ = try DirectoryHandle.open(path: destination, create: true)
+        // The delivery whose marker is kept until the queue has acknowledged it: the next delivery's start.
+        let acknowledged = Locked<String?>(nil)
         return try queue.consume(consumer: consumer, as: FileTransfer.self, on: execution, errorHandler: errorHandler) {
             [self] message in
-            guard let file = try staging.deliver(message.value, into: destination) else {
+            let transfer = message.value
+            if let previous = acknowledged.withLock({ $0 }) { staging.finishDelivery(id: previous) }
+            // What another process put in the queue names files: a name or id that could leave the destination or
+            // the staging area is refused, never used.
+            guard UUID(uuidString: transfer.id) != nil, transfer.id == transfer.id.lowercased(),
+                MessageIdentifier.isValid(transfer.name)
+            else {
                 queue.report(
                     WormholeError(
-                        .ioFailure,
-                        "Transfer \(message.value.id) (\(message.value.name)) was cancelled before it was received.",
+                        .invalidIdentifier,
+                        "A transfer with id \(transfer.id.debugDescription) and name \(transfer.name.debugDescription) "
+                            + "is not one this package sends; it is passed over.",
+                        identifier: identifier),
+                    to: errorHandler)
+                return
+            }
+            guard let file = try staging.deliver(transfer, into: destination) else {
+                queue.report(
+                    WormholeError(
+                        .ioFailure, "Transfer \(transfer.id) (\(transfer.name)) was cancelled before it was received.",
                         identifier: identifier),
                     to: errorHandler)
                 return
             }
             try handler(file)
-            staging.finishDelivery(id: message.value.id)
+            // Its marker says where the file went until the queue has stored that this transfer is done, so that a
+            // receiver killed in between finds the file again; it goes when the next transfer starts (or with
+            // removeAbandonedCopies).
+            acknowledged.withLock { $0 = transfer.id }
         }
     }
 

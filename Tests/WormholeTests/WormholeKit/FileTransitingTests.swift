@@ -141,7 +141,7 @@ struct FileTransitingTests {
         #expect(error?.code == .directoryUnavailable)
     }
 
-    @Test("Damaged files give typed errors; the next write replaces them")
+    @Test("Damaged files give typed errors; the next write replaces them, but never a newer version's file")
     func damagedFiles() throws {
         let files = try transiting()
         let path = directory("wormhole/a.msg")
@@ -156,6 +156,16 @@ struct FileTransitingTests {
             let error = #expect(throws: WormholeError.self, "\(name)") { try files.readMessage(identifier: "a") }
             #expect(error?.code == code, "\(name)")
             #expect(try files.identifiers() == ["a"], "a damaged mailbox is still listed")
+            if code == .unsupportedFormatVersion {
+                // A newer writer's file is not damaged: it is kept for the processes that read it.
+                let refused = #expect(throws: WormholeError.self) {
+                    try files.writeMessage(Data("fresh".utf8), sender: "test", identifier: "a")
+                }
+                #expect(refused?.code == .unsupportedFormatVersion)
+                #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == Data(bytes))
+                try FileManager.default.removeItem(atPath: path)
+                continue
+            }
             let written = try files.writeMessage(Data("fresh".utf8), sender: "test", identifier: "a")
             #expect(try files.readMessage(identifier: "a") == written, "\(name)")
         }

@@ -1,0 +1,70 @@
+import Foundation
+import Testing
+@testable import WormholeKit
+
+/// Faults found by reading the code against FORMAT.md, each kept as a test.
+@Suite("Review findings", .limit(minutes: 1))
+struct ReviewFindingsTests {
+    let directory = TemporaryDirectory()
+    var path: String { directory("wormhole") }
+
+    @Test("A mailbox file of a newer format version is refused, not overwritten")
+    func newerVersionIsKept() throws {
+        let wormhole = try Wormhole(directory: path)
+        try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
+        let file = path + "/button.msg"
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: file))
+        bytes[4] = 2  // the format version, little-endian, after the magic
+        try bytes.write(to: URL(fileURLWithPath: file))
+        let error = #expect(throws: WormholeError.self) {
+            try wormhole.passMessageObject(Tap(number: 2), identifier: "button")
+        }
+        #expect(error?.code == .unsupportedFormatVersion)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: file)) == bytes, "the newer writer's file is unchanged")
+    }
+
+    @Test("A transfer whose name or id would leave its directory is refused and nothing is written outside")
+    func transferNamesCannotEscape() throws {
+        let wormhole = try Wormhole(directory: path)
+        let transfers = try wormhole.transfers("files")
+        let inbox = directory("inbox")
+        // What a hostile process could enqueue by hand on the channel's queue.
+        let queue = try wormhole.queue("files.transfers")
+        for (id, name) in [
+            (UUID().uuidString.lowercased(), "../escaped"), ("../../escaped", "report.pdf"),
+            (UUID().uuidString.lowercased(), "/tmp/escaped"),
+        ] {
+            try queue.enqueue(FileTransfer(id: id, name: name, size: 1, metadata: [:], sender: "mallory"))
+        }
+        let errors = Collector<WormholeError.Code>()
+        let received = Collector<String>()
+        let receiver = try transfers.receive(
+            consumer: "viewer", into: inbox, on: .notifierThread, errorHandler: { errors.append($0.code) }
+        ) { file in received.append(file.path) }
+        #expect(eventually { errors.count == 3 })
+        receiver.cancel()
+        #expect(errors.values.allSatisfy { $0 == .invalidIdentifier })
+        #expect(received.values.isEmpty)
+        #expect(!FileManager.default.fileExists(atPath: directory("escaped")))
+        #expect(!FileManager.default.fileExists(atPath: "/tmp/escaped"))
+    }
+
+    @Test("One damaged consumer position stops neither reclaiming nor the other consumers")
+    func damagedPositionDoesNotBlockReclaiming() throws {
+        let wormhole = try Wormhole(directory: path)
+        let queue = try wormhole.queue("jobs")
+        try queue.enqueueData(contentsOf: (0..<100).map { Data(repeating: UInt8($0), count: 100) })
+        let handled = Collector<Int>()
+        let worker = try queue.consumeData(consumer: "worker", on: .notifierThread) { handled.append($0.payload.count) }
+        #expect(eventually { handled.count == 100 })
+        worker.cancel()
+        try Data("damaged".utf8).write(to: URL(fileURLWithPath: path + "/jobs.consumers/broken"))
+        try queue.reclaimSpace()
+        // The worker goes on from where it was: it gets the new messages only.
+        try queue.enqueueData(Data(repeating: 1, count: 7))
+        let again = try queue.consumeData(consumer: "worker", on: .notifierThread) { handled.append($0.payload.count) }
+        #expect(eventually { handled.count == 101 })
+        again.cancel()
+        #expect(handled.values.last == 7)
+    }
+}
