@@ -89,6 +89,12 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
+// The documentation plugin, only when building the docs (WORMHOLE_DOCS=1, as `scripts/docs` sets it), so that it stays
+// out of the dependency graph of the package's users.
+if Context.environment["WORMHOLE_DOCS"] != nil {
+    package.dependencies.append(.package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"))
+}
+
 // Every public type says whether it is Sendable, as swift-log requires of its own (C targets take no Swift flags).
 for target in package.targets where !target.name.hasPrefix("C") {
     target.swiftSettings = (target.swiftSettings ?? []) + [.unsafeFlags(["-Xfrontend", "-require-explicit-sendable"])]
