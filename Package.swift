@@ -47,6 +47,7 @@ let package = Package(
             dependencies: [
                 "WormholeKit",
                 "WormholeStore",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -81,7 +82,8 @@ let package = Package(
         .testTarget(
             name: "WormholeTests",
             dependencies: [
-                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCommand", "WormholeHarness", "CWormholeSystem",
+                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCLI", "WormholeCommand", "WormholeHarness",
+                "CWormholeSystem",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

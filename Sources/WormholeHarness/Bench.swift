@@ -315,8 +315,7 @@ struct BenchPeer: ParsableCommand {
                 try pong.enqueueData(message.value)
             }
             Output.line("ready")
-            while true { sleep(60) }
-            _ = consumer
+            withExtendedLifetime(consumer) { waitWhileParentLives() }
         }
     }
 }

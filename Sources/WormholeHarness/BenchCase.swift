@@ -169,7 +169,7 @@ struct BenchCasePeer: ParsableCommand {
             }
             Output.line("ready")
             // Answer until the benchmark ends this process.
-            withExtendedLifetime((wormhole, receiver)) { while true { sleep(60) } }
+            withExtendedLifetime((wormhole, receiver)) { waitWhileParentLives() }
         case .produce:
             let sender = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "throughput")
             Output.line("ready")

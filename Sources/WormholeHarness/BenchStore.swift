@@ -40,7 +40,7 @@ struct BenchStore: ParsableCommand {
     var locations: [String] = ["default", "/dev/shm"]
 
     static var migrator: DatabaseMigrator {
-        var migrator = ExerciseStore.testMigrator
+        var migrator = StoreFixtures.itemsMigrator
         migrator.registerMigration("bench") { db in
             try db.execute(sql: "CREATE TABLE ping (id INTEGER PRIMARY KEY, sent_at INTEGER NOT NULL)")
             try db.execute(sql: "CREATE TABLE pong (id INTEGER PRIMARY KEY, received_at INTEGER NOT NULL)")
@@ -252,8 +252,7 @@ struct BenchPeerStore: ParsableCommand {
             }
         }
         Output.line("ready")
-        while true { sleep(60) }
-        _ = observer
+        withExtendedLifetime(observer) { waitWhileParentLives() }
     }
 }
 

@@ -181,7 +181,7 @@ struct CrashTest: ParsableCommand {
     private func runStore(_ report: inout CrashReport) throws {
         let path = directory + "/store.sqlite"
         let store = try SharedStore(
-            path: path, migrator: ExerciseStore.testMigrator, configuration: .init(author: "checker"))
+            path: path, migrator: StoreFixtures.itemsMigrator, configuration: .init(author: "checker"))
         // What the durable consumer receives: each transaction's id, author and rows inserted. (History is purged
         // once every consumer has merged it, so the consumer, not the history table, is what is checked.)
         let received = Locked<[(id: Int64, author: String, inserted: Int)]>([])
@@ -329,7 +329,7 @@ struct CrashVictim: ParsableCommand {
                 Output.line("handled \(message.value.writer) \(message.value.index)")
             }
             announce()
-            withExtendedLifetime(consumer) { while true { sleep(60) } }
+            withExtendedLifetime(consumer) { waitWhileParentLives() }
         case .suite:
             let suite = try Wormhole(directory: directory).suite("settings")
             Output.line("started")
@@ -344,7 +344,7 @@ struct CrashVictim: ParsableCommand {
             }
         case .store:
             let store = try SharedStore(
-                path: directory + "/store.sqlite", migrator: ExerciseStore.testMigrator,
+                path: directory + "/store.sqlite", migrator: StoreFixtures.itemsMigrator,
                 configuration: .init(author: tag, observesRemoteChanges: false))
             Output.line("started")
             for index in 0... {

@@ -214,21 +214,9 @@ struct ExerciseStore: ParsableCommand {
     @Option var count = 100
     @Option var tag = "w"
 
-    /// The migration the store tests use.
-    static var testMigrator: DatabaseMigrator {
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("items") { db in
-            try db.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, writer TEXT, value INTEGER)")
-            // Counts how often the migration ran: two processes opening a new store must run it once.
-            try db.execute(sql: "CREATE TABLE migration_run (id INTEGER PRIMARY KEY AUTOINCREMENT)")
-            try db.execute(sql: "INSERT INTO migration_run DEFAULT VALUES")
-        }
-        return migrator
-    }
-
     func run() throws {
         let store = try SharedStore(
-            path: path, migrator: Self.testMigrator, configuration: .init(author: tag, observesRemoteChanges: false))
+            path: path, migrator: StoreFixtures.itemsMigrator, configuration: .init(author: tag, observesRemoteChanges: false))
         switch workload {
         case .open:
             return

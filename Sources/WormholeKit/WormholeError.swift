@@ -3,7 +3,7 @@ import SystemPackage
 
 /// The one error type that WormholeKit throws.
 ///
-/// Every failure says what went wrong, where, and what to do about it; the cause underneath (an ``Errno``, a
+/// Every failure says what went wrong, where, and what to do about it; the cause underneath (an `Errno`, a
 /// `DecodingError`) is kept in ``underlyingError``. Match on ``code`` to handle a kind of failure:
 ///
 /// ```swift
@@ -51,7 +51,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         public static let messageTooLarge = Code(.messageTooLarge)
         /// The file system is full (or over quota); the previous message is intact.
         public static let diskFull = Code(.diskFull)
-        /// Another file-system call failed; ``WormholeError/underlyingError`` holds its ``Errno``.
+        /// Another file-system call failed; ``WormholeError/underlyingError`` holds its `Errno`.
         public static let ioFailure = Code(.ioFailure)
         /// Change notifications could not be set up.
         public static let notifierUnavailable = Code(.notifierUnavailable)
@@ -100,7 +100,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
     public var identifier: String?
     /// The file or directory involved, if any.
     public var path: String?
-    /// The error underneath: an ``Errno`` for a failed system call, a `DecodingError` for a decoding failure.
+    /// The error underneath: an `Errno` for a failed system call, a `DecodingError` for a decoding failure.
     public var underlyingError: (any Error & Sendable)?
     /// Where the error was thrown, for bug reports.
     public var source: (file: String, line: Int)
@@ -123,7 +123,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         self.source = (file, line)
     }
 
-    /// The ``Errno`` underneath, when a system call failed.
+    /// The `Errno` underneath, when a system call failed.
     public var errno: Errno? { underlyingError as? Errno }
 
     public var description: String {

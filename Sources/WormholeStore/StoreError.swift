@@ -1,7 +1,7 @@
 /// The error type that WormholeStore throws.
 ///
-/// As ``WormholeKit/WormholeError`` does for mailboxes: a stable ``code``, a message that says what went wrong and
-/// what to do, and the cause underneath (a GRDB `DatabaseError`, a ``WormholeKit/WormholeError``) in
+/// As `WormholeError` does for mailboxes: a stable ``code``, a message that says what went wrong and
+/// what to do, and the cause underneath (a GRDB `DatabaseError`, a `WormholeError`) in
 /// ``underlyingError``.
 public struct StoreError: Error, Sendable, CustomStringConvertible {
     /// A stable code for a kind of failure.

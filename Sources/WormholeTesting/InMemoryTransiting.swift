@@ -4,7 +4,7 @@ import WormholeKit
 
 /// A transiting that keeps mailboxes in memory, for tests of code that uses a wormhole.
 ///
-/// It follows the ``Transiting`` contract: sequences only grow, even across deletions; identifiers are checked as
+/// It follows the `Transiting` contract: sequences only grow, even across deletions; identifiers are checked as
 /// on disk. Pair it with ``ManualNotifier`` to control when listeners are woken:
 ///
 /// ```swift

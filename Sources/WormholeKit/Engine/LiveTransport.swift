@@ -61,7 +61,10 @@ public final class LiveRequest: Sendable {
 
     /// Creates a request whose answer is handed to `answer`, once.
     ///
-    /// - Parameter answer: Called with the reply's bytes, or with the description of the responder's failure.
+    /// - Parameters:
+    ///   - sender: Who sent it.
+    ///   - payload: Its bytes.
+    ///   - answer: Called with the reply's bytes, or with the description of the responder's failure.
     public init(sender: String, payload: Data, answer: @escaping @Sendable (LiveAnswer) -> Void) {
         self.sender = sender
         self.payload = payload

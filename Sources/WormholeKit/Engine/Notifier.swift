@@ -7,8 +7,9 @@ import Synchronization
 /// listener observes the name and reads the mailbox when it fires. So a notifier needs to carry no data, and may
 /// coalesce: after a post, every observer of the name is called at least once, later than the post began.
 ///
-/// ``DirectoryNotifier`` is the default on Linux (inotify, with polling as the fallback); ``DarwinNotifier`` on
-/// Apple platforms; `WormholeTesting` ships a `ManualNotifier` for tests. Every implementation must pass this test:
+/// ``DirectoryNotifier`` is the default on Linux (inotify, with polling as the fallback); `DarwinNotifier`, which
+/// exists on Apple platforms only, is the default there; `WormholeTesting` ships a `ManualNotifier` for tests. Every
+/// implementation must pass this test:
 ///
 /// ```swift
 /// let (calls, call) = AsyncStream.makeStream(of: Void.self)

@@ -33,9 +33,13 @@ extension Wormhole {
     /// Calls `listener` with each live message sent to `identifier` while this listener lives.
     ///
     /// - Parameters:
+    ///   - identifier: The name to listen on (rules of ``MessageIdentifier``).
+    ///   - type: The type of the messages.
     ///   - execution: Where `listener` runs; a serial queue of the listener's own by default.
     ///   - errorHandler: Called with a message that cannot be decoded as `type`; listening goes on. When nil, the
     ///     error is logged.
+    ///   - listener: Called with each message.
+    /// - Returns: The listener; it stops when cancelled or released.
     /// - Throws: ``WormholeError`` when the endpoint cannot be created.
     public func listenForLiveMessages<Message: Decodable & Sendable>(
         withIdentifier identifier: String,
@@ -57,8 +61,15 @@ extension Wormhole {
     /// Calls `listener` with the bytes of each live message sent to `identifier` while this listener lives, as
     /// ``sendMessageData(_:identifier:)`` sent them.
     ///
-    /// - Parameter errorHandler: Kept for the vocabulary every listening call shares; bytes are never decoded, so it
-    ///   is called only if the transport reports an error.
+    /// - Parameters:
+    ///   - identifier: The name to listen on (rules of ``MessageIdentifier``).
+    ///   - execution: Where `listener` runs; a serial queue of the listener's own by default.
+    ///   - errorHandler: Kept for the vocabulary every listening call shares; bytes are never decoded, so it
+    ///     is called only if the transport reports an error.
+    ///   - listener: Called with the bytes of each message.
+    /// - Returns: The listener; it stops when cancelled or released.
+    /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError`` when the endpoint cannot be
+    ///   created.
     public func listenForLiveMessageData(
         withIdentifier identifier: String,
         on execution: CallbackExecution = .serialQueue,
@@ -142,9 +153,13 @@ extension Wormhole {
     /// Any number of processes may answer one identifier; each request goes to one of them.
     ///
     /// - Parameters:
+    ///   - identifier: The name to answer on (rules of ``MessageIdentifier``).
+    ///   - type: The type of the requests.
     ///   - execution: Where `responder` runs; a serial queue of the responder's own by default.
     ///   - errorHandler: Called when a request cannot be decoded as `type`, or `responder` throws (the requester
     ///     gets the error too); when nil, the error is logged.
+    ///   - responder: Called with each request; what it returns is encoded and sent back as the reply.
+    /// - Returns: The responder; it stops answering when cancelled or released.
     public func respondToRequests<Query: Decodable & Sendable, Answer: Encodable & Sendable>(
         withIdentifier identifier: String,
         as type: Query.Type = Query.self,

@@ -125,6 +125,7 @@ extension Wormhole {
     ///   - identifier: The mailbox.
     ///   - center: Where to post.
     ///   - name: The notification's name; the identifier by default.
+    ///   - deliveringCurrentMessage: Whether the message already in the mailbox, if any, is posted first.
     ///   - execution: Where the posts are made (observers run there, as `NotificationCenter` calls them on the
     ///     posting thread unless they asked for a queue).
     ///   - errorHandler: Called when a message cannot be read; when nil, the error is logged.

@@ -88,7 +88,11 @@ public final class WormholeQueue: Sendable {
     ///
     /// - Parameters:
     ///   - consumer: The consumer's durable name (rules of ``MessageIdentifier``).
+    ///   - type: The type of the messages.
     ///   - execution: Where the handler runs; a serial queue of the consumer's own by default.
+    ///   - errorHandler: Called when `handler` throws, a message cannot be decoded, or the queue cannot be read;
+    ///     consuming goes on. When nil, the error is logged.
+    ///   - handler: Called with each message; returning acknowledges it.
     /// - Returns: The consumer; it stops when cancelled or released.
     public func consume<Message: Decodable & Sendable>(
         consumer: String,
@@ -269,7 +273,9 @@ public final class WormholeQueue: Sendable {
 extension Wormhole {
     /// The durable queue named `identifier`, stored by this wormhole's engine.
     ///
-    /// - Parameter retention: How long a consumer may stay away and still hold back reclaiming.
+    /// - Parameters:
+    ///   - identifier: The queue's name (rules of ``MessageIdentifier``).
+    ///   - retention: How long a consumer may stay away and still hold back reclaiming.
     /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/unsupported`` when the wormhole's
     ///   engine has no queues (a wormhole made from a transiting that keeps no directory).
     public func queue(_ identifier: String, retention: Duration = .seconds(7 * 24 * 3600)) throws(WormholeError) -> WormholeQueue {

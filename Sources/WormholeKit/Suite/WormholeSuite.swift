@@ -123,6 +123,7 @@ public final class WormholeSuite: Sendable {
     ///     notifications.
     ///   - execution: Where `handler` runs.
     ///   - errorHandler: Called when the suite cannot be read; observing goes on. When nil, the error is logged.
+    ///   - handler: Called with each change.
     /// - Returns: The observer; it stops when cancelled or released.
     public func observe(
         keys: Set<String>? = nil,

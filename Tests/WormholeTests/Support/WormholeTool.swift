@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import WormholeKit
 import Testing
+import WormholeCLI
 
 /// Runs the package's own executables, built next to the test bundle: the `wormhole` tool for the user's commands,
 /// and `WormholeHarness` for the harness's (crash tests, load exercises, benchmark cases).
@@ -55,12 +56,11 @@ enum WormholeTool {
     }
 }
 
-/// A running `wormhole` process whose output is collected as it comes.
+/// A running `wormhole` process whose output is collected as it comes: a ``ChildProcess`` that keeps its lines.
 final class RunningTool: Sendable {
-    private let process: Process
-    private let output = Locked(Data())
-    private let errorOutput = Locked(Data())
-    private let readers = DispatchGroup()
+    private let child: ChildProcess
+    private let output = Locked<[String]>([])
+    private let errorOutput = Locked<[String]>([])
 
     /// Starts `wormhole ARGUMENTS` (or the harness, for its commands), or with `launcher`,
     /// `LAUNCHER... wormhole ARGUMENTS` (a command such as `unshare` or `setpriv` that runs the tool in another
@@ -68,43 +68,21 @@ final class RunningTool: Sendable {
     init(
         _ arguments: [String], input: String? = nil, environment: [String: String] = [:], launcher: [String] = []
     ) throws {
-        let process = Process()
         let executable = WormholeTool.executable(for: arguments)
-        process.executableURL = URL(fileURLWithPath: launcher.first ?? executable)
-        process.arguments = launcher.isEmpty ? arguments : Array(launcher.dropFirst()) + [executable] + arguments
-        if !environment.isEmpty {
-            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        }
-        let outPipe = Pipe()
-        let errPipe = Pipe()
-        let inPipe = Pipe()
-        process.standardOutput = outPipe
-        process.standardError = errPipe
-        process.standardInput = inPipe
-        self.process = process
-        try process.run()
-        if let input { inPipe.fileHandleForWriting.write(Data(input.utf8)) }
-        try inPipe.fileHandleForWriting.close()
-        collect(outPipe, isError: false)
-        collect(errPipe, isError: true)
+        let (output, errorOutput) = (self.output, self.errorOutput)
+        child = try ChildProcess(
+            executable: launcher.first ?? executable,
+            arguments: launcher.isEmpty ? arguments : Array(launcher.dropFirst()) + [executable] + arguments,
+            environment: environment, input: Data((input ?? "").utf8),
+            onErrorLine: { line in errorOutput.withLock { $0.append(line) } }
+        ) { line in output.withLock { $0.append(line) } }
     }
 
-    private func collect(_ pipe: Pipe, isError: Bool) {
-        readers.enter()
-        let handle = pipe.fileHandleForReading
-        Thread { [self] in
-            while case let chunk = handle.availableData, !chunk.isEmpty {
-                if isError { errorOutput.withLock { $0.append(chunk) } } else { output.withLock { $0.append(chunk) } }
-            }
-            readers.leave()
-        }.start()
-    }
-
-    var outputSoFar: String { output.withLock { String(decoding: $0, as: UTF8.self) } }
-    var errorSoFar: String { errorOutput.withLock { String(decoding: $0, as: UTF8.self) } }
-    var outputLines: [String] { outputSoFar.split(separator: "\n").map(String.init) }
-    var processIdentifier: Int32 { process.processIdentifier }
-    var isRunning: Bool { process.isRunning }
+    var outputLines: [String] { output.withLock { $0 } }
+    var outputSoFar: String { outputLines.map { $0 + "\n" }.joined() }
+    var errorSoFar: String { errorOutput.withLock { $0.map { $0 + "\n" }.joined() } }
+    var processIdentifier: Int32 { child.processIdentifier }
+    var isRunning: Bool { child.isRunning }
 
     /// Waits until standard error says the listener is ready.
     func waitUntilListening(timeout: Double = 20) -> Bool { waitForError(containing: "listening to", timeout: timeout) }
@@ -116,17 +94,16 @@ final class RunningTool: Sendable {
 
     /// Waits for the process to end, killing it after `timeout` seconds.
     func finish(timeout: Double = 30) -> WormholeTool.Result {
-        let ended = eventually(timeout: timeout) { !process.isRunning }
-        if !ended {
-            Foundation.kill(process.processIdentifier, SIGKILL)
-            Issue.record("wormhole \(process.arguments ?? []) did not finish within \(timeout) s; killed it")
+        let status = child.wait(timeout: timeout, thenSignal: SIGKILL)
+        if status == -1 {
+            Issue.record("wormhole \(child.arguments) did not finish within \(timeout) s; killed it")
         }
-        process.waitUntilExit()
-        _ = readers.wait(timeout: .now() + 10)
-        return WormholeTool.Result(status: process.terminationStatus, output: outputSoFar, error: errorSoFar)
+        child.waitForOutput(timeout: 10)
+        return WormholeTool.Result(status: status, output: outputSoFar, error: errorSoFar)
     }
 
-    func kill(signal: Int32 = SIGKILL) { Foundation.kill(process.processIdentifier, signal) }
+    /// Sends the process a signal (SIGKILL by default) and returns at once; ``finish(timeout:)`` collects the rest.
+    func kill(signal: Int32 = SIGKILL) { child.send(signal) }
 }
 
 extension WormholeTool {

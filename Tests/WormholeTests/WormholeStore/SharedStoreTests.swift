@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Synchronization
 import Testing
+import WormholeCLI
 @testable import WormholeStore
 
 /// The store's tests: a real SQLite database in a temporary directory, real child processes (the `wormhole` tool)
@@ -12,13 +13,8 @@ struct SharedStoreTests {
     var path: String { directory("store.sqlite") }
 
     static var migrator: DatabaseMigrator {
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("items") { db in
-            // The same schema as `wormhole exercise-store`, so that the tool's processes and these tests agree.
-            try db.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY AUTOINCREMENT, writer TEXT, value INTEGER)")
-            try db.execute(sql: "CREATE TABLE migration_run (id INTEGER PRIMARY KEY AUTOINCREMENT)")
-            try db.execute(sql: "INSERT INTO migration_run DEFAULT VALUES")
-        }
+        // The harness's schema (`exercise-store`), so that its processes and these tests agree.
+        var migrator = StoreFixtures.itemsMigrator
         migrator.registerMigration("more") { db in
             try db.execute(sql: "CREATE TABLE tag (name TEXT PRIMARY KEY, color TEXT)")
             try db.execute(sql: "CREATE TABLE pair (a INTEGER, b TEXT, note TEXT, PRIMARY KEY (a, b)) WITHOUT ROWID")
