@@ -1,10 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 import GRDB
 import Logging
@@ -123,8 +116,7 @@ public final class SharedStore: Sendable {
         do {
             defer { lock.unlock() }
             // Made here with mode 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
-            let created = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
-            if created >= 0 { _ = close(created) }
+            _ = Descriptor.open(path: path, flags: O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, permissions: 0o600)
             do {
                 pool = try DatabasePool(path: path, configuration: grdb)
             } catch {
@@ -366,19 +358,25 @@ public final class SharedStore: Sendable {
 
 /// An exclusive `flock` lock on a file next to the database, held while a process sets the store up.
 struct SetupLock: ~Copyable {
-    private let descriptor: Int32
+    private let file: OwnedDescriptor
 
     init(path: String) throws(StoreError) {
-        descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard descriptor >= 0 else {
-            throw StoreError(.unavailable, "Could not open the set-up lock: \(String(cString: strerror(errno))).", path: path)
+        let opened = try Self.open(path)
+        if case .failure(let errno) = opened.descriptor.lock(exclusive: true) {
+            throw StoreError(.unavailable, "Could not take the set-up lock: \(errno).", path: path, underlyingError: errno)
         }
-        while flock(descriptor, LOCK_EX) != 0 && errno == EINTR {}
+        file = opened
     }
 
-    func unlock() { _ = flock(descriptor, LOCK_UN) }
+    func unlock() { file.descriptor.unlock() }
 
-    deinit { _ = close(descriptor) }
+    private static func open(_ path: String) throws(StoreError) -> OwnedDescriptor {
+        switch Descriptor.open(path: path, flags: O_RDWR | O_CREAT | O_NOFOLLOW) {
+        case .success(let opened): return opened
+        case .failure(let errno):
+            throw StoreError(.unavailable, "Could not open the set-up lock: \(errno).", path: path, underlyingError: errno)
+        }
+    }
 }
 
 extension Duration {

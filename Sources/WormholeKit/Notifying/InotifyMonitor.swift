@@ -1,10 +1,4 @@
 #if os(Linux) || os(Android)
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
-import CWormholeSystem
 import Foundation
 import Synchronization
 
@@ -80,33 +74,18 @@ final class InotifyMonitor: Sendable {
             var byID: [UInt64: Int32] = [:]
         }
 
-        private static let mask =
-            UInt32(IN_MODIFY) | UInt32(IN_ATTRIB) | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF)
-            | UInt32(IN_DONT_FOLLOW)
-        /// The events that say the watched file may no longer be the one at the path.
-        private static let replacedMask =
-            UInt32(IN_ATTRIB) | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF) | UInt32(IN_IGNORED)
-
-        private let inotifyDescriptor: Int32
-        private let wakeDescriptor: Int32
+        private let inotify: Inotify
         private let registry = Locked(Registry())
 
         init() throws(WormholeError) {
-            let inotify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
-            guard inotify >= 0 else {
+            switch Inotify.open() {
+            case .success(let opened): inotify = opened
+            case .failure(let errno):
                 throw WormholeError(
                     .notifierUnavailable,
-                    "inotify_init1 failed (\(currentErrno)); the limit fs.inotify.max_user_instances may be reached.",
-                    underlyingError: currentErrno)
+                    "inotify could not be opened (\(errno)); the limit fs.inotify.max_user_instances may be reached.",
+                    underlyingError: errno)
             }
-            let wake = cwormhole_eventfd()
-            guard wake >= 0 else {
-                let errno = currentErrno
-                _ = close(inotify)
-                throw WormholeError(.notifierUnavailable, "eventfd failed (\(errno)).", underlyingError: errno)
-            }
-            inotifyDescriptor = inotify
-            wakeDescriptor = wake
         }
 
         func add(
@@ -123,9 +102,10 @@ final class InotifyMonitor: Sendable {
         /// Creates the file if it is missing, and watches it; returns the watch descriptor and the file's inode.
         private func addWatch(_ path: String, create: () -> Void) throws(WormholeError) -> (Int32, UInt64) {
             create()
-            let watch = inotify_add_watch(inotifyDescriptor, path, Self.mask)
-            guard watch >= 0 else {
-                let errno = currentErrno
+            switch inotify.addWatch(path) {
+            case .success(let watch):
+                return (watch, Inotify.inode(at: path) ?? 0)
+            case .failure(let errno):
                 throw WormholeError(
                     .notifierUnavailable,
                     errno == .noSpace
@@ -133,9 +113,6 @@ final class InotifyMonitor: Sendable {
                         : "inotify_add_watch failed: \(errno).",
                     path: path, underlyingError: errno)
             }
-            var status = stat()
-            let inode = lstat(path, &status) == 0 ? UInt64(status.st_ino) : 0
-            return (watch, inode)
         }
 
         /// Ends one observation; returns true when it was the last.
@@ -145,7 +122,7 @@ final class InotifyMonitor: Sendable {
                 registry.watches[watch]?.handlers[id] = nil
                 if registry.watches[watch]?.handlers.isEmpty == true {
                     registry.watches[watch] = nil
-                    _ = inotify_rm_watch(inotifyDescriptor, watch)
+                    inotify.removeWatch(watch)
                 }
                 return registry.byID.isEmpty
             }
@@ -161,61 +138,34 @@ final class InotifyMonitor: Sendable {
         }
 
         /// Wakes the thread, so that it notices it is idle.
-        func wake() {
-            var one: UInt64 = 1
-            _ = write(wakeDescriptor, &one, 8)
-        }
+        func wake() { inotify.wake() }
 
         private func run() {
-            var descriptors = [
-                pollfd(fd: inotifyDescriptor, events: Int16(POLLIN), revents: 0),
-                pollfd(fd: wakeDescriptor, events: Int16(POLLIN), revents: 0),
-            ]
-            let bufferSize = 64 * 1024
-            let buffer = UnsafeMutableRawPointer.allocate(byteCount: bufferSize, alignment: 8)
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
             defer {
                 buffer.deallocate()
-                _ = close(inotifyDescriptor)
-                _ = close(wakeDescriptor)
+                inotify.close()
             }
             while true {
-                let ready = poll(&descriptors, 2, isIdle ? InotifyMonitor.idleTimeout : -1)
-                if ready < 0 {
-                    if errno == EINTR { continue }
+                guard let readiness = inotify.wait(timeoutMilliseconds: isIdle ? InotifyMonitor.idleTimeout : -1) else {
                     return
                 }
-                if ready == 0 {
+                if readiness.timedOut {
                     if InotifyMonitor.shared.retire(self) { return }
                     continue
                 }
-                if descriptors[1].revents != 0 {
-                    var value: UInt64 = 0
-                    _ = read(wakeDescriptor, &value, 8)
-                }
-                if descriptors[0].revents != 0 { drainEvents(buffer, size: bufferSize) }
+                if readiness.hasEvents { drainEvents(buffer) }
             }
         }
 
         /// Reads every queued event, then calls each affected handler once: a burst of posts wakes a handler
         /// once, which is enough, as it reads the newest state.
-        private func drainEvents(_ buffer: UnsafeMutableRawPointer, size: Int) {
+        private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer) {
             var woken = Set<Int32>()
             var replaced = Set<Int32>()
-            var overflowed = false
-            // An event takes at most this much room; a read that left more free emptied the queue.
-            let largestEvent = MemoryLayout<inotify_event>.size + Int(NAME_MAX) + 1
-            while true {
-                let count = read(inotifyDescriptor, buffer, size)
-                if count <= 0 { break }
-                var offset = 0
-                while offset + MemoryLayout<inotify_event>.size <= count {
-                    let event = buffer.load(fromByteOffset: offset, as: inotify_event.self)
-                    if event.mask & UInt32(IN_Q_OVERFLOW) != 0 { overflowed = true }
-                    woken.insert(event.wd)
-                    if event.mask & Self.replacedMask != 0 { replaced.insert(event.wd) }
-                    offset += MemoryLayout<inotify_event>.size + Int(event.len)
-                }
-                if count < size - largestEvent { break }
+            let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
+                woken.insert(watch)
+                if mask & Inotify.replacementEvents != 0 { replaced.insert(watch) }
             }
             let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
                 var chosen: [UInt64: @Sendable () -> Void] = [:]
@@ -237,13 +187,12 @@ final class InotifyMonitor: Sendable {
         /// nowhere), create the file again and watch the new one, keeping the handlers.
         private func rewatchIfReplaced(_ watch: Int32, in registry: inout Registry) {
             guard let entry = registry.watches[watch] else { return }
-            var status = stat()
-            if lstat(entry.path, &status) == 0, UInt64(status.st_ino) == entry.inode { return }
+            if Inotify.inode(at: entry.path) == entry.inode { return }
             // Cannot watch it again (the watch limit is reached): keep the entry so that cancelling still works;
             // the handlers were woken for this event and the polling fallback is for the next observation.
             guard let (newWatch, inode) = try? addWatch(entry.path, create: entry.create) else { return }
             registry.watches[watch] = nil
-            if newWatch != watch { _ = inotify_rm_watch(inotifyDescriptor, watch) }
+            if newWatch != watch { inotify.removeWatch(watch) }
             var moved = registry.watches[newWatch] ?? Watch(path: entry.path, create: entry.create, inode: inode)
             moved.inode = inode
             moved.handlers.merge(entry.handlers) { first, _ in first }

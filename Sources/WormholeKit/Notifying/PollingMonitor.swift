@@ -1,10 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 import Synchronization
 
@@ -90,8 +83,7 @@ final class PollingMonitor: Sendable {
             }
             guard let wait else { return }
             let (seconds, attoseconds) = wait.components
-            var request = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
-            _ = nanosleep(&request, nil)
+            Thread.sleep(forTimeInterval: Double(seconds) + Double(attoseconds) / 1e18)
         }
     }
 }

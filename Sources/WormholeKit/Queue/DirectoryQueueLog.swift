@@ -1,15 +1,6 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
-#if os(Linux) || os(Android)
-import CWormholeSystem
-#endif
 import Foundation
 import Logging
+import SystemPackage
 
 /// A durable queue in a directory: a lock-free `O_APPEND` log of checksummed records (`IDENTIFIER.queue`) and a
 /// position file per consumer (`IDENTIFIER.consumers/NAME`). `FORMAT.md` describes the files.
@@ -52,7 +43,7 @@ final class DirectoryQueueLog: QueueLog {
     }
 
     deinit {
-        appendDescriptor.withLock { if $0 >= 0 { _ = close($0) } }
+        appendDescriptor.withLock { if $0 >= 0 { Descriptor(rawValue: $0).close() } }
     }
 
     // MARK: Appending
@@ -95,10 +86,11 @@ final class DirectoryQueueLog: QueueLog {
             if descriptor < 0 { descriptor = try openForAppending() }
             // One write: with O_APPEND the kernel puts it at the end, whole, whatever other processes append
             // meanwhile.
-            let written = records.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+            let result = records.withUnsafeBytes { Descriptor(rawValue: descriptor).writeOnce($0) }
+            let written = (try? result.get()) ?? -1
             guard written == records.count else {
-                let errno = written < 0 ? currentErrno : .noSpace
-                _ = close(descriptor)
+                let errno: Errno = if case .failure(let errno) = result { errno } else { .noSpace }
+                Descriptor(rawValue: descriptor).close()
                 descriptor = -1
                 let action =
                     written > 0
@@ -149,10 +141,13 @@ final class DirectoryQueueLog: QueueLog {
 
     func status() throws(WormholeError) -> QueueStatus {
         let reader = try openForReading()
-        defer { _ = close(reader) }
-        var raw = stat()
-        fstat(reader, &raw)
-        let end = UInt64(raw.st_size)
+        defer { Descriptor(rawValue: reader).close() }
+        let end: UInt64
+        switch Descriptor(rawValue: reader).status() {
+        case .success(let status): end = UInt64(status.size)
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "inspect the queue", identifier: identifier, path: logPath)
+        }
         var result: [QueueStatus.Consumer] = []
         for name in try consumers.entries().sorted() where MessageIdentifier.isValid(name) {
             let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
@@ -194,7 +189,6 @@ final class DirectoryQueueLog: QueueLog {
             minimum = min(minimum ?? position, position)
         }
         guard let minimum, minimum >= 4096 else { return }
-        #if os(Linux) || os(Android)
         // Punching a hole needs a descriptor open for writing.
         let file: OwnedDescriptor
         do {
@@ -202,14 +196,10 @@ final class DirectoryQueueLog: QueueLog {
         } catch {
             throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
         }
-        let descriptor = file.descriptor.rawValue
-        let through = minimum & ~4095
-        if cwormhole_punch_hole(descriptor, 0, Int64(through)) != 0 {
+        if case .failure(let errno) = file.descriptor.punchHole(length: minimum & ~4095) {
             // Not every file system can punch holes; the queue still works, it only keeps its space.
-            logger.debug("Could not reclaim queue space", metadata: ["errno": "\(currentErrno)"])
+            logger.debug("Could not reclaim queue space", metadata: ["errno": "\(errno)"])
         }
-        _ = consume file
-        #endif
     }
 }
 
@@ -229,7 +219,7 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         reader = QueueReader(descriptor: try log.openForReading(), position: stored ?? 0)
     }
 
-    deinit { _ = close(reader.descriptor) }
+    deinit { Descriptor(rawValue: reader.descriptor).close() }
 
     var consumer: String { file.name }
 
@@ -276,9 +266,8 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
             let path = log.logPath
             let descriptor = reader.descriptor
             let pollSize: @Sendable () -> [UInt8]? = {
-                var raw = stat()
-                guard fstat(descriptor, &raw) == 0 else { return nil }
-                return PollingMonitor.token(UInt64(raw.st_size))
+                guard case .success(let status) = Descriptor(rawValue: descriptor).status() else { return nil }
+                return PollingMonitor.token(UInt64(status.size))
             }
             switch strategy {
             case .polling(let interval):

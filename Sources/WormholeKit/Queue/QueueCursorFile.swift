@@ -1,10 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 
 /// A consumer's stored position: 16 bytes, `WHQC`, a CRC-32C of the offset, the offset (little-endian).
@@ -30,7 +23,7 @@ final class QueueCursorFile: Sendable {
         descriptor = file.release()
     }
 
-    deinit { _ = close(descriptor) }
+    deinit { Descriptor(rawValue: descriptor).close() }
 
     /// The stored offset, or nil for a consumer that has not handled anything yet.
     func read() throws(WormholeError) -> UInt64? {
@@ -77,8 +70,7 @@ final class QueueCursorFile: Sendable {
 
     /// When the position was last stored: how recently the consumer was seen.
     var lastWritten: Date? {
-        var raw = stat()
-        guard fstat(descriptor, &raw) == 0, raw.st_size > 0 else { return nil }
-        return Date(timeIntervalSince1970: Double(raw.st_mtim.tv_sec) + Double(raw.st_mtim.tv_nsec) / 1e9)
+        guard case .success(let status) = Descriptor(rawValue: descriptor).status(), status.size > 0 else { return nil }
+        return Date(timeIntervalSince1970: status.modificationTime)
     }
 }

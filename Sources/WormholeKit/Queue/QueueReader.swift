@@ -1,11 +1,5 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
+import SystemPackage
 
 /// Reads a queue log record by record from a position, reading ahead in large chunks.
 ///
@@ -79,20 +73,18 @@ struct QueueReader {
     }
 
     private mutating func fill(from offset: UInt64, count: Int) throws(WormholeError) {
-        let read = buffer.read(descriptor, count: count, at: offset)
-        guard read >= 0 else { throw WormholeError.fileSystem(currentErrno, "read the queue", path: nil) }
-        bufferStart = offset
-        bufferReachedEnd = read < count
+        switch buffer.read(Descriptor(rawValue: descriptor), count: count, at: offset) {
+        case .success(let read):
+            bufferStart = offset
+            bufferReachedEnd = read < count
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "read the queue", path: nil)
+        }
     }
 
     /// The first offset at or after `offset` that holds data (holes are skipped), or `offset`.
     private func nextData(after offset: UInt64) -> UInt64 {
-        #if os(Linux) || os(Android)
-        let seekData: Int32 = 3  // SEEK_DATA, which Glibc's module does not import
-        let data = lseek(descriptor, off_t(offset), seekData)
-        if data >= 0 { return UInt64(data) }
-        #endif
-        return offset
+        Descriptor(rawValue: descriptor).nextData(from: offset) ?? offset
     }
 }
 
@@ -113,16 +105,16 @@ final class ReadBuffer {
 
     var isEmpty: Bool { count == 0 }
 
-    /// Reads up to `wanted` bytes at `offset`, replacing the contents; returns what `pread` returned.
-    func read(_ descriptor: Int32, count wanted: Int, at offset: UInt64) -> Int {
+    /// Reads up to `wanted` bytes at `offset`, replacing the contents; returns how many were read.
+    func read(_ descriptor: Descriptor, count wanted: Int, at offset: UInt64) -> Result<Int, Errno> {
         // Grow for a large record; shrink back once past it, so that one 64 MiB message is not kept for good.
         if wanted > capacity || capacity > 4 * QueueReader.chunkSize && wanted <= QueueReader.chunkSize {
             storage.deallocate()
             capacity = max(wanted, QueueReader.chunkSize)
             storage = .allocate(byteCount: capacity, alignment: 16)
         }
-        let read = pread(descriptor, storage, wanted, off_t(offset))
-        count = max(read, 0)
+        let read = descriptor.read(into: storage, count: wanted, at: offset)
+        count = (try? read.get()) ?? 0
         return read
     }
 

@@ -34,6 +34,8 @@ struct FileStatus: Sendable {
     var linkCount: Int
     var ownerID: UInt32
     var mode: UInt32
+    /// The last modification, in seconds since 1970.
+    var modificationTime: Double
 
     var isRegularFile: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFREG) }
 
@@ -42,6 +44,7 @@ struct FileStatus: Sendable {
         linkCount = Int(raw.st_nlink)
         ownerID = UInt32(raw.st_uid)
         mode = UInt32(raw.st_mode)
+        modificationTime = Double(raw.st_mtim.tv_sec) + Double(raw.st_mtim.tv_nsec) / 1e9
     }
 }
 
@@ -49,12 +52,12 @@ struct FileStatus: Sendable {
 ///
 /// Being `~Copyable`, a descriptor can be neither leaked by a copy nor closed twice. Its operations live on
 /// ``Descriptor``, the non-owning view that ``descriptor`` gives.
-struct OwnedDescriptor: ~Copyable {
+package struct OwnedDescriptor: ~Copyable {
     let rawValue: Int32
 
     init(taking rawValue: Int32) { self.rawValue = rawValue }
 
-    deinit { _ = close(rawValue) }
+    deinit { _ = Glibc_closeDescriptor(rawValue) }
 
     /// Gives up ownership without closing.
     consuming func release() -> Int32 {
@@ -64,11 +67,11 @@ struct OwnedDescriptor: ~Copyable {
     }
 
     /// The descriptor's operations; valid while this value lives.
-    var descriptor: Descriptor { Descriptor(rawValue: rawValue) }
+    package var descriptor: Descriptor { Descriptor(rawValue: rawValue) }
 }
 
 /// The operations on an open descriptor, without ownership: whoever made it closes it.
-struct Descriptor {
+package struct Descriptor {
     let rawValue: Int32
 
     func status() -> Result<FileStatus, Errno> {
@@ -111,6 +114,56 @@ struct Descriptor {
         }
     }
 
+    /// Opens a file by path (close-on-exec), for a file outside any wormhole directory, such as one to send; a file
+    /// it creates gets `permissions`.
+    package static func open(
+        path: String, flags: Int32, permissions: mode_t = 0o600
+    ) -> Result<OwnedDescriptor, Errno> {
+        valueOrErrno { Glibc_openPath(path, flags | O_CLOEXEC, permissions) }.map { OwnedDescriptor(taking: $0) }
+    }
+
+    /// Reads up to `buffer.count` bytes at the file's position; 0 at its end.
+    func read(into buffer: UnsafeMutableRawBufferPointer) -> Result<Int, Errno> {
+        valueOrErrno { Glibc_readInto(rawValue, buffer.baseAddress, buffer.count) }
+    }
+
+    /// One `write` of all of `bytes` at the file's position (for `O_APPEND`, at its end, whole); returns how many
+    /// were written, fewer only when the disk is full.
+    func writeOnce(_ bytes: UnsafeRawBufferPointer) -> Result<Int, Errno> {
+        valueOrErrno { Glibc_writeFrom(rawValue, bytes.baseAddress, bytes.count) }
+    }
+
+    /// Reads up to `count` bytes at `offset` into `buffer` with one `pread`; fewer mean the end of the file.
+    func read(into buffer: UnsafeMutableRawPointer, count: Int, at offset: UInt64) -> Result<Int, Errno> {
+        valueOrErrno { pread(rawValue, buffer, count, off_t(offset)) }
+    }
+
+    /// The first offset at or after `offset` that holds data, skipping holes; nil where the file system cannot tell.
+    func nextData(from offset: UInt64) -> UInt64? {
+        #if os(Linux) || os(Android)
+        let seekData: Int32 = 3  // SEEK_DATA, which Glibc's module does not import
+        let data = lseek(rawValue, off_t(offset), seekData)
+        return data >= 0 ? UInt64(data) : nil
+        #else
+        return nil
+        #endif
+    }
+
+    /// Frees the blocks of the first `length` bytes, keeping the file's size and later offsets; the range reads
+    /// as zeros. Not every file system can: the error says so.
+    func punchHole(length: UInt64) -> Result<Void, Errno> {
+        #if os(Linux) || os(Android)
+        valueOrErrno { cwormhole_punch_hole(rawValue, 0, Int64(length)) }.map { _ in }
+        #else
+        .failure(.notSupported)
+        #endif
+    }
+
+    /// Closes a descriptor that no `OwnedDescriptor` owns.
+    func close() {
+        _ = Glibc_closeDescriptor(rawValue)
+    }
+
     func synchronize() -> Result<Void, Errno> {
         valueOrErrno { fsync(rawValue) }.map { _ in }
     }
@@ -119,11 +172,11 @@ struct Descriptor {
     ///
     /// `flock` locks belong to the open file description, so two descriptors in one process exclude each other
     /// just as two processes do, unlike POSIX record locks; threads sharing one description do not.
-    func lock(exclusive: Bool) -> Result<Void, Errno> {
+    package func lock(exclusive: Bool) -> Result<Void, Errno> {
         valueOrErrno { flock(rawValue, exclusive ? LOCK_EX : LOCK_SH) }.map { _ in }
     }
 
-    func unlock() {
+    package func unlock() {
         _ = flock(rawValue, LOCK_UN)
     }
 }
@@ -161,3 +214,15 @@ enum ProcessFacts {
     }
 
 }
+
+// The C calls by names that `Descriptor`'s methods do not shadow.
+@inline(__always) private func Glibc_openPath(_ path: String, _ flags: Int32, _ mode: mode_t) -> Int32 {
+    open(path, flags, mode)
+}
+@inline(__always) private func Glibc_readInto(_ descriptor: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int)
+    -> Int
+{ read(descriptor, buffer, count) }
+@inline(__always) private func Glibc_writeFrom(_ descriptor: Int32, _ buffer: UnsafeRawPointer?, _ count: Int) -> Int {
+    write(descriptor, buffer, count)
+}
+@inline(__always) private func Glibc_closeDescriptor(_ descriptor: Int32) -> Int32 { close(descriptor) }

@@ -1,10 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 
 /// A transfer channel's staging area in a directory: `IDENTIFIER.files/` beside the channel's queue, holding
@@ -22,14 +15,15 @@ final class DirectoryTransferStaging: TransferStaging {
     func stage(
         id: String, from path: String, progress: (@Sendable (TransferProgress) -> Void)?
     ) throws(WormholeError) -> UInt64 {
-        let source = open(path, O_RDONLY | O_CLOEXEC)
-        guard source >= 0 else { throw WormholeError.fileSystem(currentErrno, "open the file to send", path: path) }
-        defer { _ = close(source) }
-        var status = stat()
-        guard fstat(source, &status) == 0, status.st_mode & S_IFMT == S_IFREG else {
+        let source: OwnedDescriptor
+        switch Descriptor.open(path: path, flags: O_RDONLY) {
+        case .success(let opened): source = opened
+        case .failure(let errno): throw WormholeError.fileSystem(errno, "open the file to send", path: path)
+        }
+        guard case .success(let status) = source.descriptor.status(), status.isRegularFile else {
             throw WormholeError(.ioFailure, "Only regular files can be sent.", path: path)
         }
-        let size = UInt64(status.st_size)
+        let size = UInt64(status.size)
         let partial = id + ".part"
         let staged: OwnedDescriptor
         do {
@@ -38,35 +32,37 @@ final class DirectoryTransferStaging: TransferStaging {
             throw WormholeError.fileSystem(error, "stage the file", path: staging.filePath(partial))
         }
         do throws(WormholeError) {
-            try Self.copy(from: source, to: staged.descriptor.rawValue, size: size, progress: progress)
+            try Self.copy(from: source.descriptor, to: staged.descriptor, size: size, progress: progress)
             if case .failure(let errno) = staged.descriptor.synchronize() {
                 throw WormholeError.fileSystem(errno, "flush the staged file", path: staging.filePath(partial))
             }
             // Complete: it takes its final name.
-            guard renameat(staging.rawDescriptor, partial, staging.rawDescriptor, id + ".file") == 0 else {
-                throw WormholeError.fileSystem(currentErrno, "stage the file", path: staging.filePath(partial))
+            if case .failure(let errno) = staging.moveEntry(partial, to: staging, as: id + ".file") {
+                throw WormholeError.fileSystem(errno, "stage the file", path: staging.filePath(partial))
             }
         } catch {
-            _ = unlinkat(staging.rawDescriptor, partial, 0)
+            _ = staging.removeFile(named: partial)
             throw error
         }
         return size
     }
 
     static func copy(
-        from source: Int32, to destination: Int32, size: UInt64, progress: (@Sendable (TransferProgress) -> Void)?
+        from source: Descriptor, to destination: Descriptor, size: UInt64,
+        progress: (@Sendable (TransferProgress) -> Void)?
     ) throws(WormholeError) {
         var buffer = [UInt8](repeating: 0, count: chunkSize)
         var copied: UInt64 = 0
         while true {
-            let count = buffer.withUnsafeMutableBytes { bytes in
-                (try? valueOrErrno { read(source, bytes.baseAddress, bytes.count) }.get()) ?? -1
+            let read = buffer.withUnsafeMutableBytes { source.read(into: $0) }
+            let count: Int
+            switch read {
+            case .success(let n): count = n
+            case .failure(let errno):
+                throw WormholeError(.ioFailure, "Reading the file to send failed: \(errno).", underlyingError: errno)
             }
-            if count < 0 { throw WormholeError(.ioFailure, "Reading the file to send failed: \(currentErrno).") }
             if count == 0 { break }
-            if case .failure(let errno) = Descriptor(rawValue: destination).write(
-                Array(buffer[0..<count]), at: Int(copied))
-            {
+            if case .failure(let errno) = destination.write(Array(buffer[0..<count]), at: Int(copied)) {
                 throw WormholeError.fileSystem(errno, "copy the file", path: nil)
             }
             copied += UInt64(count)
@@ -75,7 +71,8 @@ final class DirectoryTransferStaging: TransferStaging {
     }
 
     func remove(id: String) throws(WormholeError) -> Bool {
-        unlinkat(staging.rawDescriptor, id + ".file", 0) == 0
+        if case .success = staging.removeFile(named: id + ".file") { return true }
+        return false
     }
 
     func stagedIDs() throws(WormholeError) -> [String] {
@@ -90,10 +87,10 @@ final class DirectoryTransferStaging: TransferStaging {
             return ReceivedFile(transfer: transfer, path: recorded)
         }
         let staged = transfer.id + ".file"
-        guard faccessat(staging.rawDescriptor, staged, F_OK, AT_SYMLINK_NOFOLLOW) == 0 else { return nil }
+        guard staging.hasEntry(staged) else { return nil }
         var name = transfer.name
         var attempt = 1
-        while faccessat(target.rawDescriptor, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0 {
+        while target.hasEntry(name) {
             attempt += 1
             let base = (transfer.name as NSString).deletingPathExtension
             let suffix = (transfer.name as NSString).pathExtension
@@ -106,10 +103,9 @@ final class DirectoryTransferStaging: TransferStaging {
         } catch {
             throw WormholeError(.ioFailure, "Could not record the delivery: \(error).", underlyingError: error)
         }
-        if renameat(staging.rawDescriptor, staged, target.rawDescriptor, name) != 0 {
-            let errno = currentErrno
+        if case .failure(let errno) = staging.moveEntry(staged, to: target, as: name) {
             guard errno == .improperLink else {
-                _ = unlinkat(staging.rawDescriptor, marker, 0)
+                _ = staging.removeFile(named: marker)
                 if errno == .noSuchFileOrDirectory { return nil }  // cancelled meanwhile
                 throw WormholeError.fileSystem(errno, "move the received file", path: path)
             }
@@ -129,23 +125,22 @@ final class DirectoryTransferStaging: TransferStaging {
         do { destination = try target.openFile(named: name, flags: O_WRONLY | O_CREAT | O_EXCL) } catch {
             throw WormholeError.fileSystem(error, "copy the received file", path: target.filePath(name))
         }
-        try Self.copy(from: source.descriptor.rawValue, to: destination.descriptor.rawValue, size: 0, progress: nil)
-        _ = unlinkat(staging.rawDescriptor, staged, 0)
+        try Self.copy(from: source.descriptor, to: destination.descriptor, size: 0, progress: nil)
+        _ = staging.removeFile(named: staged)
     }
 
     func finishDelivery(id: String) {
-        _ = unlinkat(staging.rawDescriptor, id + ".delivered", 0)
+        _ = staging.removeFile(named: id + ".delivered")
     }
 
     func removeAbandonedCopies(olderThan age: Duration) throws(WormholeError) {
         let seconds = Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18
         // Partial copies of senders that stopped, and the markers of deliveries long done.
         for name in try staging.entries() where name.hasSuffix(".part") || name.hasSuffix(".delivered") {
-            var status = stat()
-            if fstatat(staging.rawDescriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0,
-                Date().timeIntervalSince1970 - Double(status.st_mtim.tv_sec) > seconds
+            if case .success(let status) = staging.statusOfEntry(name),
+                Date().timeIntervalSince1970 - status.modificationTime > seconds
             {
-                _ = unlinkat(staging.rawDescriptor, name, 0)
+                _ = staging.removeFile(named: name)
             }
         }
     }
