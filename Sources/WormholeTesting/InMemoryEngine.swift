@@ -327,11 +327,16 @@ final class InMemoryLiveTransport: LiveTransport {
         }
         let answer = Locked<LiveAnswer?>(nil)
         let answered = DispatchSemaphore(value: 0)
-        let request = LiveRequest(sender: sender, payload: payload) { reply in
-            answer.withLock { $0 = reply }
-            answered.signal()
+        // Made on the responder's queue and held only there: a request its responder drops is released, and fails
+        // at once, as a closed connection does on a directory.
+        let sender = self.sender
+        responder.queue.async {
+            responder.answer(
+                LiveRequest(sender: sender, payload: payload) { reply in
+                    answer.withLock { $0 = reply }
+                    answered.signal()
+                })
         }
-        responder.queue.async { responder.answer(request) }
         let (seconds, attoseconds) = timeout.components
         let deadline = DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
         guard answered.wait(timeout: deadline) == .success else {

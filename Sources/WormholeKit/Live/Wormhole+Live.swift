@@ -64,8 +64,8 @@ extension Wormhole {
     /// - Parameters:
     ///   - identifier: The name to listen on (rules of ``MessageIdentifier``).
     ///   - execution: Where `listener` runs; a serial queue of the listener's own by default.
-    ///   - errorHandler: Kept for the vocabulary every listening call shares; bytes are never decoded, so it
-    ///     is called only if the transport reports an error.
+    ///   - errorHandler: Kept for the vocabulary every listening call shares: bytes are never decoded, and no error
+    ///     can happen once the endpoint is listening, so it is not called today.
     ///   - listener: Called with the bytes of each message.
     /// - Returns: The listener; it stops when cancelled or released.
     /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError`` when the endpoint cannot be
@@ -171,6 +171,27 @@ extension Wormhole {
             [self] payload in
             let query = try decodeLive(type, payload, identifier: identifier)
             return try coder.encode(try responder(query))
+        }
+    }
+
+    /// The requests sent to `identifier`, as an `AsyncSequence`: answer each with ``LiveRequest/reply(_:)`` or
+    /// ``LiveRequest/fail(_:)``.
+    ///
+    /// ```swift
+    /// for try await request in wormhole.incomingRequests(withIdentifier: "echo") {
+    ///     request.reply(request.payload)
+    /// }
+    /// ```
+    ///
+    /// The endpoint answers requests from the call on. A request dropped without an answer fails, so that its
+    /// requester is never left waiting for its time-out; a request the iteration has not reached when the sequence
+    /// ends fails the same way.
+    public func incomingRequests(withIdentifier identifier: String) -> ListeningSequence<LiveRequest> {
+        ListeningSequence { (continuation) throws(WormholeError) in
+            try MessageIdentifier.validate(identifier)
+            let handle = LiveListener(identifier: identifier)
+            handle.attach(try liveTransport().respond(identifier: identifier) { request in continuation.yield(request) })
+            return handle
         }
     }
 

@@ -9,7 +9,8 @@ import WormholeKit
 /// request reaches one responder and returns exactly one of: its reply, ``WormholeError/Code/timedOut`` after the
 /// time-out, ``WormholeError/Code/remoteFailure`` (the responder threw), ``WormholeError/Code/notReachable``
 /// (nobody responds). Listeners and responders are apart: a message never reaches a responder, a request never a
-/// listener. A cancelled listener or responder is no longer reached.
+/// listener. A cancelled listener or responder is no longer reached. A request that its responder drops without an
+/// answer fails at once with ``WormholeError/Code/remoteFailure``, never at its time-out.
 @Suite("Contract: live messages and requests", .limit(minutes: 1))
 struct LiveContract {
     struct Query: Codable, Sendable, Equatable {
@@ -246,5 +247,27 @@ struct LiveContract {
         }
         #expect(request?.code == .notReachable)
         #expect(received.values == [1])
+    }
+
+    @Test("A request dropped by its responder unanswered fails at once, not at its time-out",
+        arguments: EngineKind.allCases)
+    func droppedRequestFailsAtOnce(kind: EngineKind) async throws {
+        let fixture = try EngineFixture(kind)
+        let server = try fixture.wormhole("server")
+        let client = try fixture.wormhole("client")
+        let requests = server.incomingRequests(withIdentifier: "drop")
+        let serving = Task {
+            for try await request in requests {
+                _ = request  // dropped unanswered
+                break
+            }
+        }
+        let start = ContinuousClock.now
+        let error = await wormholeErrorAwaiting {
+            _ = try await client.requestData(Data("x".utf8), identifier: "drop", timeout: .seconds(30))
+        }
+        #expect(error?.code == .remoteFailure)
+        #expect(ContinuousClock.now - start < .seconds(20), "it failed when dropped, not at its time-out")
+        try await serving.value
     }
 }

@@ -116,3 +116,35 @@ struct EngineSeamTests {
         #expect(try store.purgeHistory(maximumAge: .seconds(3600)) == 0)
     }
 }
+
+@Suite("Incoming requests as a sequence", .limit(minutes: 1))
+struct IncomingRequestsTests {
+    @Test("incomingRequests: each request is answered from the loop; one dropped unanswered fails at once")
+    func requestsAsASequence() async throws {
+        let engine = InMemoryEngine()
+        let server = Wormhole(engine: engine, sender: "server")
+        let client = Wormhole(engine: engine, sender: "client")
+        let requests = server.incomingRequests(withIdentifier: "echo")
+        let serving = Task {
+            var answered = 0
+            for try await request in requests {
+                answered += 1
+                if answered == 2 { continue }  // dropped: its requester must fail at once, not at its time-out
+                request.reply(Data(("echo " + String(decoding: request.payload, as: UTF8.self)).utf8))
+                if answered == 3 { break }
+            }
+            return answered
+        }
+        let first = try await client.requestData(Data("one".utf8), identifier: "echo", timeout: .seconds(20))
+        #expect(String(decoding: first, as: UTF8.self) == "echo one")
+        let start = ContinuousClock.now
+        let dropped = await #expect(throws: WormholeError.self) {
+            _ = try await client.requestData(Data("two".utf8), identifier: "echo", timeout: .seconds(20))
+        }
+        #expect(dropped?.code == .remoteFailure)
+        #expect(ContinuousClock.now - start < .seconds(15), "failed when dropped, not at the time-out")
+        let third = try await client.requestData(Data("three".utf8), identifier: "echo", timeout: .seconds(20))
+        #expect(String(decoding: third, as: UTF8.self) == "echo three")
+        #expect(try await serving.value == 3)
+    }
+}
