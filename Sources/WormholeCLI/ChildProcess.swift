@@ -69,7 +69,9 @@ package final class ChildProcess: Sendable {
 
     /// Reads lines on a thread of its own until the end of the output, then signals `ended`.
     private static func readLines(
-        from reader: FileHandle, ended: DispatchSemaphore, onLine: @escaping @Sendable (String) -> Void
+        from reader: FileHandle,
+        ended: DispatchSemaphore,
+        onLine: @escaping @Sendable (String) -> Void
     ) {
         Thread {
             defer { ended.signal() }

@@ -6,10 +6,16 @@ import WormholeKit
 package struct LocationOptions: ParsableArguments {
     package init() {}
 
-    @Option(name: .long, help: ArgumentHelp("The application group identifier, such as group.com.example.app.", valueName: "id"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("The application group identifier, such as group.com.example.app.", valueName: "id")
+    )
     package var group: String?
 
-    @Option(name: .long, help: ArgumentHelp("A subdirectory of the group's container for the wormhole.", valueName: "name"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("A subdirectory of the group's container for the wormhole.", valueName: "name")
+    )
     package var optionalDirectory: String?
 
     @Option(name: .long, help: ArgumentHelp("An explicit wormhole directory, instead of a group.", valueName: "path"))
@@ -18,7 +24,10 @@ package struct LocationOptions: ParsableArguments {
     @Flag(name: .long, help: "Coordinate with a directory-wide lock (CoordinatedFileTransiting).")
     package var coordinated = false
 
-    @Option(name: .long, help: ArgumentHelp("Poll for changes every N milliseconds instead of using inotify.", valueName: "ms"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Poll for changes every N milliseconds instead of using inotify.", valueName: "ms")
+    )
     package var pollInterval: Int?
 
     @Option(
@@ -26,7 +35,9 @@ package struct LocationOptions: ParsableArguments {
         help: ArgumentHelp(
             "Share the wormhole with the users of a Unix group (a name or a number): directories 2770 and files "
                 + "0660 of that group. Every process sharing it must pass the same group.",
-            valueName: "group"))
+            valueName: "group"
+        )
+    )
     package var sharedGroup: String?
 
     package func validate() throws {
@@ -49,7 +60,10 @@ package struct LocationOptions: ParsableArguments {
         if let sharedGroup { configuration.fileOptions = .shared(withGroup: try Self.groupID(sharedGroup)) }
         if let group {
             return try Wormhole(
-                applicationGroupIdentifier: group, optionalDirectory: optionalDirectory, configuration: configuration)
+                applicationGroupIdentifier: group,
+                optionalDirectory: optionalDirectory,
+                configuration: configuration
+            )
         }
         return try Wormhole(directory: directory!, configuration: configuration)
     }
@@ -58,7 +72,9 @@ package struct LocationOptions: ParsableArguments {
     package static func groupID(_ group: String) throws -> UInt32 {
         if let number = UInt32(group) { return number }
         guard let entry = getgrnam(group) else {
-            throw ValidationError("There is no Unix group named \(group); give a group name or number to --shared-group.")
+            throw ValidationError(
+                "There is no Unix group named \(group); give a group name or number to --shared-group."
+            )
         }
         return UInt32(entry.pointee.gr_gid)
     }

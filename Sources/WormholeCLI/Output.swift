@@ -9,7 +9,10 @@ package func validatedJSON(_ argument: String?, what: String) throws -> Data {
     do {
         _ = try JSONSerialization.jsonObject(with: trimmed, options: [.fragmentsAllowed])
     } catch {
-        throw Output.fail("the \(what) is not valid JSON, so nothing was done: \(error.localizedDescription)", status: 2)
+        throw Output.fail(
+            "the \(what) is not valid JSON, so nothing was done: \(error.localizedDescription)",
+            status: 2
+        )
     }
     return trimmed
 }
@@ -43,7 +46,10 @@ package enum Output {
     package static func jsonLine(_ payload: Data) -> String {
         if !payload.contains(UInt8(ascii: "\n")) { return String(decoding: payload, as: UTF8.self) }
         if let object = try? JSONSerialization.jsonObject(with: payload, options: [.fragmentsAllowed]),
-            let compact = try? JSONSerialization.data(withJSONObject: object, options: [.fragmentsAllowed, .sortedKeys])
+            let compact = try? JSONSerialization.data(
+                withJSONObject: object,
+                options: [.fragmentsAllowed, .sortedKeys]
+            )
         {
             return String(decoding: compact, as: UTF8.self)
         }
@@ -53,8 +59,12 @@ package enum Output {
     /// An envelope as one JSON object: sequence, generation, sender, time and the payload (as JSON when it is).
     package static func envelopeLine(_ envelope: Envelope) -> String {
         let time = ISO8601DateFormatter.string(
-            from: envelope.date, timeZone: .gmt, formatOptions: [.withInternetDateTime, .withFractionalSeconds])
-        let payload = (try? JSONSerialization.jsonObject(with: envelope.payload, options: [.fragmentsAllowed])) != nil
+            from: envelope.date,
+            timeZone: .gmt,
+            formatOptions: [.withInternetDateTime, .withFractionalSeconds]
+        )
+        let payload =
+            (try? JSONSerialization.jsonObject(with: envelope.payload, options: [.fragmentsAllowed])) != nil
             ? jsonLine(envelope.payload)
             : "\"" + envelope.payload.base64EncodedString() + "\""
         let sender = String(decoding: try! JSONEncoder().encode(envelope.sender), as: UTF8.self)

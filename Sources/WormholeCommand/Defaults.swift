@@ -1,19 +1,22 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 /// `wormhole defaults …`: a shared key-value suite from the shell.
 struct Defaults: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Read, change and watch a shared key-value suite (values are JSON).",
-        subcommands: [DefaultsGet.self, DefaultsSet.self, DefaultsDelete.self, DefaultsList.self, DefaultsWatch.self])
+        subcommands: [DefaultsGet.self, DefaultsSet.self, DefaultsDelete.self, DefaultsList.self, DefaultsWatch.self]
+    )
 }
 
 struct DefaultsGet: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "get", abstract: "Print a key's value as JSON; exit status 1 when the key is not set.")
+        commandName: "get",
+        abstract: "Print a key's value as JSON; exit status 1 when the key is not set."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The suite.") var suite: String
     @Argument(help: "The key.") var key: String
@@ -28,7 +31,9 @@ struct DefaultsGet: ParsableCommand {
 
 struct DefaultsSet: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "set", abstract: "Set a key to a JSON value; invalid JSON is refused and nothing changed.")
+        commandName: "set",
+        abstract: "Set a key to a JSON value; invalid JSON is refused and nothing changed."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The suite.") var suite: String
     @Argument(help: "The key.") var key: String
@@ -54,7 +59,10 @@ struct DefaultsDelete: ParsableCommand {
 }
 
 struct DefaultsList: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "list", abstract: "Print every key and value, as one JSON object.")
+    static let configuration = CommandConfiguration(
+        commandName: "list",
+        abstract: "Print every key and value, as one JSON object."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The suite.") var suite: String
 
@@ -72,10 +80,12 @@ struct DefaultsWatch: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "watch",
         abstract: "Print each change other processes make, one JSON line each: keys, sender, direction, new values.",
-        discussion: "\"watching SUITE\" goes to standard error when ready.")
+        discussion: "\"watching SUITE\" goes to standard error when ready."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The suite.") var suite: String
-    @Option(name: .customLong("key"), help: "A key to watch (repeat for several); all keys by default.") var keys: [String] = []
+    @Option(name: .customLong("key"), help: "A key to watch (repeat for several); all keys by default.") var keys:
+        [String] = []
     @Option(help: "Only changes made with this direction.") var direction: String?
     @OptionGroup var limits: ListeningLimits
 
@@ -83,7 +93,9 @@ struct DefaultsWatch: ParsableCommand {
         let suite = try location.makeWormhole().suite(suite)
         try limits.listen(ready: "watching \(suite.name)") { tally in
             try suite.observe(
-                keys: keys.isEmpty ? nil : Set(keys), direction: direction, errorHandler: { Output.error("\($0)") }
+                keys: keys.isEmpty ? nil : Set(keys),
+                direction: direction,
+                errorHandler: { Output.error("\($0)") }
             ) { change in
                 Output.line(Self.line(change))
                 tally.add()
@@ -105,4 +117,3 @@ struct DefaultsWatch: ParsableCommand {
             + "\"values\":{\(values.joined(separator: ","))},\"version\":\(change.version)}"
     }
 }
-

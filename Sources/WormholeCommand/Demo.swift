@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 /// A tap on the app's button: the message the demo's app passes to its widget.
@@ -34,7 +34,8 @@ struct Demo: ParsableCommand {
             ~/.local/share/app-groups), in the group \(DemoDefaults.group). `wormhole demo store` shows a \
             shared SQLite store instead.
             """,
-        subcommands: [DemoStore.self])
+        subcommands: [DemoStore.self]
+    )
 
     @Option(help: "How many taps the app passes.")
     var taps = 5
@@ -48,7 +49,10 @@ struct Demo: ParsableCommand {
 
     func run() throws {
         let location = ["--group", group, "--optional-directory", DemoDefaults.optionalDirectory]
-        let wormhole = try Wormhole(applicationGroupIdentifier: group, optionalDirectory: DemoDefaults.optionalDirectory)
+        let wormhole = try Wormhole(
+            applicationGroupIdentifier: group,
+            optionalDirectory: DemoDefaults.optionalDirectory
+        )
         try wormhole.clearAllMessageContents()
         Output.line("Wormhole demo: an app and its widget extension, in separate processes.")
         Output.line("Shared directory: \(wormhole.directory ?? "?")")
@@ -56,7 +60,8 @@ struct Demo: ParsableCommand {
 
         let latencies = Locked<[Double]>([])
         let widget = try ChildProcess(
-            arguments: ["demo-role", "widget", "--taps", String(taps)] + location, readyLine: "ready"
+            arguments: ["demo-role", "widget", "--taps", String(taps)] + location,
+            readyLine: "ready"
         ) { line in Output.line("  [widget] " + line) }
         guard widget.waitUntilReady(timeout: 10) else {
             widget.terminate()
@@ -89,7 +94,11 @@ struct Demo: ParsableCommand {
                 String(
                     format: "Round trip app → widget → app: median %.0f µs, slowest %.0f µs over %d taps "
                         + "(one-way ≈ half). For careful figures run: swift run -c release WormholeHarness bench",
-                    measured[measured.count / 2], measured.last!, measured.count))
+                    measured[measured.count / 2],
+                    measured.last!,
+                    measured.count
+                )
+            )
         }
     }
 }
@@ -97,9 +106,15 @@ struct Demo: ParsableCommand {
 /// The demo's child processes; hidden from help.
 struct DemoRole: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "demo-role", abstract: "Run one process of the demo.", shouldDisplay: false)
+        commandName: "demo-role",
+        abstract: "Run one process of the demo.",
+        shouldDisplay: false
+    )
 
-    enum Role: String, ExpressibleByArgument { case app, widget, lateReader = "late-reader" }
+    enum Role: String, ExpressibleByArgument {
+        case app, widget
+        case lateReader = "late-reader"
+    }
 
     @Argument var role: Role
     @Option var taps = 5
@@ -118,13 +133,17 @@ struct DemoRole: ParsableCommand {
         let finished = DispatchSemaphore(value: 0)
         let total = taps
         let listener = try wormhole.listenForMessage(
-            withIdentifier: "button", as: Tap.self, errorHandler: { Output.line("could not read a tap: \($0)") }
+            withIdentifier: "button",
+            as: Tap.self,
+            errorHandler: { Output.line("could not read a tap: \($0)") }
         ) { tap in
             let oneWay = Double(wallClockNanoseconds() - tap.sentAt) / 1000
             Output.line(String(format: "tap %d arrived %.0f µs after it was passed; replying", tap.number, oneWay))
             do {
                 try wormhole.passMessageObject(
-                    WidgetReply(number: tap.number, text: "widget shows \(tap.number)"), identifier: "widget-reply")
+                    WidgetReply(number: tap.number, text: "widget shows \(tap.number)"),
+                    identifier: "widget-reply"
+                )
             } catch {
                 Output.line("could not reply: \(error)")
             }

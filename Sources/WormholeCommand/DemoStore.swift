@@ -1,8 +1,8 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import GRDB
 import Synchronization
+import WormholeCLI
 import WormholeKit
 import WormholeStore
 
@@ -16,7 +16,8 @@ struct DemoStore: ParsableCommand {
             "widget" process. Each increments the counter several times; each watches the counter with a GRDB \
             ValueObservation, which fires for the other process's commits too, and receives the other's \
             transactions from the history.
-            """)
+            """
+    )
 
     @Option(help: "How many times each process increments the counter.")
     var increments = 3
@@ -41,10 +42,14 @@ struct DemoStore: ParsableCommand {
 
     func run() throws {
         let directory = try GroupContainer.directory(
-            forApplicationGroupIdentifier: group, optionalDirectory: DemoDefaults.optionalDirectory)
+            forApplicationGroupIdentifier: group,
+            optionalDirectory: DemoDefaults.optionalDirectory
+        )
         let path = directory + "/counter.sqlite"
         // A fresh database for each run of the demo.
-        for suffix in ["", "-wal", "-shm", ".wormhole-lock"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+        for suffix in ["", "-wal", "-shm", ".wormhole-lock"] {
+            try? FileManager.default.removeItem(atPath: path + suffix)
+        }
         let store = try SharedStore(path: path, migrator: Self.migrator, configuration: .init(author: "demo"))
         Output.line("Store demo: two processes share \(path)")
         Output.line("")
@@ -68,14 +73,18 @@ struct DemoStore: ParsableCommand {
         Output.line("")
         Output.line(
             "The counter is \(value) (\(2 * increments) increments by two processes); the history holds "
-                + "\(history.count) transactions, by \(Set(history.map(\.author)).sorted().joined(separator: ", ")).")
+                + "\(history.count) transactions, by \(Set(history.map(\.author)).sorted().joined(separator: ", "))."
+        )
     }
 }
 
 /// One process of the store demo; hidden from help.
 struct DemoRoleStore: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "demo-role-store", abstract: "Run one process of the store demo.", shouldDisplay: false)
+        commandName: "demo-role-store",
+        abstract: "Run one process of the store demo.",
+        shouldDisplay: false
+    )
 
     @Option var path: String
     @Option var author: String
@@ -93,7 +102,8 @@ struct DemoRoleStore: ParsableCommand {
             try Int.fetchOne(db, sql: "SELECT value FROM counter WHERE id = 1") ?? 0
         }
         let cancellable = observation.start(
-            in: store.databasePool, scheduling: .async(onQueue: DispatchQueue(label: "demo.observation")),
+            in: store.databasePool,
+            scheduling: .async(onQueue: DispatchQueue(label: "demo.observation")),
             onError: { Output.line("observation failed: \($0)") },
             onChange: { value in
                 let changed = lastSeen.withLock { last in
@@ -103,7 +113,8 @@ struct DemoRoleStore: ParsableCommand {
                 guard changed else { return }
                 Output.line("sees counter = \(value)")
                 if value == target { reachedTarget.signal() }
-            })
+            }
+        )
 
         // The history: which process changed what.
         let remote = try store.observeRemoteChanges(consumer: nil) { transaction in

@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 struct Listen: ParsableCommand {
@@ -12,7 +12,8 @@ struct Listen: ParsableCommand {
             standard error. A message that cannot be read (a damaged file) is reported on standard error and \
             listening goes on. With --count, exits after that many messages; with --timeout, exits with status 1 \
             if they have not all come by then (status 0 when no --count was given).
-            """)
+            """
+    )
 
     @OptionGroup var location: LocationOptions
 
@@ -32,7 +33,8 @@ struct Listen: ParsableCommand {
         let printsEnvelopes = envelope
         try limits.listen(ready: "listening to \(identifier)") { tally in
             try wormhole.listenForEnvelopes(
-                withIdentifier: identifier, deliveringCurrentMessage: includeCurrent,
+                withIdentifier: identifier,
+                deliveringCurrentMessage: includeCurrent,
                 errorHandler: { error in Output.error("\(error)") }
             ) { envelope in
                 Output.line(printsEnvelopes ? Output.envelopeLine(envelope) : Output.jsonLine(envelope.payload))

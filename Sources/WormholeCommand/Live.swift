@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 struct Request: ParsableCommand {
@@ -10,7 +10,8 @@ struct Request: ParsableCommand {
         discussion: """
             Exits with status 1 and a message on standard error when nobody answers, the time-out passes, or the \
             responder fails (or its process ends) before replying.
-            """)
+            """
+    )
 
     @OptionGroup var location: LocationOptions
 
@@ -33,7 +34,10 @@ struct Request: ParsableCommand {
         Task {
             do throws(WormholeError) {
                 let reply = try await wormhole.requestData(
-                    payload, identifier: identifier, timeout: .milliseconds(Int(timeout * 1000)))
+                    payload,
+                    identifier: identifier,
+                    timeout: .milliseconds(Int(timeout * 1000))
+                )
                 result.withLock { $0 = .success(reply) }
             } catch {
                 result.withLock { $0 = .failure(error) }
@@ -55,7 +59,8 @@ struct Respond: ParsableCommand {
             The command runs with `sh -c`, the request's JSON on its standard input; what it prints is the reply. \
             When it exits with a non-zero status, the requester gets an error with the command's standard error. \
             "responding to IDENTIFIER" goes to standard error when ready.
-            """)
+            """
+    )
 
     @OptionGroup var location: LocationOptions
 
@@ -76,7 +81,12 @@ struct Respond: ParsableCommand {
         let limit = count
         let responder = try wormhole.respondToRequestData(withIdentifier: identifier) { request in
             defer {
-                if answered.withLock({ $0 += 1; return $0 }) == limit { done.signal() }
+                if answered.withLock({
+                    $0 += 1
+                    return $0
+                }) == limit {
+                    done.signal()
+                }
             }
             return try Self.run(command, input: request)
         }
@@ -113,7 +123,8 @@ struct Respond: ParsableCommand {
         guard process.terminationStatus == 0 else {
             throw CommandFailed(
                 status: process.terminationStatus,
-                message: String(decoding: errors, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+                message: String(decoding: errors, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            )
         }
         return Data(String(decoding: output, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).utf8)
     }
@@ -123,7 +134,8 @@ struct LiveSend: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "live-send",
         abstract: "Send a JSON message to the processes listening for IDENTIFIER right now; nothing is stored.",
-        discussion: "Prints how many processes it reached; exits with status 1 when nobody is listening.")
+        discussion: "Prints how many processes it reached; exits with status 1 when nobody is listening."
+    )
 
     @OptionGroup var location: LocationOptions
     @Argument(help: "The identifier.") var identifier: String
@@ -142,7 +154,8 @@ struct LiveSend: ParsableCommand {
 struct LiveListen: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "live-listen",
-        abstract: "Print each live message sent to IDENTIFIER while listening, one JSON line each.")
+        abstract: "Print each live message sent to IDENTIFIER while listening, one JSON line each."
+    )
 
     @OptionGroup var location: LocationOptions
     @Argument(help: "The identifier.") var identifier: String
@@ -153,7 +166,9 @@ struct LiveListen: ParsableCommand {
         try limits.listen(ready: "listening to \(identifier)") { tally in
             // Any JSON decodes as a JSONValue; what is not JSON is reported and listening goes on.
             try wormhole.listenForLiveMessages(
-                withIdentifier: identifier, as: JSONValue.self, errorHandler: { Output.error("\($0)") }
+                withIdentifier: identifier,
+                as: JSONValue.self,
+                errorHandler: { Output.error("\($0)") }
             ) { message in
                 Output.line(message.description)
                 tally.add()

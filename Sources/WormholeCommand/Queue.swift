@@ -1,13 +1,14 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 struct Enqueue: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Append a JSON message to a durable queue.",
-        discussion: "The message is the JSON argument, or standard input. Invalid JSON is refused and nothing appended.")
+        discussion: "The message is the JSON argument, or standard input. Invalid JSON is refused and nothing appended."
+    )
 
     @OptionGroup var location: LocationOptions
 
@@ -31,7 +32,8 @@ struct Consume: ParsableCommand {
             --consumer resumes after it. "consuming IDENTIFIER" goes to standard error when ready. With --count, \
             exits after that many messages; with --timeout, exits with status 1 if they have not all come by then \
             (status 0 when no --count was given).
-            """)
+            """
+    )
 
     @OptionGroup var location: LocationOptions
 
@@ -60,7 +62,9 @@ struct Consume: ParsableCommand {
 
 struct QueueStatusCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "queue-status", abstract: "Print a queue's size and each consumer's position and lag, as JSON.")
+        commandName: "queue-status",
+        abstract: "Print a queue's size and each consumer's position and lag, as JSON."
+    )
 
     @OptionGroup var location: LocationOptions
 

@@ -9,7 +9,8 @@ struct Send: ParsableCommand {
         discussion: """
             The message is the JSON argument, or standard input when it is left out. Invalid JSON is refused \
             and nothing is written. Listeners of the identifier, in every process, are woken.
-            """)
+            """
+    )
 
     @OptionGroup var location: LocationOptions
 
@@ -29,7 +30,8 @@ struct Send: ParsableCommand {
 struct Read: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print the message in a mailbox as one line of JSON.",
-        discussion: "Exits with status 1, and says so on standard error, when the mailbox is empty.")
+        discussion: "Exits with status 1, and says so on standard error, when the mailbox is empty."
+    )
 
     @OptionGroup var location: LocationOptions
 
@@ -74,7 +76,9 @@ struct Clear: ParsableCommand {
 }
 
 struct List: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Print the identifiers of the mailboxes that hold a message.")
+    static let configuration = CommandConfiguration(
+        abstract: "Print the identifiers of the mailboxes that hold a message."
+    )
 
     @OptionGroup var location: LocationOptions
 

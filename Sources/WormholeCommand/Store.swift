@@ -1,8 +1,8 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import GRDB
 import Synchronization
+import WormholeCLI
 import WormholeKit
 import WormholeStore
 
@@ -15,7 +15,8 @@ struct StoreCommand: ParsableCommand {
             STORE is the path of a database file (anything with a '/'), or an application group identifier, in \
             which case --name names the file in the group's container (store.sqlite by default).
             """,
-        subcommands: [StoreHistory.self, StoreWatch.self, StoreSQL.self, StorePurge.self])
+        subcommands: [StoreHistory.self, StoreWatch.self, StoreSQL.self, StorePurge.self]
+    )
 }
 
 struct StoreLocation: ParsableArguments {
@@ -35,7 +36,9 @@ struct StoreLocation: ParsableArguments {
         get throws {
             if store.contains("/") { return store }
             let directory = try GroupContainer.directory(
-                forApplicationGroupIdentifier: store, optionalDirectory: optionalDirectory)
+                forApplicationGroupIdentifier: store,
+                optionalDirectory: optionalDirectory
+            )
             return directory + "/" + name
         }
     }
@@ -61,7 +64,9 @@ enum StoreOutput {
 
 struct StoreHistory: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "history", abstract: "Print the recorded transactions, one JSON object a line, oldest first.")
+        commandName: "history",
+        abstract: "Print the recorded transactions, one JSON object a line, oldest first."
+    )
 
     @OptionGroup var location: StoreLocation
 
@@ -89,7 +94,8 @@ struct StoreWatch: ParsableCommand {
             With --consumer, the history token is stored under that name: a later watch with the same name resumes \
             after the last transaction printed. "watching STORE" goes to standard error when ready. Damaged \
             history rows are reported on standard error and the rest is printed.
-            """)
+            """
+    )
 
     @OptionGroup var location: StoreLocation
 
@@ -108,7 +114,9 @@ struct StoreWatch: ParsableCommand {
         let store = try location.open()
         try limits.listen(ready: "watching \(location.store)") { tally in
             try store.observeRemoteChanges(
-                consumer: consumer, tables: tables.isEmpty ? nil : Set(tables), includingOwnWrites: includeOwn,
+                consumer: consumer,
+                tables: tables.isEmpty ? nil : Set(tables),
+                includingOwnWrites: includeOwn,
                 errorHandler: { Output.error("\($0)") }
             ) { transaction in
                 // Once the limit is reached, refuse the rest: they stay unmerged for the next watch.
@@ -124,7 +132,8 @@ struct StoreSQL: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sql",
         abstract: "Run SQL through the store: recorded in the history, other processes notified.",
-        discussion: "With --query, prints each row of a SELECT as a JSON object instead.")
+        discussion: "With --query, prints each row of a SELECT as a JSON object instead."
+    )
 
     @OptionGroup var location: StoreLocation
 
@@ -160,7 +169,9 @@ struct StoreSQL: ParsableCommand {
 
 struct StorePurge: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "purge", abstract: "Delete history every consumer has merged, and consumers gone too long.")
+        commandName: "purge",
+        abstract: "Delete history every consumer has merged, and consumers gone too long."
+    )
 
     @OptionGroup var location: StoreLocation
 

@@ -1,21 +1,24 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 /// `wormhole transfer …`: hand files to another process of the group.
 struct TransferCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "transfer", abstract: "Send files to another process of the group, and receive them.",
-        subcommands: [TransferSend.self, TransferReceive.self, TransferCancel.self, TransferList.self])
+        commandName: "transfer",
+        abstract: "Send files to another process of the group, and receive them.",
+        subcommands: [TransferSend.self, TransferReceive.self, TransferCancel.self, TransferList.self]
+    )
 }
 
 struct TransferSend: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "send",
         abstract: "Copy a file into the wormhole and queue it for the receivers; prints the transfer id.",
-        discussion: "A progress bar goes to standard error while the file is copied.")
+        discussion: "A progress bar goes to standard error while the file is copied."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The transfer channel.") var channel: String
     @Argument(help: "The file to send.") var file: String
@@ -25,11 +28,14 @@ struct TransferSend: ParsableCommand {
     func run() throws {
         var pairs: [String: String] = [:]
         for pair in metadata {
-            guard let equals = pair.firstIndex(of: "=") else { throw ValidationError("--meta takes KEY=VALUE, not \(pair).") }
+            guard let equals = pair.firstIndex(of: "=") else {
+                throw ValidationError("--meta takes KEY=VALUE, not \(pair).")
+            }
             pairs[String(pair[..<equals])] = String(pair[pair.index(after: equals)...])
         }
         let lastPercent = Locked(-1)
-        let transfer = try location.makeWormhole().transfers(channel).send(file: file, name: name, metadata: pairs) { progress in
+        let transfer = try location.makeWormhole().transfers(channel).send(file: file, name: name, metadata: pairs) {
+            progress in
             let percent = Int(progress.fraction * 100)
             let changed = lastPercent.withLock { last in
                 defer { last = percent }
@@ -39,8 +45,12 @@ struct TransferSend: ParsableCommand {
             let filled = percent / 4
             let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 25 - filled)
             let text = String(
-                format: "\r[%@] %3d%% %.1f / %.1f MiB", bar, percent, Double(progress.bytesCopied) / 1_048_576,
-                Double(progress.totalBytes) / 1_048_576)
+                format: "\r[%@] %3d%% %.1f / %.1f MiB",
+                bar,
+                percent,
+                Double(progress.bytesCopied) / 1_048_576,
+                Double(progress.totalBytes) / 1_048_576
+            )
             FileHandle.standardError.write(Data(text.utf8))
         }
         FileHandle.standardError.write(Data("\n".utf8))
@@ -52,7 +62,8 @@ struct TransferReceive: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "receive",
         abstract: "Move each file sent on a channel into a directory; print one JSON line per file.",
-        discussion: "\"receiving CHANNEL\" goes to standard error when ready.")
+        discussion: "\"receiving CHANNEL\" goes to standard error when ready."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The transfer channel.") var channel: String
     @Option(help: "The receiver's durable name.") var consumer: String
@@ -80,7 +91,9 @@ struct TransferReceive: ParsableCommand {
 
 struct TransferCancel: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "cancel", abstract: "Cancel a transfer no receiver has taken yet; exit status 1 if it was taken.")
+        commandName: "cancel",
+        abstract: "Cancel a transfer no receiver has taken yet; exit status 1 if it was taken."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The transfer channel.") var channel: String
     @Argument(help: "The transfer id that send printed.") var id: String
@@ -94,7 +107,9 @@ struct TransferCancel: ParsableCommand {
 
 struct TransferList: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "list", abstract: "Print the ids of the transfers sent and not yet received.")
+        commandName: "list",
+        abstract: "Print the ids of the transfers sent and not yet received."
+    )
     @OptionGroup var location: LocationOptions
     @Argument(help: "The transfer channel.") var channel: String
 
@@ -105,6 +120,6 @@ struct TransferList: ParsableCommand {
 
 extension Dictionary {
     func mapKeys<T: Hashable>(_ transform: (Key) -> T) -> [T: Value] {
-        Dictionary<T, Value>(uniqueKeysWithValues: map { (transform($0.key), $0.value) })
+        [T: Value](uniqueKeysWithValues: map { (transform($0.key), $0.value) })
     }
 }

@@ -1,8 +1,9 @@
+import Foundation
+import WormholeKit
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
-import WormholeKit
 
 /// The fuzzer of every decoder of bytes another process wrote.
 ///
@@ -15,10 +16,12 @@ struct WormholeFuzz {
         #if FUZZING
         var argc = CommandLine.argc
         var argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>? = CommandLine.unsafeArgv
-        exit(LLVMFuzzerRunDriver(&argc, &argv) { data, size in
-            WormholeFuzzing.run(data.map { Array(UnsafeBufferPointer(start: $0, count: size)) } ?? [])
-            return 0
-        })
+        exit(
+            LLVMFuzzerRunDriver(&argc, &argv) { data, size in
+                WormholeFuzzing.run(data.map { Array(UnsafeBufferPointer(start: $0, count: size)) } ?? [])
+                return 0
+            }
+        )
         #else
         let arguments = Array(CommandLine.arguments.dropFirst())
         if arguments.first == "--write-seeds", arguments.count == 2 {

@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 #if os(Linux) || os(Android)
@@ -48,7 +48,10 @@ func makeBenchDirectory(_ location: String, prefix: String) throws -> (path: Str
     let root = location == "default" ? GroupContainer.rootDirectory() + "/group.wormhole.bench" : location
     let path = root + "/\(prefix)-\(getpid())"
     try FileManager.default.createDirectory(
-        atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        atPath: path,
+        withIntermediateDirectories: true,
+        attributes: [.posixPermissions: 0o700]
+    )
     return (path, location == "default" ? "default (\(root))" : location)
 }
 
@@ -57,7 +60,8 @@ struct Bench: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the wormhole against baselines in the same run (`bench mailbox` by default).",
         subcommands: [BenchMailbox.self, BenchQueue.self, BenchStore.self],
-        defaultSubcommand: BenchMailbox.self)
+        defaultSubcommand: BenchMailbox.self
+    )
 }
 
 struct BenchMailbox: ParsableCommand {
@@ -72,7 +76,8 @@ struct BenchMailbox: ParsableCommand {
             trip. Figures print as ratios to the floors, measured in the same run. Also measures how many \
             mailbox writes a second one process passes. Build with -c release for meaningful figures. \
             `wormhole bench store` measures the shared SQLite store.
-            """)
+            """
+    )
 
     @Option(help: "Round trips per case (after the warm-up).")
     var roundTrips = 10_000
@@ -88,7 +93,8 @@ struct BenchMailbox: ParsableCommand {
 
     @Option(
         parsing: .upToNextOption,
-        help: "Directories to measure in; 'default' is the default group root.")
+        help: "Directories to measure in; 'default' is the default group root."
+    )
     var locations: [String] = ["default", "/dev/shm"]
 
     func validate() throws {
@@ -106,7 +112,8 @@ struct BenchMailbox: ParsableCommand {
         #endif
         Output.line(
             "wormhole bench: \(roundTrips) round trips per case after \(warmUp) warm-up, ~64-byte messages, "
-                + "placement \(placement.rawValue) (benchmark on CPU 0, peer on CPU \(peerCPU))")
+                + "placement \(placement.rawValue) (benchmark on CPU 0, peer on CPU \(peerCPU))"
+        )
         Output.line("")
         Output.line(pad("location", 30) + pad("case", 34) + pad("p50 µs", 10) + pad("p99 µs", 10) + "p50 ratio")
         var summary: [String] = []
@@ -118,24 +125,34 @@ struct BenchMailbox: ParsableCommand {
             let wormhole = try runWormhole(directory: base + "/wormhole", peerCPU: peerCPU)
             let rows: [(String, LatencySamples, String)] = [
                 ("floor: write, rename, inotify", renameFloor, "1.00"),
-                ("floor: in-place write, inotify", inPlaceFloor, String(format: "%.2f", inPlaceFloor.p50 / renameFloor.p50)),
+                (
+                    "floor: in-place write, inotify", inPlaceFloor,
+                    String(format: "%.2f", inPlaceFloor.p50 / renameFloor.p50)
+                ),
                 ("wormhole mailbox", wormhole, String(format: "%.2f", wormhole.p50 / renameFloor.p50)),
             ]
             for (name, samples, ratio) in rows {
                 Output.line(
                     pad(String(label.prefix(29)), 30) + pad(name, 34) + pad(String(format: "%.1f", samples.p50), 10)
-                        + pad(String(format: "%.1f", samples.p99), 10) + ratio)
+                        + pad(String(format: "%.1f", samples.p99), 10) + ratio
+                )
             }
             summary.append(
                 String(
                     format: "%@: wormhole p50 %.1f µs = %.2fx the rename floor, %.2fx the in-place floor",
-                    location, wormhole.p50, wormhole.p50 / renameFloor.p50, wormhole.p50 / inPlaceFloor.p50))
+                    location,
+                    wormhole.p50,
+                    wormhole.p50 / renameFloor.p50,
+                    wormhole.p50 / inPlaceFloor.p50
+                )
+            )
             let rate = try measureWrites(directory: base + "/throughput")
             summary.append(String(format: "%@: %.0f mailbox writes a second from one process", location, rate))
             let parts = try measureParts(directory: base + "/parts")
             summary.append(
                 "\(location): where a pass and a read go, in µs each: "
-                    + parts.map { String(format: "%@ %.2f", $0.0, $0.1) }.joined(separator: ", "))
+                    + parts.map { String(format: "%@ %.2f", $0.0, $0.1) }.joined(separator: ", ")
+            )
         }
         Output.line("")
         for line in summary { Output.line(line) }
@@ -150,7 +167,8 @@ struct BenchMailbox: ParsableCommand {
     private func runWormhole(directory: String, peerCPU: Int) throws -> LatencySamples {
         let wormhole = try Wormhole(directory: directory)
         let peer = try ChildProcess(
-            arguments: ["bench-peer", "wormhole", "--directory", directory, "--cpu", String(peerCPU)], readyLine: "ready"
+            arguments: ["bench-peer", "wormhole", "--directory", directory, "--cpu", String(peerCPU)],
+            readyLine: "ready"
         ) { line in Output.line("peer: " + line) }
         defer { peer.terminate() }
         guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the peer did not start") }
@@ -166,8 +184,13 @@ struct BenchMailbox: ParsableCommand {
         let failure = Locked<WormholeError?>(nil)
         // Driven from the listener itself: each pong passes the next ping, so no thread hop is timed.
         let listener = try wormhole.listenForMessage(
-            withIdentifier: "pong", as: BenchMessage.self, on: .notifierThread,
-            errorHandler: { error in failure.withLock { $0 = error }; done.signal() }
+            withIdentifier: "pong",
+            as: BenchMessage.self,
+            on: .notifierThread,
+            errorHandler: { error in
+                failure.withLock { $0 = error }
+                done.signal()
+            }
         ) { message in
             let now = monotonicNanoseconds()
             let next = message.sequence + 1
@@ -198,7 +221,10 @@ struct BenchMailbox: ParsableCommand {
 
     private func runFloor(_ kind: FloorKind, directory: String, peerCPU: Int) throws -> LatencySamples {
         try FileManager.default.createDirectory(
-            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            atPath: directory,
+            withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700]
+        )
         let floor = try FloorEndpoint(kind: kind, directory: directory, receives: "pong", sends: "ping")
         let peer = try ChildProcess(
             arguments: ["bench-peer", kind.rawValue, "--directory", directory, "--cpu", String(peerCPU)],
@@ -213,7 +239,9 @@ struct BenchMailbox: ParsableCommand {
             try floor.send(UInt64(sequence))
             let answer = try floor.receive()
             let elapsed = monotonicNanoseconds() - start
-            guard answer == UInt64(sequence) else { throw Output.fail("the floor peer answered \(answer) to \(sequence)") }
+            guard answer == UInt64(sequence) else {
+                throw Output.fail("the floor peer answered \(answer) to \(sequence)")
+            }
             if sequence >= warmUp { samples.append(elapsed / 2) }
         }
         return LatencySamples(samples)
@@ -235,7 +263,10 @@ struct BenchMailbox: ParsableCommand {
         }
         return [
             ("encode", try average { _ = try wormhole.coder.encode(message) }),
-            ("store", try average { _ = try wormhole.transiting.writeMessage(payload, sender: "bench", identifier: "parts") }),
+            (
+                "store",
+                try average { _ = try wormhole.transiting.writeMessage(payload, sender: "bench", identifier: "parts") }
+            ),
             ("post", try average { try wormhole.notifier.post("mailbox.parts") }),
             ("read", try average { _ = try wormhole.transiting.readMessage(identifier: "parts") }),
             ("decode", try average { _ = try wormhole.coder.decode(BenchMessage.self, from: payload) }),
@@ -263,11 +294,18 @@ struct BenchMailbox: ParsableCommand {
 /// The benchmark's peer process; hidden from help.
 struct BenchPeer: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "bench-peer", abstract: "Answer the benchmark's pings.", shouldDisplay: false)
+        commandName: "bench-peer",
+        abstract: "Answer the benchmark's pings.",
+        shouldDisplay: false
+    )
 
     enum Mode: String, ExpressibleByArgument {
-        case wormhole, rename, inPlace = "in-place", append
-        case queueProduce = "queue-produce", appendProduce = "append-produce", queueEcho = "queue-echo"
+        case wormhole, rename
+        case inPlace = "in-place"
+        case append
+        case queueProduce = "queue-produce"
+        case appendProduce = "append-produce"
+        case queueEcho = "queue-echo"
     }
 
     @Argument var mode: Mode
@@ -283,7 +321,9 @@ struct BenchPeer: ParsableCommand {
         case .wormhole:
             let wormhole = try Wormhole(directory: directory)
             let listener = try wormhole.listenForMessage(
-                withIdentifier: "ping", as: BenchMessage.self, on: .notifierThread,
+                withIdentifier: "ping",
+                as: BenchMessage.self,
+                on: .notifierThread,
                 errorHandler: { Output.error("\($0)") }
             ) { message in
                 do { try wormhole.passMessageObject(message, identifier: "pong") } catch { Output.error("\(error)") }

@@ -14,7 +14,10 @@ import CWormholeHarness
 /// 8 bytes carry the sequence number.
 struct BenchCase: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "bench-case", abstract: "Measure one wormhole case for Benchmarks/compare.", shouldDisplay: false)
+        commandName: "bench-case",
+        abstract: "Measure one wormhole case for Benchmarks/compare.",
+        shouldDisplay: false
+    )
 
     enum Mode: String, ExpressibleByArgument, Sendable {
         case mailbox, queue, live
@@ -52,7 +55,9 @@ struct BenchCase: ParsableCommand {
             Output.line(BenchCaseReport.latency(name: name, size: size, samples: samples))
         case .throughput:
             let (received, rate) = try measureThroughput(wormhole)
-            Output.line(BenchCaseReport.throughput(name: name, size: size, count: count, received: received, rate: rate))
+            Output.line(
+                BenchCaseReport.throughput(name: name, size: size, count: count, received: received, rate: rate)
+            )
         }
     }
 
@@ -101,7 +106,9 @@ struct BenchCase: ParsableCommand {
         defer { peer.terminate() }
         state.withLock { $0.sentAt = monotonicNanoseconds() }
         try sender.send(sequence: 0, size: size)
-        guard done.wait(timeout: .now() + 300) == .success else { throw Output.fail("the \(mode.rawValue) ping-pong stalled") }
+        guard done.wait(timeout: .now() + 300) == .success else {
+            throw Output.fail("the \(mode.rawValue) ping-pong stalled")
+        }
         receiver.cancel()
         if let failure = state.withLock({ $0.failure }) { throw Output.fail(failure) }
         return state.withLock { $0.samples }
@@ -131,10 +138,14 @@ struct BenchCase: ParsableCommand {
         }
         let peer = try startPeer(.produce)
         defer { peer.terminate() }
-        guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the \(mode.rawValue) throughput run stalled") }
+        guard done.wait(timeout: .now() + 600) == .success else {
+            throw Output.fail("the \(mode.rawValue) throughput run stalled")
+        }
         receiver.cancel()
         let result = progress.withLock { $0 }
-        guard let first = result.first, result.last.time > first.time else { throw Output.fail("too few messages to time") }
+        guard let first = result.first, result.last.time > first.time else {
+            throw Output.fail("too few messages to time")
+        }
         // A mailbox keeps the newest message only: its rate counts the messages passed while the listener kept up,
         // from the sequence numbers, not the callbacks (fewer when passes coalesce).
         let messages = Double(result.last.sequence - first.sequence)
@@ -145,7 +156,10 @@ struct BenchCase: ParsableCommand {
 /// The peer process of ``BenchCase``: echoes pings, or produces messages as fast as it can. Hidden from help.
 struct BenchCasePeer: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "bench-case-peer", abstract: "The peer of bench-case.", shouldDisplay: false)
+        commandName: "bench-case-peer",
+        abstract: "The peer of bench-case.",
+        shouldDisplay: false
+    )
 
     enum Role: String, ExpressibleByArgument, Sendable { case echo, produce }
 
@@ -255,7 +269,12 @@ struct BenchCaseReceiver {
     private let handle: AnyObject
     private let cancelling: () -> Void
 
-    init(mode: BenchCase.Mode, wormhole: Wormhole, identifier: String, handler: @escaping @Sendable (Data) -> Void) throws {
+    init(
+        mode: BenchCase.Mode,
+        wormhole: Wormhole,
+        identifier: String,
+        handler: @escaping @Sendable (Data) -> Void
+    ) throws {
         switch mode {
         case .mailbox:
             let listener = try wormhole.listenForEnvelopes(withIdentifier: identifier, on: .notifierThread) {
@@ -273,7 +292,11 @@ struct BenchCaseReceiver {
             }
             (handle, cancelling) = (consumer, consumer.cancel)
         case .live:
-            let listener = try wormhole.listenForLiveMessageData(withIdentifier: identifier, on: .notifierThread, listener: handler)
+            let listener = try wormhole.listenForLiveMessageData(
+                withIdentifier: identifier,
+                on: .notifierThread,
+                listener: handler
+            )
             (handle, cancelling) = (listener, listener.cancel)
         }
     }
@@ -290,13 +313,24 @@ enum BenchCaseReport {
         return String(
             format: "{\"case\":\"%@\",\"metric\":\"latency\",\"size\":%d,\"count\":%d,\"p50_us\":%.3f,\"p99_us\":%.3f,"
                 + "\"percentiles_us\":[%@]}",
-            name, size, sorted.count, at(0.5), at(0.99), percentiles)
+            name,
+            size,
+            sorted.count,
+            at(0.5),
+            at(0.99),
+            percentiles
+        )
     }
 
     static func throughput(name: String, size: Int, count: Int, received: Int, rate: Double) -> String {
         String(
             format: "{\"case\":\"%@\",\"metric\":\"throughput\",\"size\":%d,\"count\":%d,\"received\":%d,"
                 + "\"messages_per_second\":%.1f}",
-            name, size, count, received, rate)
+            name,
+            size,
+            count,
+            received,
+            rate
+        )
     }
 }

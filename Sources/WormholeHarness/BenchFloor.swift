@@ -1,8 +1,9 @@
+import Foundation
+import WormholeCLI
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
-import WormholeCLI
 
 enum FloorKind: String {
     /// Write a temporary file, rename it over the message file; the reader wakes on IN_MOVED_TO.
@@ -87,7 +88,11 @@ final class FloorEndpoint {
             while offset < count {
                 let event = buffer.load(fromByteOffset: offset, as: inotify_event.self)
                 if event.len > 0 {
-                    let name = String(cString: (buffer + offset + MemoryLayout<inotify_event>.size).assumingMemoryBound(to: CChar.self))
+                    let name = String(
+                        cString: (buffer + offset + MemoryLayout<inotify_event>.size).assumingMemoryBound(
+                            to: CChar.self
+                        )
+                    )
                     if name == receives { arrived = true }
                 }
                 offset += MemoryLayout<inotify_event>.size + Int(event.len)

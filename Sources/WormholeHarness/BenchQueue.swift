@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import Synchronization
+import WormholeCLI
 import WormholeKit
 
 #if os(Linux) || os(Android)
@@ -19,7 +19,8 @@ struct BenchQueue: ParsableCommand {
             last. The floor does the same by hand: O_APPEND writes of 64 bytes, an inotify reader reading on from \
             its offset, no checksum, no position stored. Latency: ping-pong through two queues (and two logs for \
             the floor), one-way = half the round trip. Both processes on CPU 0.
-            """)
+            """
+    )
 
     @Option(help: "Messages for the throughput figure.")
     var messages = 1_000_000
@@ -50,15 +51,27 @@ struct BenchQueue: ParsableCommand {
             let queueRate = try queueThroughput(directory: base + "/queue-throughput")
             Output.line(
                 String(
-                    format: "  throughput: wormhole queue %.0f messages/s, append-only log by hand %.0f messages/s (%.2fx)",
-                    queueRate, floorRate, queueRate / floorRate))
+                    format:
+                        "  throughput: wormhole queue %.0f messages/s, append-only log by hand %.0f messages/s (%.2fx)",
+                    queueRate,
+                    floorRate,
+                    queueRate / floorRate
+                )
+            )
             let floor = try floorLatency(directory: base + "/floor-latency")
             let queue = try queueLatency(directory: base + "/queue-latency")
             Output.line(
                 String(
-                    format: "  one-way latency p50/p99: wormhole queue %.1f/%.1f µs, append + inotify by hand %.1f/%.1f µs "
+                    format:
+                        "  one-way latency p50/p99: wormhole queue %.1f/%.1f µs, append + inotify by hand %.1f/%.1f µs "
                         + "(p50 %.2fx)",
-                    queue.p50, queue.p99, floor.p50, floor.p99, queue.p50 / floor.p50))
+                    queue.p50,
+                    queue.p99,
+                    floor.p50,
+                    floor.p99,
+                    queue.p50 / floor.p50
+                )
+            )
         }
     }
 
@@ -81,7 +94,9 @@ struct BenchQueue: ParsableCommand {
         let producer = try ChildProcess(
             arguments: ["bench-peer", "queue-produce", "--directory", directory, "--count", String(total)]
         ) { line in Output.line("producer: " + line) }
-        guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the queue throughput run stalled") }
+        guard done.wait(timeout: .now() + 600) == .success else {
+            throw Output.fail("the queue throughput run stalled")
+        }
         consumer.cancel()
         producer.wait(timeout: 10)
         let (first, last, count) = times.withLock { $0 }
@@ -90,7 +105,10 @@ struct BenchQueue: ParsableCommand {
 
     private func floorThroughput(directory: String) throws -> Double {
         try FileManager.default.createDirectory(
-            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            atPath: directory,
+            withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700]
+        )
         let path = directory + "/floor.log"
         close(open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600))
         let inotify = inotify_init1(Int32(IN_CLOEXEC))
@@ -129,7 +147,8 @@ struct BenchQueue: ParsableCommand {
         let wormhole = try Wormhole(directory: directory)
         let ping = try wormhole.queue("ping")
         let peer = try ChildProcess(
-            arguments: ["bench-peer", "queue-echo", "--directory", directory], readyLine: "ready"
+            arguments: ["bench-peer", "queue-echo", "--directory", directory],
+            readyLine: "ready"
         ) { line in Output.line("peer: " + line) }
         defer { peer.terminate() }
         guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the queue peer did not start") }
@@ -161,10 +180,14 @@ struct BenchQueue: ParsableCommand {
 
     private func floorLatency(directory: String) throws -> LatencySamples {
         try FileManager.default.createDirectory(
-            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            atPath: directory,
+            withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700]
+        )
         let floor = try FloorEndpoint(kind: .append, directory: directory, receives: "pong", sends: "ping")
         let peer = try ChildProcess(
-            arguments: ["bench-peer", "append", "--directory", directory], readyLine: "ready"
+            arguments: ["bench-peer", "append", "--directory", directory],
+            readyLine: "ready"
         ) { line in Output.line("peer: " + line) }
         defer { peer.terminate() }
         guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the floor peer did not start") }
@@ -178,4 +201,3 @@ struct BenchQueue: ParsableCommand {
         return LatencySamples(samples)
     }
 }
-

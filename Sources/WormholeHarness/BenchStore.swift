@@ -1,8 +1,8 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import GRDB
 import Synchronization
+import WormholeCLI
 import WormholeKit
 import WormholeStore
 
@@ -22,7 +22,8 @@ struct BenchStore: ParsableCommand {
             (history recorded, other processes notified) against plain GRDB writes to an untracked table of the \
             same database, alternating in blocks. 3. Concurrent writers: 4 processes insert at once while 2 \
             durable consumers watch; counts what was lost, duplicated, or failed with SQLITE_BUSY.
-            """)
+            """
+    )
 
     @Option(help: "Round trips for the latency figure (after the warm-up).")
     var roundTrips = 1000
@@ -44,7 +45,9 @@ struct BenchStore: ParsableCommand {
         migrator.registerMigration("bench") { db in
             try db.execute(sql: "CREATE TABLE ping (id INTEGER PRIMARY KEY, sent_at INTEGER NOT NULL)")
             try db.execute(sql: "CREATE TABLE pong (id INTEGER PRIMARY KEY, received_at INTEGER NOT NULL)")
-            try db.execute(sql: "CREATE TABLE plain_item (id INTEGER PRIMARY KEY AUTOINCREMENT, writer TEXT, value INTEGER)")
+            try db.execute(
+                sql: "CREATE TABLE plain_item (id INTEGER PRIMARY KEY AUTOINCREMENT, writer TEXT, value INTEGER)"
+            )
         }
         return migrator
     }
@@ -60,7 +63,9 @@ struct BenchStore: ParsableCommand {
         #if DEBUG
         Output.line("warning: a debug build; run `swift run -c release wormhole bench store` for real figures")
         #endif
-        Output.line("wormhole bench store: both processes on CPU 0; \(roundTrips) round trips, \(inserts) inserts a side")
+        Output.line(
+            "wormhole bench store: both processes on CPU 0; \(roundTrips) round trips, \(inserts) inserts a side"
+        )
         for location in locations {
             let (base, label) = try makeBenchDirectory(location, prefix: "wormhole-store-bench")
             defer { try? FileManager.default.removeItem(atPath: base) }
@@ -73,7 +78,11 @@ struct BenchStore: ParsableCommand {
     }
 
     private func measureLatency(path: String) throws {
-        let store = try SharedStore(path: path, migrator: Self.migrator, configuration: Self.configuration(author: "bench"))
+        let store = try SharedStore(
+            path: path,
+            migrator: Self.migrator,
+            configuration: Self.configuration(author: "bench")
+        )
         let peer = try ChildProcess(arguments: ["bench-peer-store", "--path", path], readyLine: "ready") { line in
             Output.line("peer: " + line)
         }
@@ -95,8 +104,10 @@ struct BenchStore: ParsableCommand {
             do {
                 let row = try store.read { db in
                     try Row.fetchOne(
-                        db, sql: "SELECT ping.sent_at, pong.received_at FROM ping JOIN pong USING (id) WHERE id = ?",
-                        arguments: [id])
+                        db,
+                        sql: "SELECT ping.sent_at, pong.received_at FROM ping JOIN pong USING (id) WHERE id = ?",
+                        arguments: [id]
+                    )
                 }
                 if let row, id >= counted {
                     let sent: Int64 = row["sent_at"]
@@ -120,12 +131,21 @@ struct BenchStore: ParsableCommand {
         let figures = LatencySamples(samples.withLock { $0 })
         Output.line(
             String(
-                format: "  remote change, commit in A → transaction received in B: p50 %.0f µs, p99 %.0f µs (%d samples)",
-                figures.p50, figures.p99, figures.values.count))
+                format:
+                    "  remote change, commit in A → transaction received in B: p50 %.0f µs, p99 %.0f µs (%d samples)",
+                figures.p50,
+                figures.p99,
+                figures.values.count
+            )
+        )
     }
 
     private func measureHistoryCost(path: String) throws {
-        let store = try SharedStore(path: path, migrator: Self.migrator, configuration: Self.configuration(author: "bench"))
+        let store = try SharedStore(
+            path: path,
+            migrator: Self.migrator,
+            configuration: Self.configuration(author: "bench")
+        )
         let pool = store.databasePool
         var recorded: UInt64 = 0
         var plain: UInt64 = 0
@@ -160,12 +180,15 @@ struct BenchStore: ParsableCommand {
         }
         let untracked = try timed { index in
             try pool.write { db in
-                try db.cachedStatement(sql: "INSERT INTO plain_item(writer, value) VALUES ('p', ?)").execute(arguments: [index])
+                try db.cachedStatement(sql: "INSERT INTO plain_item(writer, value) VALUES ('p', ?)").execute(
+                    arguments: [index])
             }
         }
         let triggerOnly = try timed { index in
             try pool.write { db in
-                try db.cachedStatement(sql: "INSERT INTO item(writer, value) VALUES ('t', ?)").execute(arguments: [index])
+                try db.cachedStatement(sql: "INSERT INTO item(writer, value) VALUES ('t', ?)").execute(arguments: [
+                    index
+                ])
             }
         }
         // Close what the trigger-only writes left, so that they do not count as one huge external transaction.
@@ -175,14 +198,23 @@ struct BenchStore: ParsableCommand {
             String(
                 format: "  where the time goes, µs a transaction: plain GRDB %.1f; with the history trigger %.1f; "
                     + "notification post %.1f",
-                untracked, triggerOnly, notifyOnly))
+                untracked,
+                triggerOnly,
+                notifyOnly
+            )
+        )
         let plainEach = Double(plain) / Double(inserts) / 1000
         let recordedEach = Double(recorded) / Double(inserts) / 1000
         Output.line(
             String(
                 format: "  cost of history: %d single-row insert transactions, plain GRDB %.1f µs each, "
                     + "through the store (history + notification) %.1f µs each: %.2fx",
-                inserts, plainEach, recordedEach, recordedEach / plainEach))
+                inserts,
+                plainEach,
+                recordedEach,
+                recordedEach / plainEach
+            )
+        )
     }
 
     private func measureConcurrentWriters(path: String) throws {
@@ -192,9 +224,15 @@ struct BenchStore: ParsableCommand {
         var watchers: [ChildProcess] = []
         for (index, ids) in watched.enumerated() {
             let watcher = try ChildProcess(
-                arguments: ["store", "watch", path, "--consumer", "watcher\(index)", "--count", String(total), "--timeout", "300"]
+                arguments: [
+                    "store", "watch", path, "--consumer", "watcher\(index)", "--count", String(total), "--timeout",
+                    "300",
+                ]
             ) { line in
-                if let transaction = try? JSONDecoder.iso8601Decoder.decode(StoreTransaction.self, from: Data(line.utf8)) {
+                if let transaction = try? JSONDecoder.iso8601Decoder.decode(
+                    StoreTransaction.self,
+                    from: Data(line.utf8)
+                ) {
                     ids.append(transaction.id)
                 }
             }
@@ -204,7 +242,9 @@ struct BenchStore: ParsableCommand {
         let start = monotonicNanoseconds()
         let writers = try (0..<4).map { index in
             try ChildProcess(
-                arguments: ["exercise-store", "write", "--path", path, "--count", String(perWriter), "--tag", "writer\(index)"]
+                arguments: [
+                    "exercise-store", "write", "--path", path, "--count", String(perWriter), "--tag", "writer\(index)",
+                ]
             ) { line in Output.line("writer: " + line) }
         }
         let failedWriters = writers.map { $0.wait(timeout: 300) }.filter { $0 != 0 }.count
@@ -220,8 +260,17 @@ struct BenchStore: ParsableCommand {
                 format: "  4 writer processes × %d transactions in %.2f s (%.0f transactions/s): %d of %d rows, "
                     + "%d writers failed (SQLITE_BUSY or other); 2 durable consumers missed %d and saw %d twice "
                     + "(watchers exited %@)",
-                perWriter, seconds, Double(total) / seconds, rows, total, failedWriters, missing, duplicates,
-                watcherStatuses.map(String.init).joined(separator: ",")))
+                perWriter,
+                seconds,
+                Double(total) / seconds,
+                rows,
+                total,
+                failedWriters,
+                missing,
+                duplicates,
+                watcherStatuses.map(String.init).joined(separator: ",")
+            )
+        )
     }
 }
 
@@ -235,7 +284,10 @@ final class SeenTransactions: Sendable {
 /// The store benchmark's peer: answers each ping with a pong; hidden from help.
 struct BenchPeerStore: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "bench-peer-store", abstract: "Answer the store benchmark's pings.", shouldDisplay: false)
+        commandName: "bench-peer-store",
+        abstract: "Answer the store benchmark's pings.",
+        shouldDisplay: false
+    )
 
     @Option var path: String
 
@@ -243,7 +295,11 @@ struct BenchPeerStore: ParsableCommand {
         #if os(Linux) || os(Android)
         _ = cwormhole_pin_to_cpu(0)
         #endif
-        let store = try SharedStore(path: path, migrator: BenchStore.migrator, configuration: BenchStore.configuration(author: "peer"))
+        let store = try SharedStore(
+            path: path,
+            migrator: BenchStore.migrator,
+            configuration: BenchStore.configuration(author: "peer")
+        )
         let observer = try store.observeRemoteChanges(consumer: nil, tables: ["ping"]) { transaction in
             let received = Int64(monotonicNanoseconds())
             guard let id = transaction.tables["ping"]?.inserted.first?.integerValue else { return }

@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import GRDB
+import WormholeCLI
 import WormholeKit
 import WormholeStore
 
@@ -13,8 +13,10 @@ import WormholeStore
 /// until it is killed, a random 0–10 ms after it started: every kill lands in the middle of the work.
 struct CrashTest: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "crash-test", abstract: "Kill writers and consumers at random and check what they leave.",
-        shouldDisplay: false)
+        commandName: "crash-test",
+        abstract: "Kill writers and consumers at random and check what they leave.",
+        shouldDisplay: false
+    )
 
     enum Mode: String, ExpressibleByArgument, CaseIterable, Sendable { case mailbox, queue, suite, store }
 
@@ -24,7 +26,10 @@ struct CrashTest: ParsableCommand {
 
     func run() throws {
         try FileManager.default.createDirectory(
-            atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            atPath: directory,
+            withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700]
+        )
         let start = Date()
         var report = CrashReport(mode: mode, kills: 0)
         switch mode {
@@ -45,7 +50,8 @@ struct CrashTest: ParsableCommand {
     private func killVictim(_ arguments: [String]) throws -> [String] {
         let lines = Locked<[String]>([])
         let victim = try ChildProcess(
-            arguments: ["crash-victim"] + arguments + ["--directory", directory], readyLine: "started"
+            arguments: ["crash-victim"] + arguments + ["--directory", directory],
+            readyLine: "started"
         ) { line in lines.withLock { $0.append(line) } }
         guard victim.waitUntilReady(timeout: 30) else {
             victim.kill()
@@ -63,7 +69,9 @@ struct CrashTest: ParsableCommand {
         let errors = Locked<[String]>([])
         let delivered = Locked(0)
         let listener = try wormhole.listenForMessage(
-            withIdentifier: "m", as: CrashMessage.self, on: .notifierThread,
+            withIdentifier: "m",
+            as: CrashMessage.self,
+            on: .notifierThread,
             errorHandler: { error in errors.withLock { $0.append("listener: \(error)") } }
         ) { message in
             if !message.isIntact { errors.withLock { $0.append("listener got a damaged message: \(message)") } }
@@ -100,7 +108,9 @@ struct CrashTest: ParsableCommand {
         let all = Locked<[QueueExerciseMessage]>([])
         // A consumer in this process sees everything appended: each producer's messages must be a prefix, in order.
         let observer = try queue.consume(
-            consumer: "all", as: QueueExerciseMessage.self, on: .notifierThread,
+            consumer: "all",
+            as: QueueExerciseMessage.self,
+            on: .notifierThread,
             errorHandler: { error in errors.withLock { $0.append("consumer all: \(error)") } }
         ) { message in all.withLock { $0.append(message.value) } }
         var handled: [String] = []
@@ -118,7 +128,8 @@ struct CrashTest: ParsableCommand {
         // Drain what the killed consumer left, then compare.
         let endOffset = try queue.status().endOffset
         let rest = Locked<[String]>([])
-        let drain = try queue.consume(consumer: "worker", as: QueueExerciseMessage.self, on: .notifierThread) { message in
+        let drain = try queue.consume(consumer: "worker", as: QueueExerciseMessage.self, on: .notifierThread) {
+            message in
             rest.withLock { $0.append("handled \(message.value.writer) \(message.value.index)") }
         }
         let deadline = Date().addingTimeInterval(120)
@@ -136,9 +147,13 @@ struct CrashTest: ParsableCommand {
         let seen = handled + rest.withLock { $0 }
         let lost = expected.subtracting(seen)
         let repeated = seen.count - Set(seen).count
-        if !lost.isEmpty { report.failures.append("\(lost.count) messages never handled by the killed consumer, e.g. \(lost.first!)") }
+        if !lost.isEmpty {
+            report.failures.append("\(lost.count) messages never handled by the killed consumer, e.g. \(lost.first!)")
+        }
         // A killed consumer can repeat only the one message it was handling and had not acknowledged.
-        if repeated > consumerKills { report.failures.append("\(repeated) repeats for \(consumerKills) consumer kills") }
+        if repeated > consumerKills {
+            report.failures.append("\(repeated) repeats for \(consumerKills) consumer kills")
+        }
         report.checks = appended.count
         report.details =
             "\(kills - consumerKills) producers and \(consumerKills) consumers killed; \(appended.count) messages "
@@ -163,17 +178,22 @@ struct CrashTest: ParsableCommand {
                 report.checks += 1
                 let counter = values["counter", as: Int.self] ?? 0
                 let sum = (0..<8).compactMap { values["writer-k\($0)", as: Int.self] }.reduce(0, +)
-                if counter != sum { report.failures.append("kill \(kill): counter \(counter) but the writers sum to \(sum)") }
+                if counter != sum {
+                    report.failures.append("kill \(kill): counter \(counter) but the writers sum to \(sum)")
+                }
                 if counter < lastCounter { report.failures.append("kill \(kill): counter went back to \(counter)") }
                 lastCounter = counter
                 if let mine = values["writer-\(tag)", as: Int.self], mine < committed[tag, default: 0] {
-                    report.failures.append("kill \(kill): \(tag) committed \(committed[tag]!) but the suite has \(mine)")
+                    report.failures.append(
+                        "kill \(kill): \(tag) committed \(committed[tag]!) but the suite has \(mine)"
+                    )
                 }
             } catch {
                 report.failures.append("kill \(kill): the suite could not be read: \(error)")
             }
         }
-        report.details = "\(report.checks) reads after a kill; \(lastCounter) committed updates, none lost or half applied"
+        report.details =
+            "\(report.checks) reads after a kill; \(lastCounter) committed updates, none lost or half applied"
     }
 
     // MARK: Store: committed transactions kept with their history; a durable consumer sees each once
@@ -181,14 +201,18 @@ struct CrashTest: ParsableCommand {
     private func runStore(_ report: inout CrashReport) throws {
         let path = directory + "/store.sqlite"
         let store = try SharedStore(
-            path: path, migrator: StoreFixtures.itemsMigrator, configuration: .init(author: "checker"))
+            path: path,
+            migrator: StoreFixtures.itemsMigrator,
+            configuration: .init(author: "checker")
+        )
         // What the durable consumer receives: each transaction's id, author and rows inserted. (History is purged
         // once every consumer has merged it, so the consumer, not the history table, is what is checked.)
         let received = Locked<[(id: Int64, author: String, inserted: Int)]>([])
         let errors = Locked<[String]>([])
         let observe = { () throws -> RemoteChangeObserver in
             try store.observeRemoteChanges(
-                consumer: "checker", errorHandler: { error in errors.withLock { $0.append("observer: \(error)") } }
+                consumer: "checker",
+                errorHandler: { error in errors.withLock { $0.append("observer: \(error)") } }
             ) { transaction in
                 let inserted = transaction.tables["item"]?.inserted.count ?? 0
                 received.withLock { $0.append((transaction.id, transaction.author, inserted)) }
@@ -204,14 +228,22 @@ struct CrashTest: ParsableCommand {
                 let (check, values) = try store.read { db in
                     (
                         try String.fetchOne(db, sql: "PRAGMA quick_check") ?? "",
-                        try Int.fetchAll(db, sql: "SELECT value FROM item WHERE writer = ? ORDER BY value", arguments: [tag])
+                        try Int.fetchAll(
+                            db,
+                            sql: "SELECT value FROM item WHERE writer = ? ORDER BY value",
+                            arguments: [tag]
+                        )
                     )
                 }
                 report.checks += 1
                 if check != "ok" { report.failures.append("kill \(kill): quick_check says \(check)") }
-                if values != Array(0..<values.count) { report.failures.append("kill \(kill): rows of \(tag) have gaps") }
+                if values != Array(0..<values.count) {
+                    report.failures.append("kill \(kill): rows of \(tag) have gaps")
+                }
                 if let committed, values.count < committed + 1 {
-                    report.failures.append("kill \(kill): \(tag) committed \(committed + 1) but \(values.count) rows are kept")
+                    report.failures.append(
+                        "kill \(kill): \(tag) committed \(committed + 1) but \(values.count) rows are kept"
+                    )
                 }
             } catch {
                 report.failures.append("kill \(kill): the store could not be read: \(error)")
@@ -259,8 +291,13 @@ struct CrashReport {
 
     var summary: String {
         String(
-            format: "crash-test %@: %d SIGKILLs, %d failures, %.0f s: %@", mode.rawValue, kills, failures.count, seconds,
-            details)
+            format: "crash-test %@: %d SIGKILLs, %d failures, %.0f s: %@",
+            mode.rawValue,
+            kills,
+            failures.count,
+            seconds,
+            details
+        )
     }
 }
 
@@ -284,10 +321,16 @@ struct CrashMessage: Codable, Sendable {
 /// The victim of `crash-test`: prints "started", then works until it is killed. Hidden from help.
 struct CrashVictim: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "crash-victim", abstract: "Work until killed, for crash-test.", shouldDisplay: false)
+        commandName: "crash-victim",
+        abstract: "Work until killed, for crash-test.",
+        shouldDisplay: false
+    )
 
     enum Role: String, ExpressibleByArgument {
-        case mailbox, queueProduce = "queue-produce", queueConsume = "queue-consume", suite, store
+        case mailbox
+        case queueProduce = "queue-produce"
+        case queueConsume = "queue-consume"
+        case suite, store
     }
 
     @Argument var role: Role
@@ -300,7 +343,9 @@ struct CrashVictim: ParsableCommand {
         case .mailbox:
             let wormhole = try Wormhole(directory: directory)
             Output.line("started")
-            for index in 0... { try wormhole.passMessageObject(CrashMessage(writer: tag, index: index), identifier: "m") }
+            for index in 0... {
+                try wormhole.passMessageObject(CrashMessage(writer: tag, index: index), identifier: "m")
+            }
         case .queueProduce:
             let queue = try Wormhole(directory: directory).queue("jobs")
             Output.line("started")
@@ -308,7 +353,9 @@ struct CrashVictim: ParsableCommand {
                 if batch == 1 {
                     try queue.enqueue(QueueExerciseMessage(writer: tag, index: start))
                 } else {
-                    try queue.enqueue(contentsOf: (start..<start + batch).map { QueueExerciseMessage(writer: tag, index: $0) })
+                    try queue.enqueue(
+                        contentsOf: (start..<start + batch).map { QueueExerciseMessage(writer: tag, index: $0) }
+                    )
                 }
             }
         case .queueConsume:
@@ -324,7 +371,8 @@ struct CrashVictim: ParsableCommand {
                 }
                 if first { Output.line("started") }
             }
-            let consumer = try queue.consume(consumer: tag, as: QueueExerciseMessage.self, on: .notifierThread) { message in
+            let consumer = try queue.consume(consumer: tag, as: QueueExerciseMessage.self, on: .notifierThread) {
+                message in
                 announce()
                 Output.line("handled \(message.value.writer) \(message.value.index)")
             }
@@ -344,8 +392,10 @@ struct CrashVictim: ParsableCommand {
             }
         case .store:
             let store = try SharedStore(
-                path: directory + "/store.sqlite", migrator: StoreFixtures.itemsMigrator,
-                configuration: .init(author: tag, observesRemoteChanges: false))
+                path: directory + "/store.sqlite",
+                migrator: StoreFixtures.itemsMigrator,
+                configuration: .init(author: tag, observesRemoteChanges: false)
+            )
             Output.line("started")
             for index in 0... {
                 try store.write { db in

@@ -1,15 +1,18 @@
 import ArgumentParser
 import Foundation
-import WormholeCLI
 import GRDB
 import Synchronization
+import WormholeCLI
 import WormholeKit
 import WormholeStore
 
 /// Workloads that the package's tests run in child processes; hidden from help.
 struct Exercise: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "exercise", abstract: "Run a workload for the package's tests.", shouldDisplay: false)
+        commandName: "exercise",
+        abstract: "Run a workload for the package's tests.",
+        shouldDisplay: false
+    )
 
     enum Workload: String, ExpressibleByArgument {
         /// Pass the integers 1...count to one identifier as fast as possible.
@@ -72,7 +75,10 @@ struct Exercise: ParsableCommand {
             if batch > 1 {
                 for start in stride(from: 0, to: count, by: batch) {
                     try queue.enqueue(
-                        contentsOf: (start..<min(count, start + batch)).map { QueueExerciseMessage(writer: tag, index: $0) })
+                        contentsOf: (start..<min(count, start + batch)).map {
+                            QueueExerciseMessage(writer: tag, index: $0)
+                        }
+                    )
                 }
             } else {
                 for index in 0..<count { try queue.enqueue(QueueExerciseMessage(writer: tag, index: index)) }
@@ -96,13 +102,15 @@ struct Exercise: ParsableCommand {
             var listeners: [MessageListener] = []
             for index in 0..<count {
                 listeners.append(
-                    try wormhole.listenForMessage(withIdentifier: "id-\(index)", as: Int.self, on: .notifierThread) { value in
+                    try wormhole.listenForMessage(withIdentifier: "id-\(index)", as: Int.self, on: .notifierThread) {
+                        value in
                         let complete = latest.withLock { latest in
                             latest[index] = value
                             return latest.count == total && latest.values.allSatisfy { $0 == target }
                         }
                         if complete { done.signal() }
-                    })
+                    }
+                )
             }
             let start = monotonicNanoseconds()
             Output.line("ready")
@@ -132,7 +140,8 @@ struct Exercise: ParsableCommand {
             Output.line("descriptors \(before) \(after)")
         case .soak:
             let delivered = Locked(0)
-            let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Int.self, on: .notifierThread) { _ in
+            let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Int.self, on: .notifierThread)
+            { _ in
                 delivered.withLock { $0 += 1 }
             }
             for index in 0..<count { try wormhole.passMessageObject(index, identifier: identifier) }
@@ -144,7 +153,12 @@ struct Exercise: ParsableCommand {
             let done = DispatchSemaphore(value: 0)
             let total = count
             let consumer = try queue.consumeData(consumer: "soak", on: .notifierThread) { _ in
-                if consumed.withLock({ $0 += 1; return $0 }) == total { done.signal() }
+                if consumed.withLock({
+                    $0 += 1
+                    return $0
+                }) == total {
+                    done.signal()
+                }
             }
             let payload = Data(repeating: 0x78, count: 64)
             for _ in 0..<count { try queue.enqueueData(payload) }
@@ -152,7 +166,8 @@ struct Exercise: ParsableCommand {
             consumer.cancel()
             Output.line(
                 "soak mailbox=\(delivered.withLock { $0 }) last=\(last ?? -1) queue=\(consumed.withLock { $0 }) "
-                    + "peak-rss-kib=\(peakResidentKiB())")
+                    + "peak-rss-kib=\(peakResidentKiB())"
+            )
         case .suiteIncrement:
             let suite = try wormhole.suite(identifier)
             for _ in 0..<count {
@@ -163,8 +178,12 @@ struct Exercise: ParsableCommand {
             }
         case .consumeThenCrash:
             let seen = Locked(0)
-            let consumer = try wormhole.queue(identifier).consume(consumer: tag, as: QueueExerciseMessage.self) { message in
-                let number = seen.withLock { $0 += 1; return $0 }
+            let consumer = try wormhole.queue(identifier).consume(consumer: tag, as: QueueExerciseMessage.self) {
+                message in
+                let number = seen.withLock {
+                    $0 += 1
+                    return $0
+                }
                 Output.line("handled \(message.value.index)")
                 if number == 2 { kill(getpid(), SIGKILL) }  // dies before the second is acknowledged
             }
@@ -197,7 +216,10 @@ struct QueueExerciseMessage: Codable, Sendable {
 /// Store workloads that the package's tests run in child processes; hidden from help.
 struct ExerciseStore: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "exercise-store", abstract: "Run a store workload for the package's tests.", shouldDisplay: false)
+        commandName: "exercise-store",
+        abstract: "Run a store workload for the package's tests.",
+        shouldDisplay: false
+    )
 
     enum Workload: String, ExpressibleByArgument {
         /// Open the store with the test migration (a table `item`), then exit.
@@ -216,7 +238,10 @@ struct ExerciseStore: ParsableCommand {
 
     func run() throws {
         let store = try SharedStore(
-            path: path, migrator: StoreFixtures.itemsMigrator, configuration: .init(author: tag, observesRemoteChanges: false))
+            path: path,
+            migrator: StoreFixtures.itemsMigrator,
+            configuration: .init(author: tag, observesRemoteChanges: false)
+        )
         switch workload {
         case .open:
             return
@@ -229,7 +254,10 @@ struct ExerciseStore: ParsableCommand {
         case .consumeThenCrash:
             let seen = Locked(0)
             let observer = try store.observeRemoteChanges(consumer: tag) { transaction in
-                let number = seen.withLock { $0 += 1; return $0 }
+                let number = seen.withLock {
+                    $0 += 1
+                    return $0
+                }
                 Output.line("merging \(transaction.id)")
                 if number == 2 { kill(getpid(), SIGKILL) }  // dies before this one is acknowledged
             }

@@ -34,7 +34,8 @@ public enum GroupContainer: Sendable {
             throw WormholeError(
                 .directoryUnavailable,
                 "The system has no container for the App Group \"\(group)\". Add it to the App Groups "
-                    + "capability of every target that uses it.")
+                    + "capability of every target that uses it."
+            )
         }
         let base = container.path
         #else

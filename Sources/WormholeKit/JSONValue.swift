@@ -112,8 +112,10 @@ extension JSONValue {
             self = try coder.decode(JSONValue.self, from: try coder.encode(value))
         } catch {
             throw WormholeError(
-                .encodingFailed, "The value of type \(type(of: value)) could not be encoded as JSON: \(error).",
-                underlyingError: error)
+                .encodingFailed,
+                "The value of type \(type(of: value)) could not be encoded as JSON: \(error).",
+                underlyingError: error
+            )
         }
     }
 
@@ -126,8 +128,10 @@ extension JSONValue {
             return try coder.decode(type, from: try coder.encode(self))
         } catch {
             throw WormholeError(
-                .decodingFailed, "The JSON value \(self) could not be decoded as \(Value.self): \(error).",
-                underlyingError: error)
+                .decodingFailed,
+                "The JSON value \(self) could not be decoded as \(Value.self): \(error).",
+                underlyingError: error
+            )
         }
     }
 }

@@ -18,8 +18,11 @@ extension MessageCoder {
             return try encode(message)
         } catch {
             throw WormholeError(
-                .encodingFailed, "The message of type \(Message.self) could not be encoded: \(error).",
-                identifier: identifier, underlyingError: error)
+                .encodingFailed,
+                "The message of type \(Message.self) could not be encoded: \(error).",
+                identifier: identifier,
+                underlyingError: error
+            )
         }
     }
 }

@@ -24,8 +24,10 @@ public enum MessageIdentifier: Sendable {
     public static func validate(_ identifier: String) throws(WormholeError) {
         if let problem = problem(with: identifier, limit: maximumLength) {
             throw WormholeError(
-                .invalidIdentifier, "The identifier \(describe(identifier)) is not valid: \(problem).",
-                identifier: identifier)
+                .invalidIdentifier,
+                "The identifier \(describe(identifier)) is not valid: \(problem).",
+                identifier: identifier
+            )
         }
     }
 
@@ -37,8 +39,10 @@ public enum MessageIdentifier: Sendable {
     public static func validateNotificationName(_ name: String) throws(WormholeError) {
         if let problem = problem(with: name, limit: maximumNotificationNameLength) {
             throw WormholeError(
-                .invalidIdentifier, "The notification name \(describe(name)) is not valid: \(problem).",
-                identifier: name)
+                .invalidIdentifier,
+                "The notification name \(describe(name)) is not valid: \(problem).",
+                identifier: name
+            )
         }
     }
 

@@ -63,7 +63,9 @@ public final class Wormhole: Sendable {
         configuration: Configuration = Configuration()
     ) throws(WormholeError) {
         let directory = try GroupContainer.directory(
-            forApplicationGroupIdentifier: applicationGroupIdentifier, optionalDirectory: optionalDirectory)
+            forApplicationGroupIdentifier: applicationGroupIdentifier,
+            optionalDirectory: optionalDirectory
+        )
         #if canImport(Darwin)
         let prefix = [applicationGroupIdentifier, optionalDirectory].compactMap { $0 }.joined(separator: ".")
         #else
@@ -84,13 +86,24 @@ public final class Wormhole: Sendable {
     }
 
     private convenience init(
-        directory: String, configuration: Configuration, darwinNotificationPrefix: String?
+        directory: String,
+        configuration: Configuration,
+        darwinNotificationPrefix: String?
     ) throws(WormholeError) {
         let engine = try DirectoryEngine(
-            directory: directory, coordination: configuration.coordination,
-            notification: configuration.notification, options: configuration.fileOptions,
-            logger: configuration.logger, darwinNotificationPrefix: darwinNotificationPrefix)
-        self.init(engine: engine, coder: configuration.coder, sender: configuration.sender, logger: configuration.logger)
+            directory: directory,
+            coordination: configuration.coordination,
+            notification: configuration.notification,
+            options: configuration.fileOptions,
+            logger: configuration.logger,
+            darwinNotificationPrefix: darwinNotificationPrefix
+        )
+        self.init(
+            engine: engine,
+            coder: configuration.coder,
+            sender: configuration.sender,
+            logger: configuration.logger
+        )
     }
 
     /// Creates a wormhole on an engine: a ``DirectoryEngine``, `WormholeTesting`'s `InMemoryEngine`, or an engine

@@ -139,11 +139,20 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
     /// - Parameter what: What happened to the message being handled, such as "on the message at offset 12; it stays
     ///   unacknowledged".
     static func handlerFailed(
-        _ error: any Error, _ what: String, identifier: String?, file: String = #fileID, line: Int = #line
+        _ error: any Error,
+        _ what: String,
+        identifier: String?,
+        file: String = #fileID,
+        line: Int = #line
     ) -> WormholeError {
         WormholeError(
-            .handlerFailed, "The handler threw \(what): \(error).", identifier: identifier,
-            underlyingError: error, file: file, line: line)
+            .handlerFailed,
+            "The handler threw \(what): \(error).",
+            identifier: identifier,
+            underlyingError: error,
+            file: file,
+            line: line
+        )
     }
 
     /// Maps a failed file-system call to an error, choosing the code from the errno.
@@ -172,8 +181,14 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             advice = "\(errno)"
         }
         return WormholeError(
-            code, "Could not \(action): \(advice).", identifier: identifier, path: path, underlyingError: errno,
-            file: file, line: line)
+            code,
+            "Could not \(action): \(advice).",
+            identifier: identifier,
+            path: path,
+            underlyingError: errno,
+            file: file,
+            line: line
+        )
     }
 }
 

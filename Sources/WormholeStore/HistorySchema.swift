@@ -32,7 +32,8 @@ enum HistorySchema {
                     token INTEGER NOT NULL,
                     seen_at REAL NOT NULL
                 );
-                """)
+                """
+        )
     }
 
     /// Whether a table belongs to SQLite, GRDB or the store itself, and is never tracked.
@@ -53,19 +54,21 @@ enum HistorySchema {
                 continue
             }
             let columns = try db.primaryKey(table).columns
-            for (operation, event, row) in [("insert", "INSERT", "NEW"), ("update", "UPDATE", "NEW"), ("delete", "DELETE", "OLD")] {
+            for (operation, event, row) in [
+                ("insert", "INSERT", "NEW"), ("update", "UPDATE", "NEW"), ("delete", "DELETE", "OLD"),
+            ] {
                 let key: String = columns.map { (column: String) -> String in
                     // json_object refuses BLOBs: record them as hexadecimal text, so that no write ever fails here.
                     let value = "\(row).\(quoted(column))"
                     return "\(literal(column)), CASE typeof(\(value)) WHEN 'blob' THEN hex(\(value)) ELSE \(value) END"
                 }.joined(separator: ", ")
                 let trigger: String = """
-                        CREATE TRIGGER IF NOT EXISTS \(quoted(triggerName(table, operation)))
-                        AFTER \(event) ON \(quoted(table)) BEGIN
-                            INSERT INTO wormhole_history(operation, table_name, primary_key)
-                            VALUES ('\(operation)', \(literal(table)), json_object(\(key)));
-                        END
-                        """
+                    CREATE TRIGGER IF NOT EXISTS \(quoted(triggerName(table, operation)))
+                    AFTER \(event) ON \(quoted(table)) BEGIN
+                        INSERT INTO wormhole_history(operation, table_name, primary_key)
+                        VALUES ('\(operation)', \(literal(table)), json_object(\(key)));
+                    END
+                    """
                 try db.execute(sql: trigger)
             }
         }
@@ -74,7 +77,9 @@ enum HistorySchema {
     static func triggerName(_ table: String, _ operation: String) -> String { "wormhole_history_\(table)_\(operation)" }
 
     /// An SQL identifier in double quotes.
-    static func quoted(_ identifier: String) -> String { "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\"" }
+    static func quoted(_ identifier: String) -> String {
+        "\"" + identifier.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+    }
 
     /// An SQL string literal.
     static func literal(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "''") + "'" }
@@ -82,8 +87,10 @@ enum HistorySchema {
     /// The id of the last history row, after closing changes that other tools left into an `external` transaction.
     static func beginWrite(_ db: Database) throws -> Int64 {
         // Cached statements: these run in every write, and compiling them would cost more than running them.
-        guard let last = try Row.fetchOne(
-            db.cachedStatement(sql: "SELECT id, operation FROM wormhole_history ORDER BY id DESC LIMIT 1"))
+        guard
+            let last = try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT id, operation FROM wormhole_history ORDER BY id DESC LIMIT 1")
+            )
         else { return 0 }
         let operation: String = last["operation"]
         if operation == commitOperation { return last["id"] }
@@ -114,7 +121,9 @@ enum HistorySchema {
     static func currentToken(_ db: Database) throws -> Int64 {
         try Int64.fetchOne(
             db.cachedStatement(
-                sql: "SELECT id FROM wormhole_history WHERE operation = 'commit' ORDER BY id DESC LIMIT 1")) ?? 0
+                sql: "SELECT id FROM wormhole_history WHERE operation = 'commit' ORDER BY id DESC LIMIT 1"
+            )
+        ) ?? 0
     }
 
     /// The transactions after `token`, at most about `limit` of them, keeping only changes to `tables` (all when
@@ -123,13 +132,17 @@ enum HistorySchema {
     /// Returns the transactions that touch the tables, and the token of the last transaction looked at, so that a
     /// consumer can move past transactions that do not concern it.
     static func transactions(
-        _ db: Database, after token: Int64, limit: Int, tables: Set<String>?
+        _ db: Database,
+        after token: Int64,
+        limit: Int,
+        tables: Set<String>?
     ) throws -> (transactions: [StoreTransaction], scannedThrough: Int64) {
         var rowLimit = max(limit, 1) * 16
         while true {
             let rows = try Row.fetchAll(
                 db.cachedStatement(sql: "SELECT * FROM wormhole_history WHERE id > ? ORDER BY id LIMIT ?"),
-                arguments: [token, rowLimit])
+                arguments: [token, rowLimit]
+            )
             var result: [StoreTransaction] = []
             var scanned = token
             var pending = StoreTransaction(id: 0, author: "", date: Date(timeIntervalSince1970: 0), tables: [:])
@@ -156,7 +169,8 @@ enum HistorySchema {
                     pending.damagedChanges.append(DamagedChange(changeID: id, table: table, reason: reason.text))
                 case (let operation, .success):
                     pending.damagedChanges.append(
-                        DamagedChange(changeID: id, table: table, reason: "unknown operation \(operation ?? "NULL")"))
+                        DamagedChange(changeID: id, table: table, reason: "unknown operation \(operation ?? "NULL")")
+                    )
                 }
             }
             // Rows after the last commit row belong to a transaction still open to this reader: one of more rows

@@ -19,7 +19,9 @@ extension SharedStore {
     ///     change none of them are skipped, and the others carry only their changes to these tables.
     ///   - includingOwnWrites: Whether transactions by this store's ``author`` are delivered too.
     public func remoteChanges(
-        consumer: String?, tables: Set<String>? = nil, includingOwnWrites: Bool = false
+        consumer: String?,
+        tables: Set<String>? = nil,
+        includingOwnWrites: Bool = false
     ) -> RemoteChangeSequence {
         RemoteChangeSequence(store: self, consumer: consumer, tables: tables, includingOwnWrites: includingOwnWrites)
     }
@@ -43,14 +45,27 @@ extension SharedStore {
         handler: @escaping @Sendable (StoreTransaction) throws -> Void
     ) throws(StoreError) -> RemoteChangeObserver {
         let cursor = try ConsumerCursor(
-            store: self, name: consumer, tables: tables, includingOwnWrites: includingOwnWrites)
+            store: self,
+            name: consumer,
+            tables: tables,
+            includingOwnWrites: includingOwnWrites
+        )
         let observer = RemoteChangeObserver(
-            cursor: cursor, execution: execution, handler: handler, errorHandler: errorHandler)
+            cursor: cursor,
+            execution: execution,
+            handler: handler,
+            errorHandler: errorHandler
+        )
         do {
             let observation = try notifier.observe(notificationName) { [weak observer] in observer?.wake() }
             observer.start(observation)
         } catch {
-            throw StoreError(.notification, "Could not observe commits: \(error.message)", path: path, underlyingError: error)
+            throw StoreError(
+                .notification,
+                "Could not observe commits: \(error.message)",
+                path: path,
+                underlyingError: error
+            )
         }
         return observer
     }
@@ -68,7 +83,9 @@ extension SharedStore {
 
     /// The history token stored for a durable consumer, or nil if there is no such consumer.
     public func historyToken(forConsumer consumer: String) throws(StoreError) -> Int64? {
-        try read { db in try Int64.fetchOne(db, sql: "SELECT token FROM wormhole_consumer WHERE name = ?", arguments: [consumer]) }
+        try read { db in
+            try Int64.fetchOne(db, sql: "SELECT token FROM wormhole_consumer WHERE name = ?", arguments: [consumer])
+        }
     }
 }
 
@@ -94,8 +111,13 @@ final class ConsumerCursor: Sendable {
                         INSERT INTO wormhole_consumer(name, token, seen_at) VALUES (?, ?, ?)
                         ON CONFLICT(name) DO UPDATE SET seen_at = excluded.seen_at
                         """,
-                    arguments: [name, head, Date().timeIntervalSince1970])
-                return try Int64.fetchOne(db, sql: "SELECT token FROM wormhole_consumer WHERE name = ?", arguments: [name]) ?? head
+                    arguments: [name, head, Date().timeIntervalSince1970]
+                )
+                return try Int64.fetchOne(
+                    db,
+                    sql: "SELECT token FROM wormhole_consumer WHERE name = ?",
+                    arguments: [name]
+                ) ?? head
             }
             token = Locked(start)
         } catch {
@@ -121,7 +143,8 @@ final class ConsumerCursor: Sendable {
     static func store(token: Int64, consumer: String, _ db: Database) throws {
         try db.execute(
             sql: "UPDATE wormhole_consumer SET token = MAX(token, ?), seen_at = ? WHERE name = ?",
-            arguments: [token, Date().timeIntervalSince1970, consumer])
+            arguments: [token, Date().timeIntervalSince1970, consumer]
+        )
     }
 }
 
@@ -140,8 +163,10 @@ public final class RemoteChangeObserver: WormholeCancellable {
     private let cancelled = Atomic<Bool>(false)
 
     init(
-        cursor: ConsumerCursor, execution: CallbackExecution,
-        handler: @escaping @Sendable (StoreTransaction) throws -> Void, errorHandler: (@Sendable (StoreError) -> Void)?
+        cursor: ConsumerCursor,
+        execution: CallbackExecution,
+        handler: @escaping @Sendable (StoreTransaction) throws -> Void,
+        errorHandler: (@Sendable (StoreError) -> Void)?
     ) {
         self.cursor = cursor
         self.handler = handler
@@ -208,7 +233,9 @@ public final class RemoteChangeObserver: WormholeCancellable {
                             .corruptHistory,
                             "History row \(damaged.changeID) of transaction \(transaction.id) (table \(damaged.table)) "
                                 + "cannot be read: \(damaged.reason). The rest of the transaction is delivered.",
-                            path: cursor.store.path))
+                            path: cursor.store.path
+                        )
+                    )
                 }
                 do {
                     try handler(transaction)
@@ -219,7 +246,10 @@ public final class RemoteChangeObserver: WormholeCancellable {
                             .handlerFailed,
                             "The handler threw on transaction \(transaction.id): \(error). It stays unacknowledged "
                                 + "and is offered again at the next commit.",
-                            path: cursor.store.path, underlyingError: error))
+                            path: cursor.store.path,
+                            underlyingError: error
+                        )
+                    )
                 }
                 do {
                     try pool.write { db in try cursor.acknowledge(through: transaction.id, db) }
@@ -278,11 +308,21 @@ public struct RemoteChangeSequence: AsyncSequence, Sendable {
         let cursor: Result<ConsumerCursor, StoreError>
         var observation: NotifierObservation?
         do throws(StoreError) {
-            let made = try ConsumerCursor(store: store, name: consumer, tables: tables, includingOwnWrites: includingOwnWrites)
+            let made = try ConsumerCursor(
+                store: store,
+                name: consumer,
+                tables: tables,
+                includingOwnWrites: includingOwnWrites
+            )
             do {
                 observation = try store.notifier.observe(store.notificationName) { continuation.yield() }
             } catch {
-                throw StoreError(.notification, "Could not observe commits: \(error.message)", path: store.path, underlyingError: error)
+                throw StoreError(
+                    .notification,
+                    "Could not observe commits: \(error.message)",
+                    path: store.path,
+                    underlyingError: error
+                )
             }
             cursor = .success(made)
         } catch {

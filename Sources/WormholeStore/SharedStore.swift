@@ -71,7 +71,9 @@ public final class SharedStore: Sendable {
         do {
             try MessageIdentifier.validate(name)
             directory = try GroupContainer.directory(
-                forApplicationGroupIdentifier: applicationGroupIdentifier, optionalDirectory: optionalDirectory)
+                forApplicationGroupIdentifier: applicationGroupIdentifier,
+                optionalDirectory: optionalDirectory
+            )
         } catch {
             throw StoreError(.unavailable, error.message, underlyingError: error)
         }
@@ -102,10 +104,17 @@ public final class SharedStore: Sendable {
         notificationName = "store." + name
         do {
             notifier = try DirectoryNotifier(
-                directory: url.deletingLastPathComponent().path, strategy: configuration.notification,
-                logger: configuration.logger)
+                directory: url.deletingLastPathComponent().path,
+                strategy: configuration.notification,
+                logger: configuration.logger
+            )
         } catch {
-            throw StoreError(.unavailable, "The store's directory is unusable: \(error.message)", path: path, underlyingError: error)
+            throw StoreError(
+                .unavailable,
+                "The store's directory is unusable: \(error.message)",
+                path: path,
+                underlyingError: error
+            )
         }
 
         var grdb = configuration.databaseConfiguration
@@ -120,7 +129,12 @@ public final class SharedStore: Sendable {
             do {
                 pool = try DatabasePool(path: path, configuration: grdb)
             } catch {
-                throw StoreError(.unavailable, "The database could not be opened: \(error)", path: path, underlyingError: error)
+                throw StoreError(
+                    .unavailable,
+                    "The database could not be opened: \(error)",
+                    path: path,
+                    underlyingError: error
+                )
             }
             do {
                 try pool.write { db in try HistorySchema.create(db) }
@@ -228,7 +242,9 @@ public final class SharedStore: Sendable {
 
     /// The recorded transactions after `token` (all of them from 0), oldest first, at most `limit`.
     public func transactions(
-        after token: Int64 = 0, tables: Set<String>? = nil, limit: Int = 100
+        after token: Int64 = 0,
+        tables: Set<String>? = nil,
+        limit: Int = 100
     ) throws(StoreError) -> [StoreTransaction] {
         try read { db in try HistorySchema.transactions(db, after: token, limit: limit, tables: tables).transactions }
     }
@@ -261,21 +277,27 @@ public final class SharedStore: Sendable {
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
                 // What every consumer has merged, and what is older than the cutoff, whichever reaches further.
                 let merged = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
-                let old = try Int64.fetchOne(
-                    db, sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
-                    arguments: [cutoff]) ?? 0
+                let old =
+                    try Int64.fetchOne(
+                        db,
+                        sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
+                        arguments: [cutoff]
+                    ) ?? 0
                 let through = max(merged ?? 0, old)
-                let transactions = try Int.fetchOne(
-                    db,
-                    sql: """
-                        SELECT COUNT(*) FROM wormhole_history WHERE operation = 'commit' AND id <= ?
-                        AND id < (SELECT MAX(id) FROM wormhole_history)
-                        """,
-                    arguments: [through]) ?? 0
+                let transactions =
+                    try Int.fetchOne(
+                        db,
+                        sql: """
+                            SELECT COUNT(*) FROM wormhole_history WHERE operation = 'commit' AND id <= ?
+                            AND id < (SELECT MAX(id) FROM wormhole_history)
+                            """,
+                        arguments: [through]
+                    ) ?? 0
                 // The newest row stays, so that row ids, and therefore tokens, are never reused.
                 try db.execute(
                     sql: "DELETE FROM wormhole_history WHERE id <= ? AND id < (SELECT MAX(id) FROM wormhole_history)",
-                    arguments: [through])
+                    arguments: [through]
+                )
                 return transactions
             }
         } catch {
@@ -310,7 +332,12 @@ public final class SharedStore: Sendable {
                 queue.async { self.bridgeRemoteChanges() }
             }
         } catch {
-            throw StoreError(.notification, "Could not observe other processes' commits: \(error.message)", path: path, underlyingError: error)
+            throw StoreError(
+                .notification,
+                "Could not observe other processes' commits: \(error.message)",
+                path: path,
+                underlyingError: error
+            )
         }
         bridge.withLock { $0 = observation }
     }
@@ -324,7 +351,9 @@ public final class SharedStore: Sendable {
                 var token = after
                 while true {
                     let (batch, scanned) = try HistorySchema.transactions(db, after: token, limit: 500, tables: nil)
-                    for transaction in batch where transaction.author != author { tables.formUnion(transaction.tableNames) }
+                    for transaction in batch where transaction.author != author {
+                        tables.formUnion(transaction.tableNames)
+                    }
                     if scanned == token { break }
                     token = scanned
                 }
@@ -344,13 +373,20 @@ public final class SharedStore: Sendable {
         if let error = error as? StoreError { return error }
         if let database = error as? DatabaseError, database.resultCode == .SQLITE_BUSY {
             return StoreError(
-                .busy, "Could not \(action): another process held the database longer than the busy timeout.",
-                path: path, underlyingError: error)
+                .busy,
+                "Could not \(action): another process held the database longer than the busy timeout.",
+                path: path,
+                underlyingError: error
+            )
         }
         guard error is DatabaseError else {
             // Thrown by the caller's closure, not by the database.
             return StoreError(
-                .handlerFailed, "Could not \(action): your closure threw \(error).", path: path, underlyingError: error)
+                .handlerFailed,
+                "Could not \(action): your closure threw \(error).",
+                path: path,
+                underlyingError: error
+            )
         }
         return StoreError(.database, "Could not \(action): \(error)", path: path, underlyingError: error)
     }
@@ -363,7 +399,12 @@ struct SetupLock: ~Copyable {
     init(path: String) throws(StoreError) {
         let opened = try Self.open(path)
         if case .failure(let errno) = opened.descriptor.lock(exclusive: true) {
-            throw StoreError(.unavailable, "Could not take the set-up lock: \(errno).", path: path, underlyingError: errno)
+            throw StoreError(
+                .unavailable,
+                "Could not take the set-up lock: \(errno).",
+                path: path,
+                underlyingError: errno
+            )
         }
         file = opened
     }
@@ -374,7 +415,12 @@ struct SetupLock: ~Copyable {
         switch Descriptor.open(path: path, flags: O_RDWR | O_CREAT | O_NOFOLLOW) {
         case .success(let opened): return opened
         case .failure(let errno):
-            throw StoreError(.unavailable, "Could not open the set-up lock: \(errno).", path: path, underlyingError: errno)
+            throw StoreError(
+                .unavailable,
+                "Could not open the set-up lock: \(errno).",
+                path: path,
+                underlyingError: errno
+            )
         }
     }
 }

@@ -17,7 +17,11 @@ public struct StoreTransaction: Sendable, Hashable, Codable {
 
     /// Creates a transaction record.
     public init(
-        id: Int64, author: String, date: Date, tables: [String: TableChanges], damagedChanges: [DamagedChange] = []
+        id: Int64,
+        author: String,
+        date: Date,
+        tables: [String: TableChanges],
+        damagedChanges: [DamagedChange] = []
     ) {
         self.id = id
         self.author = author

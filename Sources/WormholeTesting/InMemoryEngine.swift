@@ -45,7 +45,9 @@ public final class InMemoryEngine: WormholeEngine {
     }
 
     public func queueLog(
-        _ identifier: String, sender: String, retention: Duration
+        _ identifier: String,
+        sender: String,
+        retention: Duration
     ) throws(WormholeError) -> any QueueLog {
         try MessageIdentifier.validate(identifier)
         let storage = queues.withLock { queues in
@@ -55,7 +57,12 @@ public final class InMemoryEngine: WormholeEngine {
             return storage
         }
         return InMemoryQueueLog(
-            identifier: identifier, sender: sender, retention: retention, storage: storage, notifier: notifier)
+            identifier: identifier,
+            sender: sender,
+            retention: retention,
+            storage: storage,
+            notifier: notifier
+        )
     }
 
     public func suiteStore(_ name: String) throws(WormholeError) -> any SuiteStore {
@@ -117,8 +124,10 @@ final class InMemoryQueueLog: QueueLog {
         let batch = Array(payloads)
         for payload in batch where payload.count > 64 << 20 {
             throw WormholeError(
-                .messageTooLarge, "The message is \(payload.count) bytes; a queue accepts up to 64 MiB.",
-                identifier: identifier)
+                .messageTooLarge,
+                "The message is \(payload.count) bytes; a queue accepts up to 64 MiB.",
+                identifier: identifier
+            )
         }
         guard !batch.isEmpty else { return }
         let now = Int64(Date().timeIntervalSince1970 * 1e9)
@@ -127,7 +136,13 @@ final class InMemoryQueueLog: QueueLog {
                 let offset = UInt64(state.records.count)
                 state.records.append(
                     QueueRecord(
-                        offset: offset, end: offset + 1, sender: sender, timestampNanoseconds: now, payload: payload))
+                        offset: offset,
+                        end: offset + 1,
+                        sender: sender,
+                        timestampNanoseconds: now,
+                        payload: payload
+                    )
+                )
             }
         }
         try notifier.post(notificationName)
@@ -150,8 +165,11 @@ final class InMemoryQueueLog: QueueLog {
                 let offset = state.positions[name]!.offset
                 let pending = state.records[Int(min(offset, end))...]
                 return QueueStatus.Consumer(
-                    name: name, offset: offset, lagBytes: UInt64(pending.reduce(0) { $0 + $1.payload.count }),
-                    lagMessages: pending.count)
+                    name: name,
+                    offset: offset,
+                    lagBytes: UInt64(pending.reduce(0) { $0 + $1.payload.count }),
+                    lagMessages: pending.count
+                )
             }
             return QueueStatus(identifier: identifier, endOffset: end, consumers: consumers)
         }
@@ -223,7 +241,9 @@ final class InMemorySuiteStore: SuiteStore {
     func read() throws(WormholeError) -> SuiteState { state.withLock { $0.current } }
 
     func update(
-        sender: String, direction: String?, _ body: (inout SuiteValues) throws(WormholeError) -> Void
+        sender: String,
+        direction: String?,
+        _ body: (inout SuiteValues) throws(WormholeError) -> Void
     ) throws(WormholeError) -> SuiteChange? {
         let change = try state.withLock { (state) throws(WormholeError) -> SuiteChange? in
             var values = state.current.values
@@ -237,8 +257,13 @@ final class InMemorySuiteStore: SuiteStore {
                 if let json = values.json(forKey: key) { changed.setJSON(json, forKey: key) }
             }
             let change = SuiteChange(
-                version: state.current.version + 1, keys: keys, sender: sender, direction: direction,
-                timestampNanoseconds: Int64(Date().timeIntervalSince1970 * 1e9), values: changed)
+                version: state.current.version + 1,
+                keys: keys,
+                sender: sender,
+                direction: direction,
+                timestampNanoseconds: Int64(Date().timeIntervalSince1970 * 1e9),
+                values: changed
+            )
             state.current = SuiteState(version: change.version, values: values)
             state.log.append(change)
             if state.log.count > Self.logLimit { state.log.removeFirst(state.log.count - Self.logLimit) }
@@ -296,8 +321,10 @@ final class InMemoryLiveTransport: LiveTransport {
         let endpoints = registry.state.withLock { Array(($0.listeners[identifier] ?? [:]).values) }
         guard !endpoints.isEmpty else {
             throw WormholeError(
-                .notReachable, "No process is listening for \"\(identifier)\" right now; nothing was sent.",
-                identifier: identifier)
+                .notReachable,
+                "No process is listening for \"\(identifier)\" right now; nothing was sent.",
+                identifier: identifier
+            )
         }
         let message = LiveMessage(sender: sender, payload: payload)
         for endpoint in endpoints { endpoint.queue.async { endpoint.deliver(message) } }
@@ -305,7 +332,8 @@ final class InMemoryLiveTransport: LiveTransport {
     }
 
     func listen(
-        identifier: String, handler: @escaping @Sendable (LiveMessage) -> Void
+        identifier: String,
+        handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let endpoint = Registry.Endpoint(queue: DispatchQueue(label: "wormhole.in-memory-live"), deliver: handler)
         let id = registry.state.withLock { state in
@@ -322,8 +350,11 @@ final class InMemoryLiveTransport: LiveTransport {
         guard let responder = registry.state.withLock({ $0.responders[identifier]?.values.randomElement() }) else {
             return .failure(
                 WormholeError(
-                    .notReachable, "No process answers \"\(identifier)\" right now; nothing was sent.",
-                    identifier: identifier))
+                    .notReachable,
+                    "No process answers \"\(identifier)\" right now; nothing was sent.",
+                    identifier: identifier
+                )
+            )
         }
         let answer = Locked<LiveAnswer?>(nil)
         let answered = DispatchSemaphore(value: 0)
@@ -335,24 +366,29 @@ final class InMemoryLiveTransport: LiveTransport {
                 LiveRequest(sender: sender, payload: payload) { reply in
                     answer.withLock { $0 = reply }
                     answered.signal()
-                })
+                }
+            )
         }
         let (seconds, attoseconds) = timeout.components
-        let deadline = DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
+        let deadline =
+            DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
         guard answered.wait(timeout: deadline) == .success else {
             return .failure(WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier))
         }
         switch answer.withLock({ $0 }) {
         case .reply(let bytes): return .success(bytes)
         case .failure(let description):
-            return .failure(WormholeError(.remoteFailure, "The responder failed: \(description)", identifier: identifier))
+            return .failure(
+                WormholeError(.remoteFailure, "The responder failed: \(description)", identifier: identifier)
+            )
         case nil:
             return .failure(WormholeError(.remoteFailure, "The responder did not answer.", identifier: identifier))
         }
     }
 
     func respond(
-        identifier: String, handler: @escaping @Sendable (LiveRequest) -> Void
+        identifier: String,
+        handler: @escaping @Sendable (LiveRequest) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let responder = Registry.Responder(queue: DispatchQueue(label: "wormhole.in-memory-respond"), answer: handler)
         let id = registry.state.withLock { state in
@@ -377,7 +413,9 @@ final class InMemoryTransferStaging: TransferStaging {
     private let state = Locked(State())
 
     func stage(
-        id: String, from path: String, progress: (@Sendable (TransferProgress) -> Void)?
+        id: String,
+        from path: String,
+        progress: (@Sendable (TransferProgress) -> Void)?
     ) throws(WormholeError) -> UInt64 {
         guard let handle = FileHandle(forReadingAtPath: path) else {
             throw WormholeError(.ioFailure, "Could not open the file to send.", path: path)

@@ -32,7 +32,8 @@ public final class InMemoryNotifier: Notifier {
     }
 
     public func observe(
-        _ name: String, handler: @escaping @Sendable () -> Void
+        _ name: String,
+        handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let id = state.withLock { state in
             defer { state.nextID += 1 }

@@ -35,8 +35,12 @@ public final class InMemoryTransiting: Transiting {
             var mailbox = mailboxes[identifier, default: Mailbox()]
             mailbox.sequence += 1
             let envelope = Envelope(
-                sequence: mailbox.sequence, generation: generation, sender: sender,
-                timestampNanoseconds: Int64(Date().timeIntervalSince1970 * 1e9), payload: payload)
+                sequence: mailbox.sequence,
+                generation: generation,
+                sender: sender,
+                timestampNanoseconds: Int64(Date().timeIntervalSince1970 * 1e9),
+                payload: payload
+            )
             mailbox.message = envelope
             mailboxes[identifier] = mailbox
             return envelope

@@ -46,8 +46,13 @@ public final class DirectoryEngine: WormholeEngine {
         logger: Logger = Logger(label: "wormhole")
     ) throws(WormholeError) {
         try self.init(
-            directory: directory, coordination: coordination, notification: notification, options: options,
-            logger: logger, darwinNotificationPrefix: nil)
+            directory: directory,
+            coordination: coordination,
+            notification: notification,
+            options: options,
+            logger: logger,
+            darwinNotificationPrefix: nil
+        )
     }
 
     convenience init(
@@ -75,7 +80,11 @@ public final class DirectoryEngine: WormholeEngine {
             notifier = DarwinNotifier(prefix: darwinNotificationPrefix)
         } else {
             notifier = try DirectoryNotifier(
-                directory: directory, strategy: notification, options: options, logger: logger)
+                directory: directory,
+                strategy: notification,
+                options: options,
+                logger: logger
+            )
         }
         #else
         _ = darwinNotificationPrefix
@@ -106,13 +115,20 @@ public final class DirectoryEngine: WormholeEngine {
     }
 
     public func queueLog(
-        _ identifier: String, sender: String, retention: Duration
+        _ identifier: String,
+        sender: String,
+        retention: Duration
     ) throws(WormholeError) -> any QueueLog {
         let wakeSource: DirectoryQueueLog.WakeSource =
             if let files = notifier as? DirectoryNotifier { .logFile(files.strategy) } else { .notifier(notifier) }
         return try DirectoryQueueLog(
             directory: try DirectoryHandle.open(path: directory, create: true, options: options),
-            identifier: identifier, sender: sender, retention: retention, wakeSource: wakeSource, logger: logger)
+            identifier: identifier,
+            sender: sender,
+            retention: retention,
+            wakeSource: wakeSource,
+            logger: logger
+        )
     }
 
     public func suiteStore(_ name: String) throws(WormholeError) -> any SuiteStore {
@@ -126,6 +142,7 @@ public final class DirectoryEngine: WormholeEngine {
     public func transferStaging(_ identifier: String) throws(WormholeError) -> any TransferStaging {
         try DirectoryTransferStaging(
             directory: try DirectoryHandle.open(path: directory, create: true, options: options),
-            identifier: identifier)
+            identifier: identifier
+        )
     }
 }

@@ -20,7 +20,8 @@ public protocol LiveTransport: Sendable {
 
     /// Calls `handler` with each message sent to `identifier`, on the transport's thread, in order per sender.
     func listen(
-        identifier: String, handler: @escaping @Sendable (LiveMessage) -> Void
+        identifier: String,
+        handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation
 
     /// Sends a request to one responder of `identifier` and waits for its reply.
@@ -31,7 +32,8 @@ public protocol LiveTransport: Sendable {
     /// Calls `handler` with each request sent to `identifier`; the handler (or whoever it hands the request to)
     /// answers it once.
     func respond(
-        identifier: String, handler: @escaping @Sendable (LiveRequest) -> Void
+        identifier: String,
+        handler: @escaping @Sendable (LiveRequest) -> Void
     ) throws(WormholeError) -> NotifierObservation
 }
 
@@ -89,7 +91,6 @@ public final class LiveRequest: Sendable {
 
     deinit { take()?(.failure("the responder stopped before answering")) }
 }
-
 
 /// The answer to a ``LiveRequest``.
 public enum LiveAnswer: Sendable, Equatable {

@@ -24,7 +24,9 @@ public protocol SuiteStore: Sendable {
     /// - Returns: The change recorded, or nil when `body` changed nothing.
     @discardableResult
     func update(
-        sender: String, direction: String?, _ body: (inout SuiteValues) throws(WormholeError) -> Void
+        sender: String,
+        direction: String?,
+        _ body: (inout SuiteValues) throws(WormholeError) -> Void
     ) throws(WormholeError) -> SuiteChange?
 
     /// The current state, and the changes recorded after `version` in order (nil when some are no longer kept).

@@ -16,7 +16,9 @@ public protocol TransferStaging: Sendable {
     ///
     /// - Returns: The file's size.
     func stage(
-        id: String, from path: String, progress: (@Sendable (TransferProgress) -> Void)?
+        id: String,
+        from path: String,
+        progress: (@Sendable (TransferProgress) -> Void)?
     ) throws(WormholeError) -> UInt64
 
     /// Removes a staged file; returns whether it was there (not yet delivered).

@@ -58,6 +58,7 @@ extension WormholeEngine {
             "This wormhole's engine (\(description)) has no \(mode). Make the wormhole with Wormhole(directory:), "
                 + "Wormhole(applicationGroupIdentifier:optionalDirectory:) or Wormhole(engine:) with an engine that "
                 + "offers every mode.",
-            identifier: identifier)
+            identifier: identifier
+        )
     }
 }

@@ -94,7 +94,8 @@ extension Wormhole {
     ///
     /// A message that cannot be decoded as `type` ends the sequence with ``WormholeError/Code/decodingFailed``.
     public func liveMessages<Message: Decodable & Sendable>(
-        withIdentifier identifier: String, as type: Message.Type = Message.self
+        withIdentifier identifier: String,
+        as type: Message.Type = Message.self
     ) -> ListeningSequence<Message> {
         ListeningSequence { (continuation) throws(WormholeError) in
             try listenForLiveMessageData(withIdentifier: identifier, on: .notifierThread) { [self] payload in
@@ -123,7 +124,10 @@ extension Wormhole {
     ///   threw (its error's description is in the message) or its process ended before replying (at once, not at the
     ///   time-out), ``WormholeError/Code/decodingFailed`` for a reply of another type.
     public func request<Query: Encodable, Answer: Decodable & Sendable>(
-        _ query: Query, identifier: String, as type: Answer.Type = Answer.self, timeout: Duration = .seconds(5)
+        _ query: Query,
+        identifier: String,
+        as type: Answer.Type = Answer.self,
+        timeout: Duration = .seconds(5)
     ) async throws(WormholeError) -> Answer {
         let payload = try coder.encodeMessage(query, identifier: identifier)
         let reply = try await requestData(payload, identifier: identifier, timeout: timeout)
@@ -132,7 +136,9 @@ extension Wormhole {
 
     /// Sends bytes as a request and returns the reply's bytes; see ``request(_:identifier:as:timeout:)``.
     public func requestData(
-        _ payload: Data, identifier: String, timeout: Duration = .seconds(5)
+        _ payload: Data,
+        identifier: String,
+        timeout: Duration = .seconds(5)
     ) async throws(WormholeError) -> Data {
         try MessageIdentifier.validate(identifier)
         try checkLiveSize(payload, identifier: identifier)
@@ -190,7 +196,9 @@ extension Wormhole {
         ListeningSequence { (continuation) throws(WormholeError) in
             try MessageIdentifier.validate(identifier)
             let handle = LiveListener(identifier: identifier)
-            handle.attach(try liveTransport().respond(identifier: identifier) { request in continuation.yield(request) })
+            handle.attach(
+                try liveTransport().respond(identifier: identifier) { request in continuation.yield(request) }
+            )
             return handle
         }
     }
@@ -220,8 +228,10 @@ extension Wormhole {
                     let reported: WormholeError =
                         (error as? WormholeError)
                         ?? .handlerFailed(
-                            error, "answering a request from \(request.sender); the requester was told",
-                            identifier: identifier)
+                            error,
+                            "answering a request from \(request.sender); the requester was told",
+                            identifier: identifier
+                        )
                     report(reported, to: errorHandler)
                 }
             }
@@ -242,7 +252,9 @@ extension Wormhole {
             throw WormholeError(
                 .messageTooLarge,
                 "Live messages and requests carry up to 64 KiB; this one is \(payload.count) bytes. Use a queue or a "
-                    + "file transfer for more.", identifier: identifier)
+                    + "file transfer for more.",
+                identifier: identifier
+            )
         }
     }
 
@@ -250,14 +262,19 @@ extension Wormhole {
     static let maximumLiveMessageSize = 64 * 1024
 
     private func decodeLive<Message: Decodable>(
-        _ type: Message.Type, _ payload: Data, identifier: String
+        _ type: Message.Type,
+        _ payload: Data,
+        identifier: String
     ) throws(WormholeError) -> Message {
         do {
             return try coder.decode(type, from: payload)
         } catch {
             throw WormholeError(
-                .decodingFailed, "The live message is not a \(Message.self): \(error).", identifier: identifier,
-                underlyingError: error)
+                .decodingFailed,
+                "The live message is not a \(Message.self): \(error).",
+                identifier: identifier,
+                underlyingError: error
+            )
         }
     }
 }

@@ -22,7 +22,9 @@ public final class CoordinatedFileTransiting: Transiting {
     ///
     /// - Throws: as ``FileTransiting/init(directory:options:createDirectory:)``.
     public init(
-        directory: String, options: FileTransiting.Options = .init(), createDirectory: Bool = true
+        directory: String,
+        options: FileTransiting.Options = .init(),
+        createDirectory: Bool = true
     ) throws(WormholeError) {
         self.files = try FileTransiting(directory: directory, options: options, createDirectory: createDirectory)
     }
@@ -31,7 +33,8 @@ public final class CoordinatedFileTransiting: Transiting {
     ///
     /// Use it to make several operations on ``files`` one step for every other coordinated process.
     public func coordinate<T>(
-        exclusive: Bool, _ body: () throws(WormholeError) -> T
+        exclusive: Bool,
+        _ body: () throws(WormholeError) -> T
     ) throws(WormholeError) -> T {
         let path = files.handle.filePath(Self.lockFileName)
         let lock: OwnedDescriptor
@@ -68,7 +71,9 @@ public final class CoordinatedFileTransiting: Transiting {
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
-        return try coordinate(exclusive: false) { () throws(WormholeError) in try files.readMessage(identifier: identifier) }
+        return try coordinate(exclusive: false) { () throws(WormholeError) in
+            try files.readMessage(identifier: identifier)
+        }
     }
 
     public func deleteMessage(identifier: String) throws(WormholeError) {

@@ -72,8 +72,12 @@ public final class FileTransiting: Transiting {
         /// ```
         public static func shared(withGroup group: UInt32, synchronizesWrites: Bool = false) -> Options {
             Options(
-                synchronizesWrites: synchronizesWrites, filePermissions: 0o660, directoryPermissions: 0o2770,
-                trustsOtherOwners: true, group: group)
+                synchronizesWrites: synchronizesWrites,
+                filePermissions: 0o660,
+                directoryPermissions: 0o2770,
+                trustsOtherOwners: true,
+                group: group
+            )
         }
     }
 
@@ -108,21 +112,30 @@ public final class FileTransiting: Transiting {
                 .messageTooLarge,
                 "The message is \(payload.count) bytes; this wormhole accepts up to \(options.maximumMessageSize). "
                     + "Raise FileTransiting.Options.maximumMessageSize, or pass a path to a file instead.",
-                identifier: identifier)
+                identifier: identifier
+            )
         }
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
         let timestamp = ProcessFacts.wallClockNanoseconds()
         let stored = try update(identifier: identifier, createIfMissing: true) { sequence, _ in
             MailboxFormat.Record(
-                sequence: sequence, timestampNanoseconds: timestamp, isCleared: false, sender: senderBytes,
-                payload: Array(payload))
+                sequence: sequence,
+                timestampNanoseconds: timestamp,
+                isCleared: false,
+                sender: senderBytes,
+                payload: Array(payload)
+            )
         }
         guard let (record, generation) = stored else {
             fatalError("update(createIfMissing: true) always stores a record")
         }
         return Envelope(
-            sequence: record.sequence, generation: generation, sender: sender, timestampNanoseconds: timestamp,
-            payload: payload)
+            sequence: record.sequence,
+            generation: generation,
+            sender: sender,
+            timestampNanoseconds: timestamp,
+            payload: payload
+        )
     }
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
@@ -162,9 +175,12 @@ public final class FileTransiting: Transiting {
         }
         guard let (_, record) = contents?.newest, !record.isCleared else { return nil }
         return Envelope(
-            sequence: record.sequence, generation: contents!.header.generation,
+            sequence: record.sequence,
+            generation: contents!.header.generation,
             sender: String(decoding: record.sender, as: UTF8.self),
-            timestampNanoseconds: record.timestampNanoseconds, payload: Data(record.payload))
+            timestampNanoseconds: record.timestampNanoseconds,
+            payload: Data(record.payload)
+        )
     }
 
     private func readUncached(name: String, identifier: String) throws(WormholeError) -> MailboxFormat.Contents? {
@@ -183,19 +199,28 @@ public final class FileTransiting: Transiting {
     }
 
     private func contentsOrThrow(
-        _ file: Descriptor, size: Int, identifier: String
+        _ file: Descriptor,
+        size: Int,
+        identifier: String
     ) throws(WormholeError) -> MailboxFormat.Contents {
         switch try decode(file, size: size, identifier: identifier) {
         case .success(let contents): return contents
         case .failure(let problem):
-            throw MailboxFormat.error(for: problem, identifier: identifier, path: handle.filePath(Self.fileName(identifier)))
+            throw MailboxFormat.error(
+                for: problem,
+                identifier: identifier,
+                path: handle.filePath(Self.fileName(identifier))
+            )
         }
     }
 
     private func keptBeingReplaced(_ identifier: String) -> WormholeError {
         WormholeError(
-            .ioFailure, "The mailbox file kept being replaced while in use; is another program rewriting it?",
-            identifier: identifier, path: handle.filePath(Self.fileName(identifier)))
+            .ioFailure,
+            "The mailbox file kept being replaced while in use; is another program rewriting it?",
+            identifier: identifier,
+            path: handle.filePath(Self.fileName(identifier))
+        )
     }
 
     /// Empties a mailbox by writing a "cleared" record: the file stays, so its sequence keeps growing and a
@@ -206,7 +231,12 @@ public final class FileTransiting: Transiting {
         let sender = Array("\(ProcessFacts.processName)[\(ProcessFacts.processID)]".utf8)
         _ = try update(identifier: identifier, createIfMissing: false) { sequence, _ in
             MailboxFormat.Record(
-                sequence: sequence, timestampNanoseconds: timestamp, isCleared: true, sender: sender, payload: [])
+                sequence: sequence,
+                timestampNanoseconds: timestamp,
+                isCleared: true,
+                sender: sender,
+                payload: []
+            )
         }
     }
 
@@ -219,12 +249,13 @@ public final class FileTransiting: Transiting {
         for identifier in try mailboxFileIdentifiers() {
             do {
                 if try readMessage(identifier: identifier) != nil { result.append(identifier) }
-            } catch where error.code == .corruptMessage || error.code == .truncatedMessage
+            } catch
+                where error.code == .corruptMessage || error.code == .truncatedMessage
                 || error.code == .unsupportedFormatVersion
             {
                 // A damaged mailbox still holds something: list it so that it can be read (and fail) or cleared.
                 result.append(identifier)
-            } catch where error.code == .untrustedFile {
+            } catch  where error.code == .untrustedFile {
                 continue
             }
         }
@@ -234,7 +265,9 @@ public final class FileTransiting: Transiting {
     /// Replaces the payload of the file `fileName` with what `transform` makes of the current one, atomically for
     /// every process: the file's lock is held from the read to the write. Suites use it for read-modify-write.
     func modify(
-        fileName: String, identifier: String, sender: String,
+        fileName: String,
+        identifier: String,
+        sender: String,
         _ transform: (Data?) throws(WormholeError) -> Data
     ) throws(WormholeError) -> Envelope {
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
@@ -245,16 +278,30 @@ public final class FileTransiting: Transiting {
             let previous = current.flatMap { $0.isCleared ? nil : Data($0.payload) }
             payload = try transform(previous)
             guard payload.count <= options.maximumMessageSize else {
-                throw WormholeError(.messageTooLarge, "The suite would be \(payload.count) bytes.", identifier: identifier)
+                throw WormholeError(
+                    .messageTooLarge,
+                    "The suite would be \(payload.count) bytes.",
+                    identifier: identifier
+                )
             }
             return MailboxFormat.Record(
-                sequence: sequence, timestampNanoseconds: timestamp, isCleared: false, sender: senderBytes,
-                payload: Array(payload))
+                sequence: sequence,
+                timestampNanoseconds: timestamp,
+                isCleared: false,
+                sender: senderBytes,
+                payload: Array(payload)
+            )
         }
-        guard let (record, generation) = stored else { fatalError("update(createIfMissing: true) always stores a record") }
+        guard let (record, generation) = stored else {
+            fatalError("update(createIfMissing: true) always stores a record")
+        }
         return Envelope(
-            sequence: record.sequence, generation: generation, sender: sender, timestampNanoseconds: timestamp,
-            payload: payload)
+            sequence: record.sequence,
+            generation: generation,
+            sender: sender,
+            timestampNanoseconds: timestamp,
+            payload: payload
+        )
     }
 
     /// Reads the file `fileName` (a suite), as ``readMessage(identifier:)`` reads a mailbox.
@@ -305,7 +352,11 @@ public final class FileTransiting: Transiting {
                 if case .failure(let errno) = file.lock(exclusive: true) {
                     closeCached(&cached)
                     throw WormholeError.fileSystem(
-                        errno, "lock the mailbox file", identifier: identifier, path: handle.filePath(name))
+                        errno,
+                        "lock the mailbox file",
+                        identifier: identifier,
+                        path: handle.filePath(name)
+                    )
                 }
                 let outcome: Result<(stored: (MailboxFormat.Record, UInt64)?, replaced: Bool)?, WormholeError>
                 do throws(WormholeError) {
@@ -313,8 +364,14 @@ public final class FileTransiting: Transiting {
                     if let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) {
                         outcome = .success(
                             try update(
-                                locked: file, size: status.size, name: name, identifier: identifier,
-                                createIfMissing: createIfMissing, makeRecord: makeRecord))
+                                locked: file,
+                                size: status.size,
+                                name: name,
+                                identifier: identifier,
+                                createIfMissing: createIfMissing,
+                                makeRecord: makeRecord
+                            )
+                        )
                     } else {
                         outcome = .success(nil)
                     }
@@ -340,21 +397,31 @@ public final class FileTransiting: Transiting {
 
     /// Creates a new mailbox holding its first record; nil when another process created it first.
     private func create(
-        name: String, identifier: String, makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
+        name: String,
+        identifier: String,
+        makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
         let record = try makeRecord(1, nil)
         let header = MailboxFormat.Header(
             slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
-            generation: UInt64.random(in: 1...UInt64.max))
+            generation: UInt64.random(in: 1...UInt64.max)
+        )
         switch handle.createFile(
-            named: name, bytes: MailboxFormat.encodeFile(header: header, record: record), replacing: false,
-            synchronize: options.synchronizesWrites)
+            named: name,
+            bytes: MailboxFormat.encodeFile(header: header, record: record),
+            replacing: false,
+            synchronize: options.synchronizesWrites
+        )
         {
         case .success: return (record, header.generation)
         case .failure(.fileExists): return nil
         case .failure(let errno):
             throw WormholeError.fileSystem(
-                errno, "create the mailbox file", identifier: identifier, path: handle.filePath(name))
+                errno,
+                "create the mailbox file",
+                identifier: identifier,
+                path: handle.filePath(name)
+            )
         }
     }
 
@@ -376,21 +443,29 @@ public final class FileTransiting: Transiting {
             // A newer writer's file is not damaged: replacing it would lose its message for the processes that read
             // that version. Say so, and keep it.
             throw MailboxFormat.error(
-                for: .header(.unsupportedVersion(version)), identifier: identifier, path: handle.filePath(name))
+                for: .header(.unsupportedVersion(version)),
+                identifier: identifier,
+                path: handle.filePath(name)
+            )
         case .failure:
             // A damaged file holds nothing to keep: replace it with a fresh mailbox of a new generation, so
             // listeners accept the new message whatever sequence the damaged file claimed.
             guard createIfMissing else {
                 if case .failure(let errno) = handle.removeFile(named: name) {
                     throw WormholeError.fileSystem(
-                        errno, "remove the damaged mailbox file", identifier: identifier, path: handle.filePath(name))
+                        errno,
+                        "remove the damaged mailbox file",
+                        identifier: identifier,
+                        path: handle.filePath(name)
+                    )
                 }
                 return (nil, true)
             }
             let record = try makeRecord(1, nil)
             let header = MailboxFormat.Header(
                 slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
-                generation: UInt64.random(in: 1...UInt64.max))
+                generation: UInt64.random(in: 1...UInt64.max)
+            )
             try replace(name: name, identifier: identifier, header: header, record: record)
             return ((record, header.generation), true)
         }
@@ -401,44 +476,70 @@ public final class FileTransiting: Transiting {
             // The message outgrew the slots: a new file with larger slots, same generation, renamed into place.
             let grown = MailboxFormat.Header(
                 slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
-                generation: header.generation)
+                generation: header.generation
+            )
             try replace(name: name, identifier: identifier, header: grown, record: record)
             return ((record, header.generation), true)
         }
         let slot = contents.newest.map { 1 - $0.slot } ?? 0
         if case .failure(let errno) = file.write(MailboxFormat.encodeRecord(record), at: header.slotOffset(slot)) {
-            throw WormholeError.fileSystem(errno, "write the message", identifier: identifier, path: handle.filePath(name))
+            throw WormholeError.fileSystem(
+                errno,
+                "write the message",
+                identifier: identifier,
+                path: handle.filePath(name)
+            )
         }
         if options.synchronizesWrites, case .failure(let errno) = file.synchronize() {
             throw WormholeError.fileSystem(
-                errno, "flush the message to disk", identifier: identifier, path: handle.filePath(name))
+                errno,
+                "flush the message to disk",
+                identifier: identifier,
+                path: handle.filePath(name)
+            )
         }
         return ((record, header.generation), false)
     }
 
     private func replace(
-        name: String, identifier: String, header: MailboxFormat.Header, record: MailboxFormat.Record
+        name: String,
+        identifier: String,
+        header: MailboxFormat.Header,
+        record: MailboxFormat.Record
     ) throws(WormholeError) {
         let bytes = MailboxFormat.encodeFile(header: header, record: record)
         if case .failure(let errno) = handle.createFile(
-            named: name, bytes: bytes, replacing: true, synchronize: options.synchronizesWrites)
-        {
-            throw WormholeError.fileSystem(errno, "replace the mailbox file", identifier: identifier, path: handle.filePath(name))
+            named: name,
+            bytes: bytes,
+            replacing: true,
+            synchronize: options.synchronizesWrites
+        ) {
+            throw WormholeError.fileSystem(
+                errno,
+                "replace the mailbox file",
+                identifier: identifier,
+                path: handle.filePath(name)
+            )
         }
     }
 
     // MARK: Reading
 
     private func decode(
-        _ file: Descriptor, size: Int, identifier: String
+        _ file: Descriptor,
+        size: Int,
+        identifier: String
     ) throws(WormholeError) -> Result<MailboxFormat.Contents, MailboxFormat.FileProblem> {
         try MailboxFormat.decodeFile(size: size) { (count, offset) throws(WormholeError) in
             switch file.read(count: count, at: offset) {
             case .success(let bytes): return bytes
             case .failure(let errno):
                 throw WormholeError.fileSystem(
-                    errno, "read the mailbox file", identifier: identifier,
-                    path: handle.filePath(Self.fileName(identifier)))
+                    errno,
+                    "read the mailbox file",
+                    identifier: identifier,
+                    path: handle.filePath(Self.fileName(identifier))
+                )
             }
         }
     }
@@ -449,7 +550,10 @@ public final class FileTransiting: Transiting {
             return WormholeError(
                 .untrustedFile,
                 "The mailbox file is a symbolic link, which a wormhole never follows; someone planted it. Remove it.",
-                identifier: identifier, path: path, underlyingError: errno)
+                identifier: identifier,
+                path: path,
+                underlyingError: errno
+            )
         }
         return WormholeError.fileSystem(errno, "open the mailbox file", identifier: identifier, path: path)
     }

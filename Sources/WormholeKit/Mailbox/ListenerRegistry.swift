@@ -1,4 +1,5 @@
 import Synchronization
+
 /// A wormhole's subscriptions, by identifier.
 final class ListenerRegistry: Sendable {
     private let subscriptions = Locked<[String: MailboxSubscription]>([:])
@@ -8,7 +9,10 @@ final class ListenerRegistry: Sendable {
 
     /// Adds a sink, observing the identifier's notifications first if nobody in this wormhole does yet.
     func add(
-        _ sink: ListenerSink, identifier: String, transiting: any Transiting, notifier: any Notifier
+        _ sink: ListenerSink,
+        identifier: String,
+        transiting: any Transiting,
+        notifier: any Notifier
     ) throws(WormholeError) {
         try subscriptions.withLock { (subscriptions) throws(WormholeError) in
             if let existing = subscriptions[identifier] {

@@ -109,7 +109,11 @@ enum MailboxFormat {
     }
 
     enum HeaderProblem: Error, Equatable {
-        case truncated(Int), badMagic, unsupportedVersion(UInt16), badChecksum, badLayout
+        case truncated(Int)
+        case badMagic
+        case unsupportedVersion(UInt16)
+        case badChecksum
+        case badLayout
     }
 
     /// The length a slot's record claims, or nil when the claim cannot fit in the slot.
@@ -136,7 +140,9 @@ enum MailboxFormat {
                 timestampNanoseconds: bytes.load(at: 16),
                 isCleared: (bytes.load(at: 4) as UInt16) & Record.clearedFlag != 0,
                 sender: Array(bytes[senderStart..<senderStart + senderLength]),
-                payload: Array(bytes[(senderStart + senderLength)..<(base + size)])))
+                payload: Array(bytes[(senderStart + senderLength)..<(base + size)])
+            )
+        )
     }
 
     /// Reads a mailbox file through `read(count, offset)` and finds its newest valid record.
@@ -149,7 +155,11 @@ enum MailboxFormat {
     ) throws(WormholeError) -> Result<Contents, FileProblem> {
         let whole = size <= wholeReadLimit ? try read(size, 0) : nil
         let headerBytes: ArraySlice<UInt8>
-        if let whole { headerBytes = whole[0..<min(whole.count, headerSize)] } else { headerBytes = try read(headerSize, 0)[...] }
+        if let whole {
+            headerBytes = whole[0..<min(whole.count, headerSize)]
+        } else {
+            headerBytes = try read(headerSize, 0)[...]
+        }
         let header: Header
         switch decodeHeader(headerBytes) {
         case .success(let decoded): header = decoded
@@ -198,23 +208,31 @@ enum MailboxFormat {
                 .truncatedMessage,
                 "The mailbox file is truncated (\(size) bytes); it was cut short outside the wormhole. "
                     + "Passing a new message replaces it.",
-                identifier: identifier, path: path)
+                identifier: identifier,
+                path: path
+            )
         case .header(.unsupportedVersion(let version)):
             return WormholeError(
                 .unsupportedFormatVersion,
                 "The mailbox file has format version \(version); this build reads version \(Envelope.formatVersion). "
                     + "Update WormholeKit in every process of the group.",
-                identifier: identifier, path: path)
+                identifier: identifier,
+                path: path
+            )
         case .header(.badMagic), .header(.badChecksum), .header(.badLayout):
             return WormholeError(
                 .corruptMessage,
                 "The mailbox file's header is damaged or it is not a wormhole file. Passing a new message replaces it.",
-                identifier: identifier, path: path)
+                identifier: identifier,
+                path: path
+            )
         case .noValidRecord:
             return WormholeError(
                 .corruptMessage,
                 "The mailbox file holds no record whose checksum matches. Passing a new message replaces it.",
-                identifier: identifier, path: path)
+                identifier: identifier,
+                path: path
+            )
         }
     }
 }

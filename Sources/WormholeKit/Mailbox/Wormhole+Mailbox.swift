@@ -19,7 +19,8 @@ extension Wormhole {
     ///   ``Transiting/writeMessage(_:sender:identifier:)``.
     @discardableResult
     public func passMessageObject<Message: Encodable>(
-        _ message: Message, identifier: String
+        _ message: Message,
+        identifier: String
     ) throws(WormholeError) -> Envelope {
         try passMessageData(try coder.encodeMessage(message, identifier: identifier), identifier: identifier)
     }
@@ -41,7 +42,8 @@ extension Wormhole {
     /// - Throws: ``WormholeError/Code/decodingFailed`` when the message is not a `type`, and the codes of
     ///   ``Transiting/readMessage(identifier:)`` for a damaged file.
     public func message<Message: Decodable>(
-        withIdentifier identifier: String, as type: Message.Type = Message.self
+        withIdentifier identifier: String,
+        as type: Message.Type = Message.self
     ) throws(WormholeError) -> Message? {
         guard let envelope = try transiting.readMessage(identifier: identifier) else { return nil }
         return try decode(type, from: envelope, identifier: identifier)
@@ -63,7 +65,9 @@ extension Wormhole {
     }
 
     func decode<Message: Decodable>(
-        _ type: Message.Type, from envelope: Envelope, identifier: String
+        _ type: Message.Type,
+        from envelope: Envelope,
+        identifier: String
     ) throws(WormholeError) -> Message {
         do {
             return try coder.decode(type, from: envelope.payload)
@@ -72,7 +76,9 @@ extension Wormhole {
                 .decodingFailed,
                 "The message in the mailbox is not a \(Message.self) (passed by \(envelope.sender), sequence "
                     + "\(envelope.sequence)): \(error). Check that both sides use the same message type.",
-                identifier: identifier, underlyingError: error)
+                identifier: identifier,
+                underlyingError: error
+            )
         }
     }
 

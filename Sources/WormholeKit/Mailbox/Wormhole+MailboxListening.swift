@@ -34,7 +34,9 @@ extension Wormhole {
         listener: @escaping @Sendable (Message) -> Void
     ) throws(WormholeError) -> MessageListener {
         try listenForEnvelopes(
-            withIdentifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage, on: execution,
+            withIdentifier: identifier,
+            deliveringCurrentMessage: deliveringCurrentMessage,
+            on: execution,
             errorHandler: errorHandler
         ) { [self] envelope in
             do throws(WormholeError) {
@@ -89,7 +91,9 @@ extension Wormhole {
     ) -> MessageSequence<Message> {
         ListeningSequence(bufferingPolicy: .bufferingNewest(1)) { (continuation) throws(WormholeError) in
             let listener = try listenForEnvelopes(
-                withIdentifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage, on: .notifierThread,
+                withIdentifier: identifier,
+                deliveringCurrentMessage: deliveringCurrentMessage,
+                on: .notifierThread,
                 errorHandler: { continuation.finish(throwing: $0) }
             ) { [self] envelope in
                 do throws(WormholeError) {
@@ -141,12 +145,17 @@ extension Wormhole {
         let box = UncheckedSendableBox(center)
         let name = name ?? Notification.Name(identifier)
         return try listenForEnvelopes(
-            withIdentifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage, on: execution,
+            withIdentifier: identifier,
+            deliveringCurrentMessage: deliveringCurrentMessage,
+            on: execution,
             errorHandler: errorHandler
         ) { envelope in
             let object = try? JSONSerialization.jsonObject(with: envelope.payload, options: [.fragmentsAllowed])
             box.value.post(
-                name: name, object: object, userInfo: ["envelope": envelope, "identifier": identifier])
+                name: name,
+                object: object,
+                userInfo: ["envelope": envelope, "identifier": identifier]
+            )
         }
     }
 
@@ -158,7 +167,9 @@ extension Wormhole {
     }
 
     private func register(
-        _ sink: ListenerSink, identifier: String, deliveringCurrentMessage: Bool
+        _ sink: ListenerSink,
+        identifier: String,
+        deliveringCurrentMessage: Bool
     ) throws(WormholeError) -> MessageListener {
         // Observe first, then read what is there: a message passed after this call is seen by one or the other.
         try registry.add(sink, identifier: identifier, transiting: transiting, notifier: notifier)

@@ -26,7 +26,8 @@ public final class DarwinNotifier: Notifier {
     }
 
     public func observe(
-        _ name: String, handler: @escaping @Sendable () -> Void
+        _ name: String,
+        handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         var token: Int32 = 0
         let status = notify_register_dispatch(prefix + "." + name, &token, queue) { _ in handler() }

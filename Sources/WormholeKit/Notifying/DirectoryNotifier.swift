@@ -1,7 +1,7 @@
 import Foundation
 import Logging
-import SystemPackage
 import Synchronization
+import SystemPackage
 
 /// The default notifier on Linux: a post writes a small file, observers are woken by inotify.
 ///
@@ -58,7 +58,10 @@ public final class DirectoryNotifier: Notifier {
         self.strategy = strategy
         self.logger = logger
         self.handle = try DirectoryHandle.open(
-            path: directory + "/" + Self.subdirectoryName, create: true, options: options)
+            path: directory + "/" + Self.subdirectoryName,
+            create: true,
+            options: options
+        )
     }
 
     public func post(_ name: String) throws(WormholeError) {
@@ -90,7 +93,8 @@ public final class DirectoryNotifier: Notifier {
     }
 
     public func observe(
-        _ name: String, handler: @escaping @Sendable () -> Void
+        _ name: String,
+        handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         try MessageIdentifier.validateNotificationName(name)
         switch strategy {
@@ -107,20 +111,29 @@ public final class DirectoryNotifier: Notifier {
                     metadata: [
                         "directory": "\(handle.path)", "name": "\(name)", "cause": "\(error.message)",
                         "interval": "\(Self.fallbackPollingInterval)",
-                    ])
+                    ]
+                )
                 return PollingMonitor.shared.observe(
-                    handle, name: name, interval: Self.fallbackPollingInterval, handler: handler)
+                    handle,
+                    name: name,
+                    interval: Self.fallbackPollingInterval,
+                    handler: handler
+                )
             }
         }
     }
 
     private func observeWithInotify(
-        _ name: String, handler: @escaping @Sendable () -> Void
+        _ name: String,
+        handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         #if os(Linux) || os(Android)
         // The file is created through the directory handle, with the wormhole's modes and group.
         return try InotifyMonitor.shared.observe(
-            path: handle.filePath(name), create: { [handle] in handle.touchFile(named: name) }, handler: handler)
+            path: handle.filePath(name),
+            create: { [handle] in handle.touchFile(named: name) },
+            handler: handler
+        )
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: handle.path)
         #endif

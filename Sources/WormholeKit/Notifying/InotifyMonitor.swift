@@ -26,12 +26,16 @@ final class InotifyMonitor: Sendable {
     /// Watches the file at `path`, which `create` creates if it is missing (again if it is replaced); the handler
     /// runs after each modification of it.
     func observe(
-        path: String, create: @escaping @Sendable () -> Void, handler: @escaping @Sendable () -> Void
+        path: String,
+        create: @escaping @Sendable () -> Void,
+        handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         if Self.simulatesExhaustion {
             throw WormholeError(
-                .notifierUnavailable, "inotify's limits are reached (simulated by WORMHOLE_TEST_INOTIFY_EXHAUSTED).",
-                path: path)
+                .notifierUnavailable,
+                "inotify's limits are reached (simulated by WORMHOLE_TEST_INOTIFY_EXHAUSTED).",
+                path: path
+            )
         }
         let id = nextID.add(1, ordering: .relaxed).newValue
         let instance = try current.withLock { (current) throws(WormholeError) -> Instance in
@@ -84,12 +88,16 @@ final class InotifyMonitor: Sendable {
                 throw WormholeError(
                     .notifierUnavailable,
                     "inotify could not be opened (\(errno)); the limit fs.inotify.max_user_instances may be reached.",
-                    underlyingError: errno)
+                    underlyingError: errno
+                )
             }
         }
 
         func add(
-            id: UInt64, path: String, create: @escaping @Sendable () -> Void, handler: @escaping @Sendable () -> Void
+            id: UInt64,
+            path: String,
+            create: @escaping @Sendable () -> Void,
+            handler: @escaping @Sendable () -> Void
         ) throws(WormholeError) {
             try registry.withLock { (registry) throws(WormholeError) in
                 let (watch, inode) = try addWatch(path, create: create)
@@ -111,7 +119,9 @@ final class InotifyMonitor: Sendable {
                     errno == .noSpace
                         ? "inotify's watch limit (fs.inotify.max_user_watches) is reached."
                         : "inotify_add_watch failed: \(errno).",
-                    path: path, underlyingError: errno)
+                    path: path,
+                    underlyingError: errno
+                )
             }
         }
 

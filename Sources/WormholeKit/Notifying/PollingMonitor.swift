@@ -32,21 +32,31 @@ final class PollingMonitor: Sendable {
     }
 
     func observe(
-        _ directory: DirectoryHandle, name: String, interval: Duration, handler: @escaping @Sendable () -> Void
+        _ directory: DirectoryHandle,
+        name: String,
+        interval: Duration,
+        handler: @escaping @Sendable () -> Void
     ) -> NotifierObservation {
         observe(probe: { Self.readToken(directory, name) }, interval: interval, handler: handler)
     }
 
     /// Calls `handler` whenever what `probe` reads differs from the previous poll.
     func observe(
-        probe: @escaping @Sendable () -> [UInt8]?, interval: Duration, handler: @escaping @Sendable () -> Void
+        probe: @escaping @Sendable () -> [UInt8]?,
+        interval: Duration,
+        handler: @escaping @Sendable () -> Void
     ) -> NotifierObservation {
         let initial = probe()
         let (id, start) = state.withLock { state in
             let id = state.nextID
             state.nextID += 1
             state.observations[id] = Observation(
-                probe: probe, interval: interval, lastToken: initial, nextPoll: .now + interval, handler: handler)
+                probe: probe,
+                interval: interval,
+                lastToken: initial,
+                nextPoll: .now + interval,
+                handler: handler
+            )
             defer { state.running = true }
             return (id, !state.running)
         }

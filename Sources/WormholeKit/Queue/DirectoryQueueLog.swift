@@ -28,7 +28,11 @@ final class DirectoryQueueLog: QueueLog {
     var logPath: String { directory.filePath(logName) }
 
     init(
-        directory: DirectoryHandle, identifier: String, sender: String, retention: Duration, wakeSource: WakeSource,
+        directory: DirectoryHandle,
+        identifier: String,
+        sender: String,
+        retention: Duration,
+        wakeSource: WakeSource,
         logger: Logger
     ) throws(WormholeError) {
         try MessageIdentifier.validate(identifier)
@@ -58,7 +62,11 @@ final class DirectoryQueueLog: QueueLog {
                 try checkSize(payload)
                 payload.withUnsafeBytes { bytes in
                     QueueFormat.encode(
-                        payload: bytes, sender: sender, timestampNanoseconds: timestamp, appendingTo: &buffer)
+                        payload: bytes,
+                        sender: sender,
+                        timestampNanoseconds: timestamp,
+                        appendingTo: &buffer
+                    )
                 }
             }
             guard !buffer.isEmpty else { return }
@@ -75,8 +83,10 @@ final class DirectoryQueueLog: QueueLog {
     private func checkSize(_ payload: Data) throws(WormholeError) {
         guard payload.count + QueueFormat.bodyPrefixSize + sender.count <= QueueFormat.maximumBodySize else {
             throw WormholeError(
-                .messageTooLarge, "The message is \(payload.count) bytes; a queue accepts up to 64 MiB.",
-                identifier: identifier)
+                .messageTooLarge,
+                "The message is \(payload.count) bytes; a queue accepts up to 64 MiB.",
+                identifier: identifier
+            )
         }
     }
 
@@ -114,7 +124,11 @@ final class DirectoryQueueLog: QueueLog {
         }
         guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
             throw WormholeError(
-                .ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
+                .ioFailure,
+                "The queue file was removed while opening it.",
+                identifier: identifier,
+                path: logPath
+            )
         }
         return file.release()
     }
@@ -128,7 +142,11 @@ final class DirectoryQueueLog: QueueLog {
         }
         guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
             throw WormholeError(
-                .ioFailure, "The queue file was removed while opening it.", identifier: identifier, path: logPath)
+                .ioFailure,
+                "The queue file was removed while opening it.",
+                identifier: identifier,
+                path: logPath
+            )
         }
         return file.release()
     }
@@ -173,7 +191,9 @@ final class DirectoryQueueLog: QueueLog {
             if let seen = cursor.lastWritten, now.timeIntervalSince(seen) > Double(retention.components.seconds) {
                 _ = consumers.removeFile(named: name)
                 logger.warning(
-                    "Dropped a queue consumer not seen within the retention", metadata: ["consumer": "\(name)"])
+                    "Dropped a queue consumer not seen within the retention",
+                    metadata: ["consumer": "\(name)"]
+                )
                 continue
             }
             let position: UInt64
@@ -183,7 +203,8 @@ final class DirectoryQueueLog: QueueLog {
                 // A damaged position holds nothing back and stops nobody: the other consumers go on.
                 logger.warning(
                     "A queue consumer's position is damaged; reclaiming leaves it out",
-                    metadata: ["consumer": "\(name)", "error": "\(error)"])
+                    metadata: ["consumer": "\(name)", "error": "\(error)"]
+                )
                 continue
             }
             minimum = min(minimum ?? position, position)
@@ -235,8 +256,13 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         {
             batch.append(
                 QueueRecord(
-                    offset: item.offset, end: item.end, sender: String(decoding: item.record.sender, as: UTF8.self),
-                    timestampNanoseconds: item.record.timestampNanoseconds, payload: item.record.payload))
+                    offset: item.offset,
+                    end: item.end,
+                    sender: String(decoding: item.record.sender, as: UTF8.self),
+                    timestampNanoseconds: item.record.timestampNanoseconds,
+                    payload: item.record.payload
+                )
+            )
             reader.advance(to: item.end)
         }
         return batch
@@ -277,14 +303,22 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
                 do {
                     let (directory, name) = (log.directory, log.logName)
                     return try InotifyMonitor.shared.observe(
-                        path: path, create: { directory.touchFile(named: name) }, handler: handler)
-                } catch where strategy == .automatic {
+                        path: path,
+                        create: { directory.touchFile(named: name) },
+                        handler: handler
+                    )
+                } catch  where strategy == .automatic {
                     log.logger.warning(
-                        "inotify is unavailable; polling the queue instead", metadata: ["cause": "\(error.message)"])
+                        "inotify is unavailable; polling the queue instead",
+                        metadata: ["cause": "\(error.message)"]
+                    )
                 }
                 #endif
                 return PollingMonitor.shared.observe(
-                    probe: pollSize, interval: DirectoryNotifier.fallbackPollingInterval, handler: handler)
+                    probe: pollSize,
+                    interval: DirectoryNotifier.fallbackPollingInterval,
+                    handler: handler
+                )
             }
         }
     }

@@ -31,7 +31,10 @@ public final class QueueConsumer: WormholeCancellable {
     public let name: String
 
     init(
-        cursor: any QueueCursor, execution: CallbackExecution, label: String, batchSize: Int,
+        cursor: any QueueCursor,
+        execution: CallbackExecution,
+        label: String,
+        batchSize: Int,
         deliver: @escaping @Sendable ([QueueRecord]) -> Bool,
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {

@@ -15,7 +15,11 @@ final class QueueCursorFile: Sendable {
         do {
             file = try directory.openFile(named: name, flags: O_RDWR | (create ? O_CREAT : 0))
         } catch {
-            throw WormholeError.fileSystem(error, "open the position of consumer \(name)", path: directory.filePath(name))
+            throw WormholeError.fileSystem(
+                error,
+                "open the position of consumer \(name)",
+                path: directory.filePath(name)
+            )
         }
         guard try directory.trustedStatus(of: file.descriptor, name: name, identifier: nil) != nil else {
             throw WormholeError(.ioFailure, "The consumer's position file was removed while opening it.", path: path)
@@ -30,14 +34,16 @@ final class QueueCursorFile: Sendable {
         let bytes: [UInt8]
         switch Descriptor(rawValue: descriptor).read(count: 16, at: 0) {
         case .success(let read): bytes = read
-        case .failure(let errno): throw WormholeError.fileSystem(errno, "read the position of consumer \(name)", path: path)
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "read the position of consumer \(name)", path: path)
         }
         guard let position = Self.decode(bytes) else {
             throw WormholeError(
                 .corruptMessage,
                 "The position of consumer \(name) is damaged. Remove the file to start that consumer over from the "
                     + "oldest message kept.",
-                path: path)
+                path: path
+            )
         }
         return position.offset
     }

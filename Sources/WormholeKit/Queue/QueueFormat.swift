@@ -42,7 +42,10 @@ enum QueueFormat {
 
     /// Appends a record's bytes to `bytes`: a batch is encoded into one buffer, with no array per record.
     static func encode(
-        payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64, appendingTo bytes: inout [UInt8]
+        payload: UnsafeRawBufferPointer,
+        sender: [UInt8],
+        timestampNanoseconds: Int64,
+        appendingTo bytes: inout [UInt8]
     ) {
         let bodySize = bodyPrefixSize + sender.count + payload.count
         let start = bytes.count
@@ -70,7 +73,10 @@ enum QueueFormat {
         guard bodySize >= bodyPrefixSize, bodySize <= maximumBodySize else { return .invalid }
         guard bytes.count - offset >= headerSize + bodySize else { return .incomplete }
         var crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[(offset + 4)..<(offset + 8)]))
-        crc = cwormholeCRC(crc, UnsafeRawBufferPointer(rebasing: bytes[(offset + headerSize)..<(offset + headerSize + bodySize)]))
+        crc = cwormholeCRC(
+            crc,
+            UnsafeRawBufferPointer(rebasing: bytes[(offset + headerSize)..<(offset + headerSize + bodySize)])
+        )
         guard crc == load(UInt32.self, bytes, offset + 8) else { return .invalid }
         let body = offset + headerSize
         let senderSize = Int(load(UInt16.self, bytes, body + 8))
@@ -80,8 +86,10 @@ enum QueueFormat {
             Record(
                 timestampNanoseconds: load(Int64.self, bytes, body),
                 sender: Array(bytes[senderStart..<senderStart + senderSize]),
-                payload: Data(UnsafeRawBufferPointer(rebasing: bytes[(senderStart + senderSize)..<(body + bodySize)]))),
-            size: headerSize + bodySize)
+                payload: Data(UnsafeRawBufferPointer(rebasing: bytes[(senderStart + senderSize)..<(body + bodySize)]))
+            ),
+            size: headerSize + bodySize
+        )
     }
 
     /// What a reader does at `offset` of bytes read from the log; `reachesEnd` says that they run to its end.

@@ -29,7 +29,8 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
         let observation: NotifierObservation?
 
         init(
-            cursor: Result<Locked<any QueueCursor>, WormholeError>, observation: NotifierObservation?,
+            cursor: Result<Locked<any QueueCursor>, WormholeError>,
+            observation: NotifierObservation?,
             decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
         ) {
             self.cursor = cursor
@@ -58,7 +59,8 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
     private let wakes: AsyncStream<Void>
 
     init(
-        log: Result<any QueueLog, WormholeError>, consumer: String,
+        log: Result<any QueueLog, WormholeError>,
+        consumer: String,
         decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
     ) {
         let (wakes, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))

@@ -102,7 +102,11 @@ public final class WormholeQueue: Sendable {
         handler: @escaping @Sendable (QueueMessage<Message>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
         try startConsumer(
-            consumer, batchSize: 1, execution: execution, errorHandler: errorHandler, decode: decoder(for: type)
+            consumer,
+            batchSize: 1,
+            execution: execution,
+            errorHandler: errorHandler,
+            decode: decoder(for: type)
         ) { try handler($0[0]) }
     }
 
@@ -114,7 +118,8 @@ public final class WormholeQueue: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Data>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
-        try startConsumer(consumer, batchSize: 1, execution: execution, errorHandler: errorHandler, decode: Self.bytes) {
+        try startConsumer(consumer, batchSize: 1, execution: execution, errorHandler: errorHandler, decode: Self.bytes)
+        {
             try handler($0[0])
         }
     }
@@ -143,8 +148,13 @@ public final class WormholeQueue: Sendable {
         handler: @escaping @Sendable ([QueueMessage<Message>]) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
         try startConsumer(
-            consumer, batchSize: maximumCount, execution: execution, errorHandler: errorHandler,
-            decode: decoder(for: type), handler: handler)
+            consumer,
+            batchSize: maximumCount,
+            execution: execution,
+            errorHandler: errorHandler,
+            decode: decoder(for: type),
+            handler: handler
+        )
     }
 
     /// Calls `handler` with batches of messages as stored bytes; see
@@ -157,8 +167,13 @@ public final class WormholeQueue: Sendable {
         handler: @escaping @Sendable ([QueueMessage<Data>]) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
         try startConsumer(
-            consumer, batchSize: maximumCount, execution: execution, errorHandler: errorHandler, decode: Self.bytes,
-            handler: handler)
+            consumer,
+            batchSize: maximumCount,
+            execution: execution,
+            errorHandler: errorHandler,
+            decode: Self.bytes,
+            handler: handler
+        )
     }
 
     private static let bytes: @Sendable (QueueRecord) -> Result<QueueMessage<Data>, WormholeError> = { record in
@@ -177,7 +192,10 @@ public final class WormholeQueue: Sendable {
                         .decodingFailed,
                         "Queue message at offset \(record.offset) is not a \(Message.self) (from \(record.sender)): "
                             + "\(error).",
-                        identifier: identifier, underlyingError: error))
+                        identifier: identifier,
+                        underlyingError: error
+                    )
+                )
             }
         }
     }
@@ -193,7 +211,9 @@ public final class WormholeQueue: Sendable {
         try MessageIdentifier.validate(consumer)
         let cursor = try log.openCursor(consumer: consumer)
         let core = QueueConsumer(
-            cursor: cursor, execution: execution, label: "wormhole.queue.\(identifier).\(consumer)",
+            cursor: cursor,
+            execution: execution,
+            label: "wormhole.queue.\(identifier).\(consumer)",
             batchSize: batchSize
         ) { [self] records in
             var messages: [QueueMessage<Value>] = []
@@ -218,11 +238,17 @@ public final class WormholeQueue: Sendable {
                     : "\(messages.count) messages from offset \(messages[0].offset)"
                 report(
                     .handlerFailed(
-                        error, "on \(place); it stays unacknowledged and is offered again", identifier: identifier),
-                    to: errorHandler)
+                        error,
+                        "on \(place); it stays unacknowledged and is offered again",
+                        identifier: identifier
+                    ),
+                    to: errorHandler
+                )
                 return false
             }
-        } reportError: { [self] error in report(error, to: errorHandler) }
+        } reportError: { [self] error in
+            report(error, to: errorHandler)
+        }
         try core.start()
         return core
     }
@@ -235,7 +261,8 @@ public final class WormholeQueue: Sendable {
     /// ``consume(consumer:as:on:errorHandler:handler:)`` to pass over such messages. An invalid consumer name ends it
     /// at once with ``WormholeError/Code/invalidIdentifier``.
     public func messages<Message: Decodable & Sendable>(
-        consumer: String, as type: Message.Type = Message.self
+        consumer: String,
+        as type: Message.Type = Message.self
     ) -> QueueSequence<Message> {
         let decode = decoder(for: type)
         let log: Result<any QueueLog, WormholeError>
@@ -245,7 +272,8 @@ public final class WormholeQueue: Sendable {
         } catch {
             log = .failure(error)
         }
-        return QueueSequence(log: log, consumer: consumer) { (record) throws(WormholeError) in try decode(record).get() }
+        return QueueSequence(log: log, consumer: consumer) { (record) throws(WormholeError) in try decode(record).get()
+        }
     }
 
     /// Messages of the consumers that have no error handler.
@@ -278,7 +306,10 @@ extension Wormhole {
     ///   - retention: How long a consumer may stay away and still hold back reclaiming.
     /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError/Code/unsupported`` when the wormhole's
     ///   engine has no queues (a wormhole made from a transiting that keeps no directory).
-    public func queue(_ identifier: String, retention: Duration = .seconds(7 * 24 * 3600)) throws(WormholeError) -> WormholeQueue {
+    public func queue(
+        _ identifier: String,
+        retention: Duration = .seconds(7 * 24 * 3600)
+    ) throws(WormholeError) -> WormholeQueue {
         try WormholeQueue(wormhole: self, identifier: identifier, retention: retention)
     }
 }

@@ -31,7 +31,9 @@ final class DirectorySuiteStore: SuiteStore {
     }
 
     func update(
-        sender: String, direction: String?, _ body: (inout SuiteValues) throws(WormholeError) -> Void
+        sender: String,
+        direction: String?,
+        _ body: (inout SuiteValues) throws(WormholeError) -> Void
     ) throws(WormholeError) -> SuiteChange? {
         var change: SuiteChange?
         _ = try files.modify(fileName: fileName, identifier: name, sender: sender) { (current) throws(WormholeError) in
@@ -45,9 +47,13 @@ final class DirectorySuiteStore: SuiteStore {
                 document.version += 1
                 document.values = values
                 let entry = SuiteDocument.Entry(
-                    version: document.version, keys: keys.sorted(), sender: sender, direction: direction,
+                    version: document.version,
+                    keys: keys.sorted(),
+                    sender: sender,
+                    direction: direction,
                     time: ProcessFacts.wallClockNanoseconds(),
-                    values: values.storage.filter { keys.contains($0.key) })
+                    values: values.storage.filter { keys.contains($0.key) }
+                )
                 document.log.append(entry)
                 if document.log.count > Self.logLimit { document.log.removeFirst(document.log.count - Self.logLimit) }
                 change = SuiteChange(entry: entry)

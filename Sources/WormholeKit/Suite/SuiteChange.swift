@@ -19,7 +19,11 @@ public struct SuiteChange: Sendable, Equatable {
 
     /// Creates a change, as an engine's ``SuiteStore`` records it.
     public init(
-        version: UInt64, keys: Set<String>, sender: String, direction: String?, timestampNanoseconds: Int64,
+        version: UInt64,
+        keys: Set<String>,
+        sender: String,
+        direction: String?,
+        timestampNanoseconds: Int64,
         values: SuiteValues
     ) {
         self.version = version
@@ -32,7 +36,12 @@ public struct SuiteChange: Sendable, Equatable {
 
     init(entry: SuiteDocument.Entry) {
         self.init(
-            version: entry.version, keys: Set(entry.keys), sender: entry.sender, direction: entry.direction,
-            timestampNanoseconds: entry.time, values: SuiteValues(storage: entry.values))
+            version: entry.version,
+            keys: Set(entry.keys),
+            sender: entry.sender,
+            direction: entry.direction,
+            timestampNanoseconds: entry.time,
+            values: SuiteValues(storage: entry.values)
+        )
     }
 }

@@ -44,8 +44,10 @@ public struct SuiteValues: Sendable, Equatable {
             return try coder.encode(value)
         } catch {
             throw WormholeError(
-                .encodingFailed, "The value for \"\(key)\" could not be encoded as JSON: \(error).",
-                underlyingError: error)
+                .encodingFailed,
+                "The value for \"\(key)\" could not be encoded as JSON: \(error).",
+                underlyingError: error
+            )
         }
     }
 
@@ -90,12 +92,19 @@ struct SuiteDocument: Equatable {
                 let version = (object["version"] as? NSNumber)?.uint64Value,
                 let values = object["values"] as? [String: Any]
             else {
-                throw WormholeError(.corruptMessage, "The suite file does not hold a suite document.", identifier: suite)
+                throw WormholeError(
+                    .corruptMessage,
+                    "The suite file does not hold a suite document.",
+                    identifier: suite
+                )
             }
             self.version = version
             var storage: [String: Data] = [:]
             for (key, value) in values {
-                storage[key] = try JSONSerialization.data(withJSONObject: value, options: [.fragmentsAllowed, .sortedKeys])
+                storage[key] = try JSONSerialization.data(
+                    withJSONObject: value,
+                    options: [.fragmentsAllowed, .sortedKeys]
+                )
             }
             self.values = SuiteValues(storage: storage)
             // Read straight from the parsed objects: a Codable pass over the log on every update costs milliseconds.
@@ -107,24 +116,38 @@ struct SuiteDocument: Equatable {
                 }
                 var values: [String: Data] = [:]
                 for (key, value) in entry["values"] as? [String: Any] ?? [:] {
-                    values[key] = try? JSONSerialization.data(withJSONObject: value, options: [.fragmentsAllowed, .sortedKeys])
+                    values[key] = try? JSONSerialization.data(
+                        withJSONObject: value,
+                        options: [.fragmentsAllowed, .sortedKeys]
+                    )
                 }
                 return Entry(
-                    version: version, keys: keys, sender: sender, direction: entry["direction"] as? String, time: time,
-                    values: values)
+                    version: version,
+                    keys: keys,
+                    sender: sender,
+                    direction: entry["direction"] as? String,
+                    time: time,
+                    values: values
+                )
             }
         } catch let error as WormholeError {
             throw error
         } catch {
             throw WormholeError(
-                .corruptMessage, "The suite file cannot be read: \(error).", identifier: suite, underlyingError: error)
+                .corruptMessage,
+                "The suite file cannot be read: \(error).",
+                identifier: suite,
+                underlyingError: error
+            )
         }
     }
 
     func encoded() throws(WormholeError) -> Data {
         do {
             var values: [String: Any] = [:]
-            for (key, data) in self.values.storage { values[key] = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed]) }
+            for (key, data) in self.values.storage {
+                values[key] = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
+            }
             let logObject: [[String: Any]] = log.map { entry in
                 var object: [String: Any] = [
                     "version": entry.version, "keys": entry.keys, "sender": entry.sender, "time": entry.time,
@@ -137,7 +160,8 @@ struct SuiteDocument: Equatable {
             }
             return try JSONSerialization.data(
                 withJSONObject: ["version": version, "values": values, "log": logObject] as [String: Any],
-                options: [.sortedKeys])
+                options: [.sortedKeys]
+            )
         } catch {
             throw WormholeError(.encodingFailed, "The suite could not be encoded: \(error).", underlyingError: error)
         }

@@ -45,7 +45,8 @@ public final class WormholeSuite: Sendable {
     ///
     /// Nil also when the value is not a `type`.
     public func value<Value: Decodable>(
-        forKey key: String, as type: Value.Type = Value.self
+        forKey key: String,
+        as type: Value.Type = Value.self
     ) throws(WormholeError) -> Value? {
         try snapshot()[key, as: type]
     }
@@ -59,7 +60,9 @@ public final class WormholeSuite: Sendable {
 
     /// Sets one key.
     public func set<Value: Encodable>(
-        _ value: Value, forKey key: String, direction: String? = nil
+        _ value: Value,
+        forKey key: String,
+        direction: String? = nil
     ) throws(WormholeError) {
         let encoded = try SuiteValues.encode(value, key: key)
         try store.update(sender: sender, direction: direction) { values in values.set(raw: encoded, forKey: key) }
@@ -75,8 +78,11 @@ public final class WormholeSuite: Sendable {
             compact = try JSONSerialization.data(withJSONObject: object, options: [.fragmentsAllowed, .sortedKeys])
         } catch {
             throw WormholeError(
-                .encodingFailed, "The value for \"\(key)\" is not valid JSON: \(error).", identifier: name,
-                underlyingError: error)
+                .encodingFailed,
+                "The value for \"\(key)\" is not valid JSON: \(error).",
+                identifier: name,
+                underlyingError: error
+            )
         }
         try store.update(sender: sender, direction: direction) { values in values.set(raw: compact, forKey: key) }
     }
@@ -156,9 +162,13 @@ public final class WormholeSuite: Sendable {
                         let keys = seen.values.changedKeys(comparedTo: current.values)
                         result = [
                             SuiteChange(
-                                version: current.version, keys: keys, sender: "", direction: nil,
+                                version: current.version,
+                                keys: keys,
+                                sender: "",
+                                direction: nil,
                                 timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
-                                values: SuiteValues(storage: current.values.storage.filter { keys.contains($0.key) }))
+                                values: SuiteValues(storage: current.values.storage.filter { keys.contains($0.key) })
+                            )
                         ]
                     }
                     return result.compactMap { change in
@@ -181,7 +191,9 @@ public final class WormholeSuite: Sendable {
                     if let center = center.value {
                         for key in change.keys.sorted() {
                             center.post(
-                                name: Notification.Name(key), object: change.values.foundationObject(forKey: key))
+                                name: Notification.Name(key),
+                                object: change.values.foundationObject(forKey: key)
+                            )
                         }
                     }
                 }
@@ -197,11 +209,16 @@ public final class WormholeSuite: Sendable {
     /// The observer is registered when this method returns, so no change made after the call is missed. An error
     /// reading the suite ends the sequence with it.
     public func changes(
-        keys: Set<String>? = nil, includingOwnChanges: Bool = false, direction: String? = nil
+        keys: Set<String>? = nil,
+        includingOwnChanges: Bool = false,
+        direction: String? = nil
     ) -> ListeningSequence<SuiteChange> {
         ListeningSequence { (continuation) throws(WormholeError) in
             try observe(
-                keys: keys, includingOwnChanges: includingOwnChanges, direction: direction, on: .notifierThread,
+                keys: keys,
+                includingOwnChanges: includingOwnChanges,
+                direction: direction,
+                on: .notifierThread,
                 errorHandler: { continuation.finish(throwing: $0) }
             ) { change in continuation.yield(change) }
         }

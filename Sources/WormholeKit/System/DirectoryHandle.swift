@@ -1,3 +1,5 @@
+import SystemPackage
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -8,7 +10,6 @@ import Darwin
 #if os(Linux) || os(Android)
 import CWormholeSystem
 #endif
-import SystemPackage
 
 /// An open directory that every file operation of a wormhole goes through.
 ///
@@ -28,7 +29,11 @@ final class DirectoryHandle: Sendable {
     private let descriptor: Int32
 
     private init(
-        path: String, descriptor: Int32, filePermissions: mode_t, directoryPermissions: mode_t, group: gid_t?,
+        path: String,
+        descriptor: Int32,
+        filePermissions: mode_t,
+        directoryPermissions: mode_t,
+        group: gid_t?,
         trustsOtherOwners: Bool
     ) {
         self.path = path
@@ -43,11 +48,19 @@ final class DirectoryHandle: Sendable {
     private var setsOwnership: Bool { group != nil || filePermissions & 0o077 != 0 }
 
     /// Opens a directory with the modes, group and trust of a wormhole's file options.
-    static func open(path: String, create: Bool, options: FileTransiting.Options) throws(WormholeError) -> DirectoryHandle {
+    static func open(
+        path: String,
+        create: Bool,
+        options: FileTransiting.Options
+    ) throws(WormholeError) -> DirectoryHandle {
         try open(
-            path: path, create: create, directoryPermissions: mode_t(options.directoryPermissions),
-            filePermissions: mode_t(options.filePermissions), group: options.group.map { gid_t($0) },
-            trustsOtherOwners: options.trustsOtherOwners)
+            path: path,
+            create: create,
+            directoryPermissions: mode_t(options.directoryPermissions),
+            filePermissions: mode_t(options.filePermissions),
+            group: options.group.map { gid_t($0) },
+            trustsOtherOwners: options.trustsOtherOwners
+        )
     }
 
     deinit { _ = close(descriptor) }
@@ -75,19 +88,32 @@ final class DirectoryHandle: Sendable {
         case .failure(.noSuchFileOrDirectory):
             throw WormholeError(
                 .directoryUnavailable,
-                "The directory does not exist. Create it, or let the wormhole create it (the default).", path: path)
+                "The directory does not exist. Create it, or let the wormhole create it (the default).",
+                path: path
+            )
         case .failure(.notDirectory):
             throw WormholeError(
-                .directoryUnavailable, "The path exists but is not a directory, or it is a symbolic link.", path: path)
+                .directoryUnavailable,
+                "The path exists but is not a directory, or it is a symbolic link.",
+                path: path
+            )
         case .failure(.tooManySymbolicLinkLevels):
             throw WormholeError(
-                .untrustedFile, "The directory is a symbolic link, which a wormhole never follows.", path: path)
+                .untrustedFile,
+                "The directory is a symbolic link, which a wormhole never follows.",
+                path: path
+            )
         case .failure(let errno):
             throw WormholeError.fileSystem(errno, "open the directory", path: path)
         }
         let handle = DirectoryHandle(
-            path: path, descriptor: descriptor, filePermissions: filePermissions,
-            directoryPermissions: directoryPermissions, group: group, trustsOtherOwners: trustsOtherOwners)
+            path: path,
+            descriptor: descriptor,
+            filePermissions: filePermissions,
+            directoryPermissions: directoryPermissions,
+            group: group,
+            trustsOtherOwners: trustsOtherOwners
+        )
         var raw = stat()
         guard fstat(descriptor, &raw) == 0 else {
             throw WormholeError.fileSystem(currentErrno, "inspect the directory", path: path)
@@ -98,12 +124,16 @@ final class DirectoryHandle: Sendable {
                 .untrustedFile,
                 "The directory belongs to user \(status.ownerID), not to this process's user "
                     + "\(ProcessFacts.effectiveUserID); a private wormhole refuses it. Use a directory you own.",
-                path: path)
+                path: path
+            )
         }
         if access(path, W_OK | X_OK) != 0 {
             throw WormholeError(
-                .directoryUnavailable, "The directory is not writable by this process; check its owner and mode.",
-                path: path, underlyingError: currentErrno)
+                .directoryUnavailable,
+                "The directory is not writable by this process; check its owner and mode.",
+                path: path,
+                underlyingError: currentErrno
+            )
         }
         return handle
     }
@@ -118,14 +148,19 @@ final class DirectoryHandle: Sendable {
                 throw WormholeError(
                     .directoryUnavailable,
                     "Could not create the directory \(prefix): \(errno). Check that its parent exists and is writable.",
-                    path: path, underlyingError: errno)
+                    path: path,
+                    underlyingError: errno
+                )
             }
             // mkdir applied the umask and ignored the setgid bit: set the group, then the whole mode.
             if let group, chown(prefix, uid_t.max, group) != 0 {
                 throw WormholeError(
                     .directoryUnavailable,
                     "Could not give \(prefix) to group \(group): \(currentErrno). This process's user must be a member "
-                        + "of the group.", path: path, underlyingError: currentErrno)
+                        + "of the group.",
+                    path: path,
+                    underlyingError: currentErrno
+                )
             }
             if permissions & 0o7077 != 0 { _ = chmod(prefix, permissions) }
         }
@@ -134,8 +169,13 @@ final class DirectoryHandle: Sendable {
     /// Opens or creates a subdirectory (for the notifier's files), with the same modes, group and checks.
     func subdirectory(named name: String) throws(WormholeError) -> DirectoryHandle {
         try DirectoryHandle.open(
-            path: path + "/" + name, create: true, directoryPermissions: directoryPermissions,
-            filePermissions: filePermissions, group: group, trustsOtherOwners: trustsOtherOwners)
+            path: path + "/" + name,
+            create: true,
+            directoryPermissions: directoryPermissions,
+            filePermissions: filePermissions,
+            group: group,
+            trustsOtherOwners: trustsOtherOwners
+        )
     }
 
     // MARK: Files
@@ -177,31 +217,41 @@ final class DirectoryHandle: Sendable {
     /// Checks that an opened file is one the wormhole may trust: a regular file with one link, owned by this
     /// user (unless the directory is shared). Returns nil when the file was unlinked (link count 0).
     func trustedStatus(
-        of file: Descriptor, name: String, identifier: String?
+        of file: Descriptor,
+        name: String,
+        identifier: String?
     ) throws(WormholeError) -> FileStatus? {
         let status: FileStatus
         switch file.status() {
         case .success(let value): status = value
-        case .failure(let errno): throw WormholeError.fileSystem(errno, "inspect \(name)", identifier: identifier, path: filePath(name))
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "inspect \(name)", identifier: identifier, path: filePath(name))
         }
         if status.linkCount == 0 { return nil }
         guard status.isRegularFile else {
             throw WormholeError(
-                .untrustedFile, "\(name) is not a regular file; remove it from the wormhole directory.",
-                identifier: identifier, path: filePath(name))
+                .untrustedFile,
+                "\(name) is not a regular file; remove it from the wormhole directory.",
+                identifier: identifier,
+                path: filePath(name)
+            )
         }
         guard status.linkCount == 1 else {
             throw WormholeError(
                 .untrustedFile,
                 "\(name) has \(status.linkCount) hard links; a wormhole never writes through a link. Remove it.",
-                identifier: identifier, path: filePath(name))
+                identifier: identifier,
+                path: filePath(name)
+            )
         }
         if !trustsOtherOwners && status.ownerID != ProcessFacts.effectiveUserID {
             throw WormholeError(
                 .untrustedFile,
                 "\(name) belongs to user \(status.ownerID), not to \(ProcessFacts.effectiveUserID): it was planted. "
                     + "Remove it.",
-                identifier: identifier, path: filePath(name))
+                identifier: identifier,
+                path: filePath(name)
+            )
         }
         return status
     }
@@ -211,11 +261,16 @@ final class DirectoryHandle: Sendable {
     /// With `replacing: false` the rename fails with `EEXIST` when `name` exists, so two processes that create
     /// the same file at once do not overwrite each other.
     func createFile(
-        named name: String, bytes: [UInt8], replacing: Bool, synchronize: Bool
+        named name: String,
+        bytes: [UInt8],
+        replacing: Bool,
+        synchronize: Bool
     ) -> Result<Void, Errno> {
         let temporary = ".tmp-\(ProcessFacts.processID)-\(UInt64.random(in: 0...UInt64.max))"
         let file: OwnedDescriptor
-        do { file = try openFile(named: temporary, flags: O_WRONLY | O_CREAT | O_EXCL) } catch { return .failure(error) }
+        do { file = try openFile(named: temporary, flags: O_WRONLY | O_CREAT | O_EXCL) } catch {
+            return .failure(error)
+        }
         var result = file.descriptor.write(bytes, at: 0)
         if case .success = result, synchronize { result = file.descriptor.synchronize() }
         // Creating the file applied the umask; set the mode the wormhole was configured with.

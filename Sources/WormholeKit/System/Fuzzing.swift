@@ -7,7 +7,11 @@ import Foundation
 package enum WormholeFuzzing {
     /// The decoders, chosen by the first byte of a fuzz input.
     package enum Target: UInt8, CaseIterable, Sendable {
-        case mailboxFile = 0, queueLog, consumerPosition, suiteDocument, livePacket
+        case mailboxFile = 0
+        case queueLog
+        case consumerPosition
+        case suiteDocument
+        case livePacket
     }
 
     /// Runs the decoder the first byte selects on the rest of the bytes.
@@ -48,7 +52,11 @@ package enum WormholeFuzzing {
                 case .record(let record, let size):
                     precondition(size > 0)
                     let encoded = record.payload.withUnsafeBytes {
-                        QueueFormat.encode(payload: $0, sender: record.sender, timestampNanoseconds: record.timestampNanoseconds)
+                        QueueFormat.encode(
+                            payload: $0,
+                            sender: record.sender,
+                            timestampNanoseconds: record.timestampNanoseconds
+                        )
                     }
                     precondition(encoded.count == size, "a queue record did not survive re-encoding")
                     offset += size
@@ -90,18 +98,33 @@ package enum WormholeFuzzing {
     /// Valid inputs for each decoder, to seed a corpus.
     package static func seeds() -> [(name: String, bytes: [UInt8])] {
         let record = MailboxFormat.Record(
-            sequence: 3, timestampNanoseconds: 1_700_000_000_000_000_000, isCleared: false, sender: Array("app[1]".utf8),
-            payload: Array(#"{"number":1}"#.utf8))
+            sequence: 3,
+            timestampNanoseconds: 1_700_000_000_000_000_000,
+            isCleared: false,
+            sender: Array("app[1]".utf8),
+            payload: Array(#"{"number":1}"#.utf8)
+        )
         let mailbox = MailboxFormat.encodeFile(header: .init(slotCapacity: 512, generation: 7), record: record)
         var queue: [UInt8] = []
         for text in [#"{"a":1}"#, #"{"b":2}"#, "x"] {
-            queue += Array(text.utf8).withUnsafeBytes { QueueFormat.encode(payload: $0, sender: Array("p".utf8), timestampNanoseconds: 1) }
+            queue += Array(text.utf8).withUnsafeBytes {
+                QueueFormat.encode(payload: $0, sender: Array("p".utf8), timestampNanoseconds: 1)
+            }
         }
         let torn = Array(queue.prefix(queue.count - 3))
         var document = SuiteDocument()
         document.version = 2
         document.values = SuiteValues(storage: ["theme": Data(#""dark""#.utf8), "size": Data("12".utf8)])
-        document.log = [.init(version: 2, keys: ["theme"], sender: "app", direction: "app→widget", time: 1, values: ["theme": Data(#""dark""#.utf8)])]
+        document.log = [
+            .init(
+                version: 2,
+                keys: ["theme"],
+                sender: "app",
+                direction: "app→widget",
+                time: 1,
+                values: ["theme": Data(#""dark""#.utf8)]
+            )
+        ]
         let suite = (try? document.encoded()).map(Array.init) ?? []
         let packet = LivePacket(kind: .request, sender: "app[1]", payload: Array(#"{"term":"swift"}"#.utf8)).encoded()
         return [

@@ -92,7 +92,8 @@ struct Inotify: Sendable {
     /// Reads every queued event into `buffer`, calling `body` with each event's watch and mask; returns whether the
     /// kernel's queue overflowed (events were dropped).
     func drainEvents(
-        into buffer: UnsafeMutableRawBufferPointer, _ body: (_ watch: Int32, _ mask: UInt32) -> Void
+        into buffer: UnsafeMutableRawBufferPointer,
+        _ body: (_ watch: Int32, _ mask: UInt32) -> Void
     ) -> Bool {
         var overflowed = false
         let header = MemoryLayout<inotify_event>.size
@@ -128,7 +129,8 @@ struct Inotify: Sendable {
 
 // The C calls by names that the methods above do not shadow.
 @inline(__always) private func Glibc_close(_ descriptor: Int32) -> Int32 { close(descriptor) }
-@inline(__always) private func Glibc_read(_ descriptor: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int {
+@inline(__always) private func Glibc_read(_ descriptor: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int
+{
     read(descriptor, buffer, count)
 }
 @inline(__always) private func Glibc_write(_ descriptor: Int32, _ buffer: UnsafeRawPointer?, _ count: Int) -> Int {

@@ -1,4 +1,6 @@
 import Foundation
+import SystemPackage
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -6,7 +8,6 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import SystemPackage
 #if os(Linux) || os(Android)
 import CWormholeSystem
 #endif
@@ -85,8 +86,11 @@ package struct Descriptor {
         let buffer = [UInt8](unsafeUninitializedCapacity: count) { bytes, initialized in
             var done = 0
             while done < count {
-                switch valueOrErrno({ pread(rawValue, bytes.baseAddress! + done, count - done, off_t(offset + done)) }) {
-                case .success(0): initialized = done; return
+                switch valueOrErrno({ pread(rawValue, bytes.baseAddress! + done, count - done, off_t(offset + done)) })
+                {
+                case .success(0):
+                    initialized = done
+                    return
                 case .success(let n): done += n
                 case .failure(let error):
                     failure = error
@@ -105,7 +109,9 @@ package struct Descriptor {
         bytes.withUnsafeBytes { buffer in
             var done = 0
             while done < buffer.count {
-                switch valueOrErrno({ pwrite(rawValue, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done)) }) {
+                switch valueOrErrno({
+                    pwrite(rawValue, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
+                }) {
                 case .success(let n): done += n
                 case .failure(let error): return .failure(error)
                 }
@@ -117,7 +123,9 @@ package struct Descriptor {
     /// Opens a file by path (close-on-exec), for a file outside any wormhole directory, such as one to send; a file
     /// it creates gets `permissions`.
     package static func open(
-        path: String, flags: Int32, permissions: mode_t = 0o600
+        path: String,
+        flags: Int32,
+        permissions: mode_t = 0o600
     ) -> Result<OwnedDescriptor, Errno> {
         valueOrErrno { Glibc_openPath(path, flags | O_CLOEXEC, permissions) }.map { OwnedDescriptor(taking: $0) }
     }
@@ -219,7 +227,11 @@ enum ProcessFacts {
 @inline(__always) private func Glibc_openPath(_ path: String, _ flags: Int32, _ mode: mode_t) -> Int32 {
     open(path, flags, mode)
 }
-@inline(__always) private func Glibc_readInto(_ descriptor: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int)
+@inline(__always) private func Glibc_readInto(
+    _ descriptor: Int32,
+    _ buffer: UnsafeMutableRawPointer?,
+    _ count: Int
+)
     -> Int
 { read(descriptor, buffer, count) }
 @inline(__always) private func Glibc_writeFrom(_ descriptor: Int32, _ buffer: UnsafeRawPointer?, _ count: Int) -> Int {

@@ -13,7 +13,9 @@ final class DirectoryTransferStaging: TransferStaging {
     }
 
     func stage(
-        id: String, from path: String, progress: (@Sendable (TransferProgress) -> Void)?
+        id: String,
+        from path: String,
+        progress: (@Sendable (TransferProgress) -> Void)?
     ) throws(WormholeError) -> UInt64 {
         let source: OwnedDescriptor
         switch Descriptor.open(path: path, flags: O_RDONLY) {
@@ -48,7 +50,9 @@ final class DirectoryTransferStaging: TransferStaging {
     }
 
     static func copy(
-        from source: Descriptor, to destination: Descriptor, size: UInt64,
+        from source: Descriptor,
+        to destination: Descriptor,
+        size: UInt64,
         progress: (@Sendable (TransferProgress) -> Void)?
     ) throws(WormholeError) {
         var buffer = [UInt8](repeating: 0, count: chunkSize)
@@ -115,7 +119,9 @@ final class DirectoryTransferStaging: TransferStaging {
     }
 
     private func copyAcrossFileSystems(
-        _ staged: String, to name: String, in target: DirectoryHandle
+        _ staged: String,
+        to name: String,
+        in target: DirectoryHandle
     ) throws(WormholeError) {
         let source: OwnedDescriptor
         do { source = try staging.openFile(named: staged, flags: O_RDONLY) } catch {

@@ -115,16 +115,21 @@ public final class WormholeTransfers: Sendable {
                         .invalidIdentifier,
                         "A transfer with id \(transfer.id.debugDescription) and name \(transfer.name.debugDescription) "
                             + "is not one this package sends; it is passed over.",
-                        identifier: identifier),
-                    to: errorHandler)
+                        identifier: identifier
+                    ),
+                    to: errorHandler
+                )
                 return
             }
             guard let file = try staging.deliver(transfer, into: destination) else {
                 queue.report(
                     WormholeError(
-                        .ioFailure, "Transfer \(transfer.id) (\(transfer.name)) was cancelled before it was received.",
-                        identifier: identifier),
-                    to: errorHandler)
+                        .ioFailure,
+                        "Transfer \(transfer.id) (\(transfer.name)) was cancelled before it was received.",
+                        identifier: identifier
+                    ),
+                    to: errorHandler
+                )
                 return
             }
             try handler(file)
@@ -143,7 +148,9 @@ public final class WormholeTransfers: Sendable {
     public func files(consumer: String, into destination: String) -> ListeningSequence<ReceivedFile> {
         ListeningSequence { (continuation) throws(WormholeError) in
             try receive(
-                consumer: consumer, into: destination, on: .notifierThread,
+                consumer: consumer,
+                into: destination,
+                on: .notifierThread,
                 errorHandler: { continuation.finish(throwing: $0) }
             ) { file in continuation.yield(file) }
         }

@@ -75,7 +75,8 @@ func eventuallyAwaiting(timeout: Double = 10, _ condition: () throws -> Bool) as
 
 /// The result of `task` if it finishes within `timeout` seconds; else the task is cancelled and nil returned.
 func result<Success: Sendable>(
-    of task: Task<Success, any Error>, within timeout: Double = 10
+    of task: Task<Success, any Error>,
+    within timeout: Double = 10
 ) async -> Result<Success, any Error>? {
     await withTaskGroup(of: Result<Success, any Error>?.self) { group in
         group.addTask { await task.result }
@@ -93,7 +94,8 @@ func result<Success: Sendable>(
 /// The error of a call expected to throw a ``WormholeError``; records an issue when it returns or throws another
 /// error.
 func wormholeError(
-    sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void
+    sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () throws -> Void
 ) -> WormholeError? {
     do {
         try body()
@@ -108,7 +110,8 @@ func wormholeError(
 
 /// The error of an async call expected to throw a ``WormholeError``; as ``wormholeError(sourceLocation:_:)``.
 func wormholeErrorAwaiting(
-    sourceLocation: SourceLocation = #_sourceLocation, _ body: () async throws -> Void
+    sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () async throws -> Void
 ) async -> WormholeError? {
     do {
         try await body()

@@ -46,7 +46,8 @@ struct MailboxContract {
 
     @Test(
         "A listener in another wormhole gets rapid passes never older after newer, never twice, ending with the last",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func rapidPasses(kind: EngineKind) throws {
         let fixture = try EngineFixture(kind)
         let app = try fixture.wormhole("app")
@@ -65,7 +66,10 @@ struct MailboxContract {
         #expect(eventually { sequences.values.last == lastSequence }, "ends with the last envelope")
         let values = received.values
         #expect(!values.isEmpty)
-        #expect(zip(values, values.dropFirst()).allSatisfy { $0 < $1 }, "never older after newer, never twice: \(values)")
+        #expect(
+            zip(values, values.dropFirst()).allSatisfy { $0 < $1 },
+            "never older after newer, never twice: \(values)"
+        )
         let seen = sequences.values
         #expect(zip(seen, seen.dropFirst()).allSatisfy { $0 < $1 }, "envelopes' sequences only grow: \(seen)")
         listener.cancel()
@@ -113,9 +117,12 @@ struct MailboxContract {
         let caughtUp = Collector<Int>()
         let plain = Collector<Int>()
         let catching = try fixture.wormhole("widget-again").listenForMessage(
-            withIdentifier: "status", as: Int.self, deliveringCurrentMessage: true
+            withIdentifier: "status",
+            as: Int.self,
+            deliveringCurrentMessage: true
         ) { caughtUp.append($0) }
-        let notCatching = try fixture.wormhole("widget-plain").listenForMessage(withIdentifier: "status", as: Int.self) {
+        let notCatching = try fixture.wormhole("widget-plain").listenForMessage(withIdentifier: "status", as: Int.self)
+        {
             plain.append($0)
         }
         #expect(eventually { caughtUp.values == [3] }, "the newest message passed while away comes first")
@@ -131,7 +138,8 @@ struct MailboxContract {
 
     @Test(
         "messages(withIdentifier:): the current message first when asked, then each new one",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func messageSequence(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let app = try fixture.wormhole("app")
@@ -150,7 +158,8 @@ struct MailboxContract {
 
     @Test(
         "stopListeningForMessage cancels the wormhole's listeners and ends its message sequences",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func stopListening(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let app = try fixture.wormhole("app")

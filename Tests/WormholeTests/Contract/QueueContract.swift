@@ -21,7 +21,8 @@ struct QueueContract {
 
     @Test(
         "Two producers × 200: two consumers each get every message once, each producer's order kept",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func producersAndConsumers(kind: EngineKind) throws {
         let fixture = try EngineFixture(kind)
         let count = 200
@@ -56,7 +57,10 @@ struct QueueContract {
             #expect(jobs.count == 2 * count, "c\(index): exactly once")
             #expect(Set(jobs).count == jobs.count, "c\(index): no message twice")
             for name in ["left", "right"] {
-                #expect(jobs.filter { $0.producer == name }.map(\.index) == Array(0..<count), "c\(index): \(name)'s order")
+                #expect(
+                    jobs.filter { $0.producer == name }.map(\.index) == Array(0..<count),
+                    "c\(index): \(name)'s order"
+                )
                 #expect(messages.filter { $0.value.producer == name }.allSatisfy { $0.sender == name })
             }
             let offsets = messages.map(\.offset)
@@ -68,7 +72,8 @@ struct QueueContract {
 
     @Test(
         "A consumer restarted under its name gets nothing acknowledged and catches up on what came while away",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func restartedConsumer(kind: EngineKind) throws {
         let fixture = try EngineFixture(kind)
         let producer = try fixture.wormhole("app").queue("jobs")
@@ -97,7 +102,9 @@ struct QueueContract {
     }
 
     @Test(
-        "A handler that throws gets its message again, and the error is .handlerFailed", arguments: EngineKind.allCases)
+        "A handler that throws gets its message again, and the error is .handlerFailed",
+        arguments: EngineKind.allCases
+    )
     func throwingHandler(kind: EngineKind) throws {
         let fixture = try EngineFixture(kind)
         let producer = try fixture.wormhole("app").queue("jobs")
@@ -105,7 +112,9 @@ struct QueueContract {
         let handled = Collector<Int>()
         let errors = Collector<WormholeError>()
         let consumer = try fixture.wormhole("worker").queue("jobs").consume(
-            consumer: "worker", as: Int.self, errorHandler: { errors.append($0) }
+            consumer: "worker",
+            as: Int.self,
+            errorHandler: { errors.append($0) }
         ) { message in
             attempts.append(message.value)
             if attempts.count == 1 { throw ContractFailure() }
@@ -126,7 +135,9 @@ struct QueueContract {
         // Restarted after a failure: the failed message is offered again.
         let refused = Collector<Int>()
         let failing = try fixture.wormhole("worker-2").queue("jobs").consume(
-            consumer: "fragile", as: Int.self, errorHandler: { _ in }
+            consumer: "fragile",
+            as: Int.self,
+            errorHandler: { _ in }
         ) { message in
             refused.append(message.value)
             throw ContractFailure()
@@ -172,7 +183,8 @@ struct QueueContract {
             let head = chunk[0]
             #expect(
                 chunk == (0..<batchSize).map { Job(producer: head.producer, batch: head.batch, index: $0) },
-                "a batch arrives whole, with nothing between its messages: \(chunk)")
+                "a batch arrives whole, with nothing between its messages: \(chunk)"
+            )
             seenBatches[head.producer, default: []].append(head.batch)
         }
         #expect(seenBatches["left"] == Array(0..<batches))
@@ -182,7 +194,8 @@ struct QueueContract {
 
     @Test(
         "The AsyncSequence: acknowledging the 3rd and breaking, a new sequence starts at the 4th",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func asyncSequence(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         try fixture.wormhole("app").queue("jobs").enqueue(contentsOf: 0..<6)
@@ -269,7 +282,8 @@ struct QueueContract {
         #expect(
             await eventuallyAwaiting {
                 (try? producer.status().consumers.first { $0.name == "worker" }?.lagMessages) == 0
-            })
+            }
+        )
         let end = try producer.status()
         let caughtUp = try #require(end.consumers.first { $0.name == "worker" })
         #expect(handled.values == Array(0..<5))

@@ -49,7 +49,8 @@ struct SuiteContract {
 
     @Test(
         "Observers get other wormholes' changes with sender and direction, their own only when asked",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func observersAndOwnChanges(kind: EngineKind) throws {
         let fixture = try EngineFixture(kind)
         let app = try fixture.wormhole("app").suite("settings")
@@ -153,8 +154,11 @@ struct SuiteContract {
         let app = try fixture.wormhole("app").suite("settings")
         let widget = try fixture.wormhole("widget").suite("settings")
         let settings = Settings(
-            name: "main", display: .init(theme: "dark", scale: 1.5, panels: ["left", "right"]),
-            limits: ["files": 10, "users": 3], note: nil)
+            name: "main",
+            display: .init(theme: "dark", scale: 1.5, panels: ["left", "right"]),
+            limits: ["files": 10, "users": 3],
+            note: nil
+        )
         try app.set(settings, forKey: "settings")
         #expect(try widget.value(forKey: "settings", as: Settings.self) == settings)
         #expect(try widget.value(forKey: "missing", as: Settings.self) == nil)

@@ -29,7 +29,9 @@ struct TransferContract {
     }
 
     @Test(
-        "A 3 MiB file arrives once, whole, with its metadata; progress reaches 1.0", arguments: EngineKind.allCases)
+        "A 3 MiB file arrives once, whole, with its metadata; progress reaches 1.0",
+        arguments: EngineKind.allCases
+    )
     func largeFile(kind: EngineKind) throws {
         let fixture = try EngineFixture(kind)
         let source = fixture.scratch("report.bin")
@@ -39,13 +41,18 @@ struct TransferContract {
         let received = Collector<ReceivedFile>()
         let errors = Collector<WormholeError>()
         let receiver = try fixture.wormhole("viewer").transfers("exports").receive(
-            consumer: "viewer", into: inbox, errorHandler: { errors.append($0) }
+            consumer: "viewer",
+            into: inbox,
+            errorHandler: { errors.append($0) }
         ) { received.append($0) }
 
         let exports = try fixture.wormhole("app").transfers("exports")
         let progress = Collector<TransferProgress>()
         let transfer = try exports.send(
-            file: source, metadata: ["kind": "report", "owner": "app"], progress: { progress.append($0) })
+            file: source,
+            metadata: ["kind": "report", "owner": "app"],
+            progress: { progress.append($0) }
+        )
         #expect(transfer.size == UInt64(original.count))
         #expect(transfer.name == "report.bin")
         let fractions = progress.values.map(\.fraction)
@@ -77,7 +84,8 @@ struct TransferContract {
 
     @Test(
         "A transfer cancelled before any receiver starts is not delivered, and is reported",
-        arguments: EngineKind.allCases)
+        arguments: EngineKind.allCases
+    )
     func cancelledTransfer(kind: EngineKind) throws {
         let fixture = try EngineFixture(kind)
         let exports = try fixture.wormhole("app").transfers("exports")
@@ -98,7 +106,9 @@ struct TransferContract {
         let received = Collector<ReceivedFile>()
         let errors = Collector<WormholeError>()
         let receiver = try fixture.wormhole("viewer").transfers("exports").receive(
-            consumer: "viewer", into: inbox, errorHandler: { errors.append($0) }
+            consumer: "viewer",
+            into: inbox,
+            errorHandler: { errors.append($0) }
         ) { received.append($0) }
         #expect(eventually { received.count >= 1 })
         #expect(received.values.map(\.transfer.id) == [kept.id])
@@ -149,14 +159,18 @@ struct TransferContract {
 
         // Away: another file.
         try exports.send(file: fixture.scratch("two.bin"))
-        let second = try fixture.wormhole("viewer-again").transfers("exports").receive(consumer: "viewer", into: inbox) {
+        let second = try fixture.wormhole("viewer-again").transfers("exports").receive(consumer: "viewer", into: inbox)
+        {
             received.append($0)
         }
         #expect(eventually { received.count >= 2 })
         try exports.send(file: fixture.scratch("three.bin"))  // and one live, after catching up
         #expect(eventually { received.values.last?.transfer.name == "three.bin" })
 
-        #expect(received.values.map(\.transfer.name) == ["one.bin", "two.bin", "three.bin"], "each file once, in order")
+        #expect(
+            received.values.map(\.transfer.name) == ["one.bin", "two.bin", "three.bin"],
+            "each file once, in order"
+        )
         #expect(Self.contents(of: inbox) == ["one.bin", "three.bin", "two.bin"], "no second copy of any file")
         for file in received.values {
             #expect(try Data(contentsOf: URL(fileURLWithPath: file.path)) == sources[file.transfer.name])

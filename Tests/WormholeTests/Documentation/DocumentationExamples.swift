@@ -42,7 +42,7 @@ enum DocumentationExamples {
         struct Tap: Codable, Sendable { var number: Int }
 
         try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
-        let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)   // Tap(number: 1), or nil if empty
+        let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)  // Tap(number: 1), or nil if empty
         return tap?.number  // (not in the docs)
     }
 
@@ -58,11 +58,12 @@ enum DocumentationExamples {
     static func gettingStartedTestYourCode() throws -> (ManualNotifier, MessageListener) {
         let notifier = ManualNotifier()
         let wormhole = Wormhole(engine: InMemoryEngine(notifier: notifier))
-        let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .notifierThread) { tap in
+        let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .notifierThread) {
+            tap in
             print("tapped", tap.number)
         }
         try wormhole.passMessageObject(Tap(number: 2), identifier: "button")
-        notifier.deliverPendingNotifications()   // the listener runs now, on this thread
+        notifier.deliverPendingNotifications()  // the listener runs now, on this thread
         return (notifier, listener)  // (not in the docs)
     }
 
@@ -80,10 +81,13 @@ enum DocumentationExamples {
 
     // Sources/WormholeKit/WormholeKit.docc/Listening.md, "Catching up".
     static func listeningCatchingUp(
-        wormhole: Wormhole, apply: @escaping @Sendable (Settings) -> Void
+        wormhole: Wormhole,
+        apply: @escaping @Sendable (Settings) -> Void
     ) throws -> MessageListener {
         let listener = try wormhole.listenForMessage(
-            withIdentifier: "settings", as: Settings.self, deliveringCurrentMessage: true
+            withIdentifier: "settings",
+            as: Settings.self,
+            deliveringCurrentMessage: true
         ) { settings in apply(settings) }
         return listener  // (not in the docs)
     }
@@ -95,16 +99,17 @@ enum DocumentationExamples {
         struct Job: Codable, Sendable { var id: Int }
 
         let jobs = try wormhole.queue("jobs")
-        try jobs.enqueue(Job(id: 1))                  // any number of producers, in any number of processes
+        try jobs.enqueue(Job(id: 1))  // any number of producers, in any number of processes
         return jobs  // (not in the docs)
     }
 
     // Sources/WormholeKit/WormholeKit.docc/DurableQueues.md, "Consuming".
     static func durableQueuesConsume(
-        jobs: WormholeQueue, perform: @escaping @Sendable (Job) throws -> Void
+        jobs: WormholeQueue,
+        perform: @escaping @Sendable (Job) throws -> Void
     ) throws -> QueueConsumer {
         let worker = try jobs.consume(consumer: "worker", as: Job.self) { message in
-            try perform(message.value)                // returning acknowledges it
+            try perform(message.value)  // returning acknowledges it
         }
         return worker  // (not in the docs)
     }
@@ -112,7 +117,8 @@ enum DocumentationExamples {
     // Sources/WormholeKit/WormholeKit.docc/DurableQueues.md, "Consuming" (the AsyncSequence form).
     // Compile-only: the loop waits for messages until its task is cancelled.
     static func durableQueuesConsumeAsASequence(
-        jobs: WormholeQueue, perform: (Job) async throws -> Void
+        jobs: WormholeQueue,
+        perform: (Job) async throws -> Void
     ) async throws {
         for try await message in jobs.messages(consumer: "worker", as: Job.self) {
             try await perform(message.value)
@@ -121,11 +127,13 @@ enum DocumentationExamples {
 
     // Sources/WormholeKit/WormholeKit.docc/DurableQueues.md, "Batches".
     static func durableQueuesBatches(
-        jobs: WormholeQueue, pending: [Job], perform: @escaping @Sendable ([Job]) throws -> Void
+        jobs: WormholeQueue,
+        pending: [Job],
+        perform: @escaping @Sendable ([Job]) throws -> Void
     ) throws -> QueueConsumer {
-        try jobs.enqueue(contentsOf: pending)         // one write; no other producer's message comes in between
+        try jobs.enqueue(contentsOf: pending)  // one write; no other producer's message comes in between
         let worker = try jobs.consumeBatches(consumer: "worker", as: Job.self, maximumCount: 500) { batch in
-            try perform(batch.map(\.value))           // returning acknowledges the whole batch, with one write
+            try perform(batch.map(\.value))  // returning acknowledges the whole batch, with one write
         }
         return worker  // (not in the docs)
     }
@@ -136,7 +144,7 @@ enum DocumentationExamples {
     // Compile-only: it needs /run/my-daemon and a Unix group.
     static func securitySharedWithAGroup(gid: gid_t) throws -> Wormhole {
         var configuration = Wormhole.Configuration()
-        configuration.fileOptions = .shared(withGroup: gid)      // the group's id, from getgrnam(3)
+        configuration.fileOptions = .shared(withGroup: gid)  // the group's id, from getgrnam(3)
         let wormhole = try Wormhole(directory: "/run/my-daemon/wormhole", configuration: configuration)
         return wormhole  // (not in the docs)
     }
@@ -145,7 +153,10 @@ enum DocumentationExamples {
 
     // Sources/WormholeKit/WormholeKit.docc/LiveMessagesAndRequests.md, "Send and listen".
     static func liveSendAndListen(wormhole: Wormhole) throws -> (LiveListener, Int) {
-        struct Cursor: Codable, Sendable { var x: Int; var y: Int }
+        struct Cursor: Codable, Sendable {
+            var x: Int
+            var y: Int
+        }
 
         // In the listening process; keep the listener: releasing it stops listening.
         let listener = try wormhole.listenForLiveMessages(withIdentifier: "cursor", as: Cursor.self) { cursor in
@@ -153,13 +164,16 @@ enum DocumentationExamples {
         }
 
         // In any process of the group:
-        let reached = try wormhole.sendMessage(Cursor(x: 10, y: 20), identifier: "cursor")   // how many processes
+        let reached = try wormhole.sendMessage(Cursor(x: 10, y: 20), identifier: "cursor")  // how many processes
         return (listener, reached)  // (not in the docs)
     }
 
     // Sources/WormholeKit/WormholeKit.docc/LiveMessagesAndRequests.md, "Send and listen" (nobody listening).
     static func liveNobodyListening(wormhole: Wormhole) {
-        struct Cursor: Codable, Sendable { var x: Int; var y: Int }
+        struct Cursor: Codable, Sendable {
+            var x: Int
+            var y: Int
+        }
 
         do {
             try wormhole.sendMessage(Cursor(x: 10, y: 20), identifier: "cursor")
@@ -173,7 +187,10 @@ enum DocumentationExamples {
     // Sources/WormholeKit/WormholeKit.docc/LiveMessagesAndRequests.md, "Send and listen" (the AsyncSequence form).
     // Compile-only: the loop listens until its task is cancelled.
     static func liveMessagesAsASequence(wormhole: Wormhole) async throws {
-        struct Cursor: Codable, Sendable { var x: Int; var y: Int }
+        struct Cursor: Codable, Sendable {
+            var x: Int
+            var y: Int
+        }
 
         for try await cursor in wormhole.liveMessages(withIdentifier: "cursor", as: Cursor.self) {
             print("cursor at", cursor.x, cursor.y)
@@ -193,8 +210,12 @@ enum DocumentationExamples {
 
         // In any process of the group:
         let answer = try await wormhole.request(
-            Query(term: "swift"), identifier: "lookup", as: Answer.self, timeout: .seconds(1))
-        print(answer.count)   // 3
+            Query(term: "swift"),
+            identifier: "lookup",
+            as: Answer.self,
+            timeout: .seconds(1)
+        )
+        print(answer.count)  // 3
         return (responder, answer.count)  // (not in the docs)
     }
 
@@ -211,7 +232,7 @@ enum DocumentationExamples {
         } catch WormholeError.Code.timedOut {
             // It is running, but did not answer within 5 seconds.
         } catch {
-            print(error)   // remoteFailure: the responder failed; decodingFailed: the reply is not an Answer
+            print(error)  // remoteFailure: the responder failed; decodingFailed: the reply is not an Answer
         }
     }
 
@@ -223,9 +244,9 @@ enum DocumentationExamples {
         try settings.set("dark", forKey: "theme", direction: "app→widget")
         try settings.set(3, forKey: "count")
 
-        let theme = try settings.value(forKey: "theme", as: String.self)   // "dark"; nil when not set
-        let everything = try settings.snapshot()                         // every key and value, read at once
-        print(everything.keys, everything["count", as: Int.self] ?? 0)    // ["count", "theme"] 3
+        let theme = try settings.value(forKey: "theme", as: String.self)  // "dark"; nil when not set
+        let everything = try settings.snapshot()  // every key and value, read at once
+        print(everything.keys, everything["count", as: Int.self] ?? 0)  // ["count", "theme"] 3
         try settings.removeValue(forKey: "count")
         return (theme, everything)  // (not in the docs)
     }
@@ -245,7 +266,7 @@ enum DocumentationExamples {
         let observer = try settings.observe(keys: ["theme"]) { change in
             print(change.keys, "changed by", change.sender, change.direction ?? "-")
             print(change.values["theme", as: String.self] ?? "removed")
-        }   // keep `observer`: releasing it stops observing
+        }  // keep `observer`: releasing it stops observing
         return observer  // (not in the docs)
     }
 
@@ -263,7 +284,9 @@ enum DocumentationExamples {
         let settings = try wormhole.suite("settings")
         let observer = try settings.observe(keys: ["theme"], repostingTo: .default) { _ in }
         let token = NotificationCenter.default.addObserver(
-            forName: Notification.Name("theme"), object: nil, queue: nil
+            forName: Notification.Name("theme"),
+            object: nil,
+            queue: nil
         ) { notification in
             print("theme is now", notification.object ?? "removed")
         }
@@ -287,7 +310,7 @@ enum DocumentationExamples {
     static func fileTransfersSend(wormhole: Wormhole) throws {
         let exports = try wormhole.transfers("exports")
         let transfer = try exports.send(file: "/tmp/report.pdf", metadata: ["kind": "report"]) { progress in
-            print(Int(progress.fraction * 100), "%")       // after each chunk copied
+            print(Int(progress.fraction * 100), "%")  // after each chunk copied
         }
         print("sent", transfer.id, transfer.name, transfer.size)
     }
@@ -298,7 +321,7 @@ enum DocumentationExamples {
         let exports = try wormhole.transfers("exports")
         let receiver = try exports.receive(consumer: "viewer", into: "/home/me/inbox") { file in
             print("received", file.transfer.name, "at", file.path, "from", file.transfer.sender)
-        }   // keep `receiver`: releasing it stops receiving
+        }  // keep `receiver`: releasing it stops receiving
         return receiver  // (not in the docs)
     }
 
@@ -316,7 +339,7 @@ enum DocumentationExamples {
     static func fileTransfersCancelAndList(wormhole: Wormhole) throws {
         let exports = try wormhole.transfers("exports")
         let transfer = try exports.send(file: "/tmp/report.pdf")
-        print(try exports.pendingTransferIDs())        // sent and not yet received, nor cancelled
+        print(try exports.pendingTransferIDs())  // sent and not yet received, nor cancelled
         if try exports.cancel(transfer.id) == false {
             print("too late: it was already received")
         }
@@ -328,9 +351,13 @@ enum DocumentationExamples {
     // Sources/WormholeKit/WormholeKit.docc/MigratingFromMMWormhole.md, "Creating a wormhole" (transiting types).
     // Compile-only: it makes the directory of the group under the user's app-groups directory.
     static func migratingCoordinated() throws -> Wormhole {
-        let configuration = Wormhole.Configuration(coordination: .coordinated)   // MMWormholeTransitingTypeCoordinatedFile
+        // MMWormholeTransitingTypeCoordinatedFile:
+        let configuration = Wormhole.Configuration(coordination: .coordinated)
         let wormhole = try Wormhole(
-            applicationGroupIdentifier: "group.com.example.app", optionalDirectory: "wormhole", configuration: configuration)
+            applicationGroupIdentifier: "group.com.example.app",
+            optionalDirectory: "wormhole",
+            configuration: configuration
+        )
         return wormhole  // (not in the docs)
     }
 
@@ -348,7 +375,7 @@ enum DocumentationExamples {
         struct Tap: Codable, Sendable { var number: Int }
 
         try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
-        let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)   // nil when the mailbox is empty
+        let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)  // nil when the mailbox is empty
         try wormhole.clearMessageContents(forIdentifier: "button")
         return tap?.number  // (not in the docs)
     }
@@ -359,7 +386,7 @@ enum DocumentationExamples {
 
         let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .main) { tap in
             print("tapped", tap.number)
-        }   // keep `listener`: releasing it stops listening
+        }  // keep `listener`: releasing it stops listening
         return listener  // (not in the docs)
     }
 
@@ -368,13 +395,13 @@ enum DocumentationExamples {
     // Sources/WormholeKit/WormholeKit.docc/TestingYourCode.md, "Give your code a wormhole".
     static func testingGiveYourCodeAWormhole() throws {
         struct ScoreKeeper {
-            let wormhole: Wormhole   // the app passes Wormhole(applicationGroupIdentifier:optionalDirectory:)
+            let wormhole: Wormhole  // the app passes Wormhole(applicationGroupIdentifier:optionalDirectory:)
             func record(_ score: Int) throws { try wormhole.passMessageObject(score, identifier: "score") }
         }
 
         let engine = InMemoryEngine()
         let keeper = ScoreKeeper(wormhole: Wormhole(engine: engine, sender: "app"))
-        let widget = Wormhole(engine: engine, sender: "widget")   // the other process, as the test sees it
+        let widget = Wormhole(engine: engine, sender: "widget")  // the other process, as the test sees it
         try keeper.record(3)
         #expect(try widget.message(withIdentifier: "score", as: Int.self) == 3)
     }
@@ -420,11 +447,11 @@ enum DocumentationExamples {
         }
         try app.passMessageObject(Tap(number: 1), identifier: "button")
         try app.passMessageObject(Tap(number: 2), identifier: "button")
-        #expect(taps.withLock { $0 }.isEmpty)                     // nobody was woken yet
+        #expect(taps.withLock { $0 }.isEmpty)  // nobody was woken yet
         #expect(notifier.postedNames == ["mailbox.button", "mailbox.button"])
 
-        notifier.deliverPendingNotifications()                    // the listener runs now, on this thread
-        #expect(taps.withLock { $0 } == [2])                      // two passes, one wake-up: the newest message
+        notifier.deliverPendingNotifications()  // the listener runs now, on this thread
+        #expect(taps.withLock { $0 } == [2])  // two passes, one wake-up: the newest message
         listener.cancel()
     }
 
@@ -433,7 +460,7 @@ enum DocumentationExamples {
         let wormhole = Wormhole(transiting: InMemoryTransiting(), notifier: ManualNotifier(deliversImmediately: true))
         try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
         #expect(try wormhole.message(withIdentifier: "button", as: Tap.self)?.number == 1)
-        #expect(throws: WormholeError.self) { try wormhole.queue("jobs") }   // mailboxes only
+        #expect(throws: WormholeError.self) { try wormhole.queue("jobs") }  // mailboxes only
     }
 
     // Sources/WormholeKit/WormholeKit.docc/TestingYourCode.md, "When to use the directory engine".
@@ -471,8 +498,11 @@ enum DocumentationExamples {
             }
         }
         let store = try SharedStore(
-            applicationGroupIdentifier: "group.com.example.app", name: "shared.sqlite", migrator: migrator,
-            configuration: .init(author: "widget"))
+            applicationGroupIdentifier: "group.com.example.app",
+            name: "shared.sqlite",
+            migrator: migrator,
+            configuration: .init(author: "widget")
+        )
         return store  // (not in the docs)
     }
 
@@ -497,7 +527,7 @@ enum DocumentationExamples {
         try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
 
         // In another process:
-        let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)   // nil when the mailbox is empty
+        let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)  // nil when the mailbox is empty
         let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) { tap in
             print("tapped", tap.number)
         }
@@ -544,15 +574,18 @@ enum DocumentationExamples {
         let (calls, call) = AsyncStream.makeStream(of: Void.self)
         let observation = try notifier.observe("mailbox.button") { call.yield() }
         try notifier.post("mailbox.button")
-        for await _ in calls { break }   // the handler ran, soon after the post
-        observation.cancel()             // and it runs no more once this returns
+        for await _ in calls { break }  // the handler ran, soon after the post
+        observation.cancel()  // and it runs no more once this returns
     }
 
     // Sources/WormholeKit/Mailbox/FileTransiting.swift, `FileTransiting`.
     // Compile-only: it needs /run/user/1000.
     static func fileTransitingOverview() throws -> Wormhole {
         let transiting = try FileTransiting(directory: "/run/user/1000/my-group/wormhole")
-        let wormhole = Wormhole(transiting: transiting, notifier: try DirectoryNotifier(directory: transiting.directory))
+        let wormhole = Wormhole(
+            transiting: transiting,
+            notifier: try DirectoryNotifier(directory: transiting.directory)
+        )
         return wormhole  // (not in the docs)
     }
 
@@ -580,7 +613,7 @@ enum DocumentationExamples {
     // `Wormhole.listenForMessage(withIdentifier:as:deliveringCurrentMessage:on:errorHandler:listener:)`.
     static func listenForMessageOnMain(wormhole: Wormhole, label: Label) throws -> MessageListener {
         let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .main) { tap in
-            MainActor.assumeIsolated { label.text = "\(tap.number)" }   // .main runs it on the main actor
+            MainActor.assumeIsolated { label.text = "\(tap.number)" }  // .main runs it on the main actor
         }
         return listener  // (not in the docs)
     }
@@ -599,17 +632,23 @@ enum DocumentationExamples {
     static func repostMessages(wormhole: Wormhole) throws -> (MessageListener, any NSObjectProtocol) {
         let reposting = try wormhole.repostMessages(withIdentifier: "button", to: .default)
         let token = NotificationCenter.default.addObserver(
-            forName: Notification.Name("button"), object: nil, queue: nil
+            forName: Notification.Name("button"),
+            object: nil,
+            queue: nil
         ) { notification in
-            print("button message", notification.object ?? "")   // the message as a Foundation JSON object
+            print("button message", notification.object ?? "")  // the message as a Foundation JSON object
         }
         return (reposting, token)  // (not in the docs)
     }
 
     // Sources/WormholeKit/Live/Wormhole+Live.swift, `Wormhole.request(_:identifier:as:timeout:)`.
     static func request(wormhole: Wormhole) async throws -> Answer {
-        let answer = try await wormhole.request(Query(term: "swift"), identifier: "lookup", as: Answer.self,
-                                                timeout: .seconds(1))
+        let answer = try await wormhole.request(
+            Query(term: "swift"),
+            identifier: "lookup",
+            as: Answer.self,
+            timeout: .seconds(1)
+        )
         return answer  // (not in the docs)
     }
 
@@ -619,7 +658,7 @@ enum DocumentationExamples {
             let tap = try wormhole.message(withIdentifier: "button", as: Tap.self)
             print("tapped", tap?.number ?? 0)
         } catch {
-            switch error.code {   // error is a WormholeError: every call in the `do` throws one
+            switch error.code {  // error is a WormholeError: every call in the `do` throws one
             case .decodingFailed: print("the mailbox holds a message of another type")
             default: throw error
             }
@@ -632,20 +671,22 @@ enum DocumentationExamples {
         try wormhole.passMessageObject(message, identifier: "button")
 
         if let received = try wormhole.message(withIdentifier: "button", as: JSONValue.self),
-            received["kind"]?.stringValue == "tap" {
-            print(received["count"]?.intValue ?? 0, received)   // 3 {"at":[1.5,2.5],"count":3,"kind":"tap","note":null}
+            received["kind"]?.stringValue == "tap"
+        {
+            print(received["count"]?.intValue ?? 0, received)  // 3 {"at":[1.5,2.5],"count":3,"kind":"tap","note":null}
         }
     }
 
     // Sources/WormholeKit/Queue/WormholeQueue.swift, `WormholeQueue`.
     static func wormholeQueueOverview(
-        wormhole: Wormhole, perform: @escaping @Sendable (Job) throws -> Void
+        wormhole: Wormhole,
+        perform: @escaping @Sendable (Job) throws -> Void
     ) throws -> QueueConsumer {
         let jobs = try wormhole.queue("jobs")
-        try jobs.enqueue(Job(id: 1))                       // in any process
+        try jobs.enqueue(Job(id: 1))  // in any process
 
         let worker = try jobs.consume(consumer: "worker", as: Job.self) { message in
-            try perform(message.value)                     // returning acknowledges; throwing retries it later
+            try perform(message.value)  // returning acknowledges; throwing retries it later
         }
         return worker  // (not in the docs)
     }
@@ -664,12 +705,12 @@ enum DocumentationExamples {
     static func wormholeSuiteOverview(wormhole: Wormhole) throws -> (WormholeSuite, SuiteObserver) {
         let settings = try wormhole.suite("settings")
         try settings.set("dark", forKey: "theme", direction: "app→widget")
-        try settings.update { values in                         // several keys, atomically, across processes
+        try settings.update { values in  // several keys, atomically, across processes
             try values.set((values["count", as: Int.self] ?? 0) + 1, forKey: "count")
             try values.set("app", forKey: "updatedBy")
         }
         let observer = try settings.observe(keys: ["theme"]) { change in
-            print(change.keys, "changed by", change.sender)     // other processes' changes; own ones are skipped
+            print(change.keys, "changed by", change.sender)  // other processes' changes; own ones are skipped
         }
         return (settings, observer)  // (not in the docs)
     }
@@ -686,12 +727,12 @@ enum DocumentationExamples {
     static func wormholeTransfersOverview(wormhole: Wormhole) throws -> (FileTransfer, QueueConsumer) {
         let exports = try wormhole.transfers("exports")
         let transfer = try exports.send(file: "/tmp/report.pdf", metadata: ["kind": "report"]) { progress in
-            print(progress.fraction)                      // for large files, as the copy goes
+            print(progress.fraction)  // for large files, as the copy goes
         }
 
         // In the receiving process:
         let receiver = try exports.receive(consumer: "viewer", into: "/home/me/inbox") { file in
-            print("received", file.path)                  // the file is now the receiver's, in its directory
+            print("received", file.path)  // the file is now the receiver's, in its directory
         }
         return (transfer, receiver)  // (not in the docs)
     }
@@ -706,7 +747,7 @@ enum DocumentationExamples {
         try app.queue("jobs").enqueue("first job")
         let jobs = try widget.queue("jobs").messages(consumer: "worker", as: String.self)
         for try await job in jobs {
-            print(job.value, "from", job.sender)   // "first job from app"
+            print(job.value, "from", job.sender)  // "first job from app"
             try jobs.acknowledge(job)
             break
         }
@@ -717,11 +758,12 @@ enum DocumentationExamples {
     static func inMemoryTransitingOverview() throws -> MessageListener {
         let notifier = ManualNotifier()
         let wormhole = Wormhole(transiting: InMemoryTransiting(), notifier: notifier)
-        let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .notifierThread) { tap in
+        let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self, on: .notifierThread) {
+            tap in
             print("tapped", tap.number)
         }
         try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
-        notifier.deliverPendingNotifications()   // the listener runs now, on this thread
+        notifier.deliverPendingNotifications()  // the listener runs now, on this thread
         return listener  // (not in the docs)
     }
 
@@ -738,8 +780,11 @@ enum DocumentationExamples {
             }
         }
         let store = try SharedStore(
-            applicationGroupIdentifier: "group.com.example.app", name: "shared.sqlite", migrator: migrator,
-            configuration: .init(author: "app"))
+            applicationGroupIdentifier: "group.com.example.app",
+            name: "shared.sqlite",
+            migrator: migrator,
+            configuration: .init(author: "app")
+        )
         try await store.write { db in try db.execute(sql: "UPDATE counter SET value = value + 1") }
 
         for try await transaction in store.remoteChanges(consumer: "app", tables: ["counter"]) {
@@ -832,7 +877,8 @@ struct DocumentationExamplesTests {
         // A request answered by another wormhole of the same engine.
         let liveEngine = InMemoryEngine()
         let responder = try Wormhole(engine: liveEngine, sender: "widget").respondToRequests(
-            withIdentifier: "lookup", as: Examples.Query.self
+            withIdentifier: "lookup",
+            as: Examples.Query.self
         ) { query in Examples.Answer(count: query.term.count) }
         #expect(try await Examples.request(wormhole: Wormhole(engine: liveEngine, sender: "app")).count == 5)
         responder.cancel()
@@ -842,7 +888,9 @@ struct DocumentationExamplesTests {
         let (reposting, token) = try Examples.repostMessages(wormhole: repostWormhole)
         let reposted = Mutex<[Int]>([])
         let check = NotificationCenter.default.addObserver(
-            forName: Notification.Name("button"), object: nil, queue: nil
+            forName: Notification.Name("button"),
+            object: nil,
+            queue: nil
         ) { notification in
             if let number = (notification.object as? [String: Any])?["number"] as? Int {
                 reposted.withLock { $0.append(number) }
@@ -878,7 +926,9 @@ struct DocumentationExamplesTests {
         let (reposter, themeToken) = try Examples.sharedSuitesRepost(wormhole: suites)
         let reposts = Mutex<[String]>([])
         let themeCheck = NotificationCenter.default.addObserver(
-            forName: Notification.Name("theme"), object: nil, queue: nil
+            forName: Notification.Name("theme"),
+            object: nil,
+            queue: nil
         ) { notification in
             if let theme = notification.object as? String { reposts.withLock { $0.append(theme) } }
         }

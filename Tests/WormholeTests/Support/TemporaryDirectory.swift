@@ -1,5 +1,5 @@
-import Testing
 import Foundation
+import Testing
 
 /// A fresh directory for one test, removed when the value goes away.
 final class TemporaryDirectory: Sendable {

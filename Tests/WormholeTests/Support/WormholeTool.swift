@@ -1,8 +1,8 @@
 import Foundation
 import Synchronization
-import WormholeKit
 import Testing
 import WormholeCLI
+import WormholeKit
 
 /// Runs the package's own executables, built next to the test bundle: the `wormhole` tool for the user's commands,
 /// and `WormholeHarness` for the harness's (crash tests, load exercises, benchmark cases).
@@ -31,7 +31,8 @@ enum WormholeTool {
     }
 
     private static func builtExecutable(named name: String) -> String {
-        let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let me =
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         var directory = URL(fileURLWithPath: me).deletingLastPathComponent()
         // The test binary sits in PackageTests.xctest (or a .xctest bundle directory); the executables next to it.
         while directory.path != "/" {
@@ -66,14 +67,18 @@ final class RunningTool: Sendable {
     /// `LAUNCHER... wormhole ARGUMENTS` (a command such as `unshare` or `setpriv` that runs the tool in another
     /// setting).
     init(
-        _ arguments: [String], input: String? = nil, environment: [String: String] = [:], launcher: [String] = []
+        _ arguments: [String],
+        input: String? = nil,
+        environment: [String: String] = [:],
+        launcher: [String] = []
     ) throws {
         let executable = WormholeTool.executable(for: arguments)
         let (output, errorOutput) = (self.output, self.errorOutput)
         child = try ChildProcess(
             executable: launcher.first ?? executable,
             arguments: launcher.isEmpty ? arguments : Array(launcher.dropFirst()) + [executable] + arguments,
-            environment: environment, input: Data((input ?? "").utf8),
+            environment: environment,
+            input: Data((input ?? "").utf8),
             onErrorLine: { line in errorOutput.withLock { $0.append(line) } }
         ) { line in output.withLock { $0.append(line) } }
     }
@@ -109,7 +114,9 @@ final class RunningTool: Sendable {
 extension WormholeTool {
     /// Runs `wormhole ARGUMENTS` with the group root in a fresh directory, as a newcomer's demo runs; returns its
     /// status, its output and the root (removed when the returned directory goes away).
-    static func runWithOwnGroupRoot(_ arguments: [String]) throws -> (status: Int32, output: String, root: TemporaryDirectory) {
+    static func runWithOwnGroupRoot(
+        _ arguments: [String]
+    ) throws -> (status: Int32, output: String, root: TemporaryDirectory) {
         let root = TemporaryDirectory()
         let process = Process()
         process.executableURL = URL(fileURLWithPath: path)

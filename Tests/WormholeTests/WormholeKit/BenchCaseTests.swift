@@ -10,12 +10,19 @@ struct BenchCaseTests {
 
     @Test(
         "Each mode's latency and throughput case runs between two processes and prints its figures",
-        arguments: [("mailbox", "latency"), ("queue", "latency"), ("live", "latency"), ("mailbox", "throughput"),
-                    ("queue", "throughput"), ("queue-batch", "throughput"), ("live", "throughput")])
+        arguments: [
+            ("mailbox", "latency"), ("queue", "latency"), ("live", "latency"), ("mailbox", "throughput"),
+            ("queue", "throughput"), ("queue-batch", "throughput"), ("live", "throughput"),
+        ]
+    )
     func runs(mode: String, metric: String) throws {
         let result = try WormholeTool.run(
-            ["bench-case", mode, metric, "--count", "300", "--warm-up", "20", "--size", "100",
-             "--directory", directory("\(mode)-\(metric)")], timeout: 60)
+            [
+                "bench-case", mode, metric, "--count", "300", "--warm-up", "20", "--size", "100",
+                "--directory", directory("\(mode)-\(metric)"),
+            ],
+            timeout: 60
+        )
         #expect(result.status == 0, "\(result.error)")
         let line = try #require(result.lines.last)
         let figures = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])

@@ -8,9 +8,15 @@ import Testing
 struct CrashTests {
     let directory = TemporaryDirectory()
 
-    @Test("Writers and consumers killed at random: nothing torn, lost or repeated", arguments: ["mailbox", "queue", "suite", "store"])
+    @Test(
+        "Writers and consumers killed at random: nothing torn, lost or repeated",
+        arguments: ["mailbox", "queue", "suite", "store"]
+    )
     func randomKills(mode: String) throws {
-        let result = try WormholeTool.run(["crash-test", mode, "--kills", "25", "--directory", directory(mode)], timeout: 240)
+        let result = try WormholeTool.run(
+            ["crash-test", mode, "--kills", "25", "--directory", directory(mode)],
+            timeout: 240
+        )
         #expect(result.status == 0, "\(result.lines) \(result.error)")
         let summary = try #require(result.lines.last)
         #expect(summary.hasPrefix("crash-test \(mode): 25 SIGKILLs, 0 failures"), "\(summary)")

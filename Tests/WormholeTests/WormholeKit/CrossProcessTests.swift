@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 /// Real processes: the package's `wormhole` executable on one side, this test process (or more copies of the
@@ -132,7 +133,9 @@ struct CrossProcessTests {
     @Test("Writers in many processes serialise cleanly: no write lost, no file torn")
     func concurrentWriterProcesses() throws {
         let writers = try (0..<4).map { index in
-            try RunningTool(["exercise", "write", "--count", "500", "--identifier", "shared", "--tag", "w\(index)"] + location)
+            try RunningTool(
+                ["exercise", "write", "--count", "500", "--identifier", "shared", "--tag", "w\(index)"] + location
+            )
         }
         for writer in writers { #expect(writer.finish().status == 0) }
         let envelope = try #require(try makeWormhole().envelope(withIdentifier: "shared"))

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 @Suite("File transiting")
@@ -147,7 +148,10 @@ struct FileTransitingTests {
         let path = directory("wormhole/a.msg")
         let cases: [(String, [UInt8], WormholeError.Code)] = [
             ("empty", [], .truncatedMessage),
-            ("garbage", Array("this is not a wormhole file, just some text.......................".utf8), .corruptMessage),
+            (
+                "garbage", Array("this is not a wormhole file, just some text.......................".utf8),
+                .corruptMessage
+            ),
             ("future version", Self.fileWithVersion(7), .unsupportedFormatVersion),
         ]
         for (name, bytes, code) in cases {
@@ -179,7 +183,8 @@ struct FileTransitingTests {
     static func fileWithVersion(_ version: UInt16) -> [UInt8] {
         var bytes = MailboxFormat.encodeFile(
             header: .init(slotCapacity: 512, generation: 1),
-            record: .init(sequence: 1, timestampNanoseconds: 0, isCleared: false, sender: [], payload: [1]))
+            record: .init(sequence: 1, timestampNanoseconds: 0, isCleared: false, sender: [], payload: [1])
+        )
         bytes.store(version, at: 4)
         return bytes
     }
@@ -196,7 +201,10 @@ struct FileTransitingTests {
                         let payload = Data("\(thread)-\(index)-".utf8) + Data(repeating: UInt8(thread), count: index)
                         _ = try? files.writeMessage(payload, sender: "t\(thread)", identifier: "shared")
                         if let read = try? files.readMessage(identifier: "shared") {
-                            let text = String(decoding: read.payload.prefix(while: { $0 != UInt8(ascii: "-") }), as: UTF8.self)
+                            let text = String(
+                                decoding: read.payload.prefix(while: { $0 != UInt8(ascii: "-") }),
+                                as: UTF8.self
+                            )
                             #expect(Int(text) != nil)
                         }
                     }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 /// The fuzzer's committed corpus, replayed on every test run, and hand-made damage to every seed: each decoder of

@@ -22,10 +22,13 @@ struct JSONValueTests {
     @Test("Literals make the cases they say")
     func literals() {
         let value: JSONValue = ["a": 1, "b": 1.5, "c": "x", "d": true, "e": nil, "f": [1, 2]]
-        #expect(value == .object([
-            "a": .integer(1), "b": .double(1.5), "c": .string("x"), "d": .bool(true), "e": .null,
-            "f": .array([.integer(1), .integer(2)]),
-        ]))
+        #expect(
+            value
+                == .object([
+                    "a": .integer(1), "b": .double(1.5), "c": .string("x"), "d": .bool(true), "e": .null,
+                    "f": .array([.integer(1), .integer(2)]),
+                ])
+        )
         let count = 4
         let interpolated: JSONValue = "count \(count)"
         #expect(interpolated == .string("count 4"))
@@ -58,10 +61,13 @@ struct JSONValueTests {
         #expect(!value.isNull)
     }
 
-    @Test("Round trips through JSONEncoder and JSONDecoder keep every value, nested", arguments: [
-        sample, nil, true, false, 0, -1, 1.5, -0.0, 1e300, "", "text", [], [:], [[[[]]]],
-        .integer(.max), .integer(.min), .double(0.1), .double(1e-7), .double(.leastNonzeroMagnitude),
-    ] as [JSONValue])
+    @Test(
+        "Round trips through JSONEncoder and JSONDecoder keep every value, nested",
+        arguments: [
+            sample, nil, true, false, 0, -1, 1.5, -0.0, 1e300, "", "text", [], [:], [[[[]]]],
+            .integer(.max), .integer(.min), .double(0.1), .double(1e-7), .double(.leastNonzeroMagnitude),
+        ] as [JSONValue]
+    )
     func roundTrips(_ value: JSONValue) throws {
         #expect(try roundTrip(value) == value)
         // Its description is JSON that decodes to it too.
@@ -73,8 +79,10 @@ struct JSONValueTests {
         let big: JSONValue = 9_007_199_254_740_993
         #expect(try roundTrip(big) == .integer(9_007_199_254_740_993))
         #expect(try JSONDecoder().decode(JSONValue.self, from: Data("9007199254740993".utf8)) == big)
-        #expect(try JSONDecoder().decode(JSONValue.self, from: Data("1700000000123456789".utf8)).intValue
-            == 1_700_000_000_123_456_789)
+        #expect(
+            try JSONDecoder().decode(JSONValue.self, from: Data("1700000000123456789".utf8)).intValue
+                == 1_700_000_000_123_456_789
+        )
         #expect(String(decoding: try JSONEncoder().encode(big), as: UTF8.self) == "9007199254740993")
         // A Double cannot tell 2^53 + 1 from 2^53; an integer can.
         #expect(big != .double(9_007_199_254_740_992))
@@ -82,8 +90,10 @@ struct JSONValueTests {
         #expect(Set<JSONValue>([.integer(3), .double(3), .double(3.5)]).count == 2)
         #expect(try JSONDecoder().decode(JSONValue.self, from: Data("[3.0, 3.5, -2]".utf8)) == [3, 3.5, -2])
         // Beyond Int64: the nearest Double.
-        #expect(try JSONDecoder().decode(JSONValue.self, from: Data("18446744073709551615".utf8)).doubleValue
-            == 18_446_744_073_709_551_615.0)
+        #expect(
+            try JSONDecoder().decode(JSONValue.self, from: Data("18446744073709551615".utf8)).doubleValue
+                == 18_446_744_073_709_551_615.0
+        )
     }
 
     @Test("The description is compact JSON with sorted keys and escaped strings")

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 struct Query: Codable, Sendable { var term: String }
@@ -34,7 +35,9 @@ struct LiveTests {
             guard query.term != "unknown" else { throw Refusal() }
             return Answer(result: query.term.uppercased())
         }
-        #expect(try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self) == Answer(result: "A"))
+        #expect(
+            try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self) == Answer(result: "A")
+        )
         do {
             _ = try await wormhole.request(Query(term: "unknown"), identifier: "lookup", as: Answer.self)
             Issue.record("expected an error")
@@ -80,7 +83,12 @@ struct LiveTests {
         let wormhole = try makeWormhole()
         let start = Date()
         do {
-            _ = try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self, timeout: .seconds(600))
+            _ = try await wormhole.request(
+                Query(term: "a"),
+                identifier: "lookup",
+                as: Answer.self,
+                timeout: .seconds(600)
+            )
             Issue.record("expected an error")
         } catch {
             #expect(error.code == .notReachable)
@@ -96,7 +104,12 @@ struct LiveTests {
         let responder = try responder("sleep 3; cat")
         let start = Date()
         do {
-            _ = try await makeWormhole().request(Query(term: "a"), identifier: "lookup", as: Answer.self, timeout: .milliseconds(500))
+            _ = try await makeWormhole().request(
+                Query(term: "a"),
+                identifier: "lookup",
+                as: Answer.self,
+                timeout: .milliseconds(500)
+            )
             Issue.record("expected a time-out")
         } catch let error as WormholeError {
             #expect(error.code == .timedOut)
@@ -133,7 +146,12 @@ struct LiveTests {
             killed.signal()
         }.start()
         do {
-            _ = try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self, timeout: .seconds(600))
+            _ = try await wormhole.request(
+                Query(term: "a"),
+                identifier: "lookup",
+                as: Answer.self,
+                timeout: .seconds(600)
+            )
             Issue.record("expected an error")
         } catch {
             #expect(error.code == .remoteFailure, "\(error)")
@@ -175,7 +193,9 @@ struct LiveTests {
     func inProcessLive() throws {
         let wormhole = try makeWormhole()
         let received = Collector<String>()
-        let listener = try wormhole.listenForLiveMessages(withIdentifier: "news", as: Query.self) { received.append($0.term) }
+        let listener = try wormhole.listenForLiveMessages(withIdentifier: "news", as: Query.self) {
+            received.append($0.term)
+        }
         #expect(try wormhole.sendMessage(Query(term: "one"), identifier: "news") == 1)
         #expect(eventually { received.values == ["one"] })
         #expect(throws: WormholeError.self) {

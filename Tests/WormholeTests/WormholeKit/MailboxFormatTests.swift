@@ -1,13 +1,18 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 @Suite("Mailbox file format")
 struct MailboxFormatTests {
     let header = MailboxFormat.Header(slotCapacity: 512, generation: 42)
     let record = MailboxFormat.Record(
-        sequence: 7, timestampNanoseconds: 1_700_000_000_000_000_000, isCleared: false, sender: Array("app[1]".utf8),
-        payload: Array(#"{"number":1}"#.utf8))
+        sequence: 7,
+        timestampNanoseconds: 1_700_000_000_000_000_000,
+        isCleared: false,
+        sender: Array("app[1]".utf8),
+        payload: Array(#"{"number":1}"#.utf8)
+    )
 
     func decode(_ bytes: [UInt8]) throws -> Result<MailboxFormat.Contents, MailboxFormat.FileProblem> {
         try MailboxFormat.decodeFile(size: bytes.count) { (count, offset) throws(WormholeError) in

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import WormholeKit
 
 /// An identifier as a test argument, shown short and escaped in the test log.
@@ -6,7 +7,9 @@ struct IdentifierCase: CustomTestStringConvertible, Sendable {
     let value: String
     init(_ value: String) { self.value = value }
     var testDescription: String {
-        let escaped = value.unicodeScalars.prefix(24).map { $0.isASCII && $0.value >= 0x20 ? String($0) : "\\u{\(String($0.value, radix: 16))}" }.joined()
+        let escaped = value.unicodeScalars.prefix(24).map {
+            $0.isASCII && $0.value >= 0x20 ? String($0) : "\\u{\(String($0.value, radix: 16))}"
+        }.joined()
         return value.unicodeScalars.count > 24 ? "\(escaped)… (\(value.utf8.count) bytes)" : escaped
     }
 }
@@ -17,9 +20,11 @@ struct MessageIdentifierTests {
         "Identifiers that could escape the directory or hide a control character are refused",
         arguments: [
             "", ".", "..", "../x", "a/b", "/etc/passwd", ".hidden", "nul\u{0}byte", "line\nbreak", "tab\tbed",
-            "bell\u{7}", "del\u{7F}", "c1\u{85}", String(repeating: "x", count: 201), String(repeating: "é", count: 101),
+            "bell\u{7}", "del\u{7F}", "c1\u{85}", String(repeating: "x", count: 201),
+            String(repeating: "é", count: 101),
             String(repeating: "a", count: 10_000),
-        ].map(IdentifierCase.init))
+        ].map(IdentifierCase.init)
+    )
     func refused(_ identifierCase: IdentifierCase) {
         let identifier = identifierCase.value
         #expect(!MessageIdentifier.isValid(identifier))
@@ -38,7 +43,8 @@ struct MessageIdentifierTests {
         arguments: [
             "button", "com.example.tap", "a..b", "with space", "émoji-🚀", "division∕slash", "fullwidth／slash",
             String(repeating: "x", count: 200),
-        ].map(IdentifierCase.init))
+        ].map(IdentifierCase.init)
+    )
     func accepted(_ identifierCase: IdentifierCase) throws {
         try MessageIdentifier.validate(identifierCase.value)
     }

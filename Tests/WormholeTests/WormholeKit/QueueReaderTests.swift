@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 /// The queue reader on logs written by hand: whole records, records torn at every length, records longer than a read.
@@ -43,7 +44,8 @@ struct QueueReaderTests {
         var whole: [UInt64] = []
         for _ in 0..<40 {
             // Mostly small records, some longer than one read of the reader (256 KiB).
-            let size = Int.random(in: 0..<5, using: &random) == 0
+            let size =
+                Int.random(in: 0..<5, using: &random) == 0
                 ? Int.random(in: 22...600_000, using: &random) : Int.random(in: 22...300, using: &random)
             let record = QueueTests.record(size: size, fill: UInt8.random(in: 0x61...0x7A, using: &random))
             if Int.random(in: 0..<3, using: &random) == 0 {

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+
 @testable import WormholeKit
 
 struct Job: Codable, Sendable, Equatable {
@@ -48,9 +49,13 @@ struct QueueTests {
     func manyProducers() throws {
         let queue = try makeQueue()
         let received = Collector<Job>()
-        let consumer = try queue.consume(consumer: "all", as: Job.self, on: .notifierThread) { received.append($0.value) }
+        let consumer = try queue.consume(consumer: "all", as: Job.self, on: .notifierThread) {
+            received.append($0.value)
+        }
         let producers = try (0..<4).map { index in
-            try RunningTool(["exercise", "enqueue", "--count", "10000", "--identifier", "jobs", "--tag", "p\(index)"] + location)
+            try RunningTool(
+                ["exercise", "enqueue", "--count", "10000", "--identifier", "jobs", "--tag", "p\(index)"] + location
+            )
         }
         for producer in producers { #expect(producer.finish(timeout: 120).status == 0) }
         #expect(eventually(timeout: 60) { received.count >= 40_000 })
@@ -74,8 +79,12 @@ struct QueueTests {
         }
         let producers = try (0..<4).map { index in
             try RunningTool(
-                ["exercise", "enqueue", "--count", "10000", "--batch", "100", "--identifier", "jobs", "--tag", "p\(index)"]
-                    + location)
+                [
+                    "exercise", "enqueue", "--count", "10000", "--batch", "100", "--identifier", "jobs", "--tag",
+                    "p\(index)",
+                ]
+                    + location
+            )
         }
         for producer in producers { #expect(producer.finish(timeout: 120).status == 0) }
         #expect(eventually(timeout: 60) { received.count >= 40_000 })
@@ -101,7 +110,10 @@ struct QueueTests {
         let errors = Collector<WormholeError.Code>()
         struct Refused: Error {}
         let consumer = try queue.consumeBatches(
-            consumer: "c", as: Job.self, on: .notifierThread, errorHandler: { errors.append($0.code) }
+            consumer: "c",
+            as: Job.self,
+            on: .notifierThread,
+            errorHandler: { errors.append($0.code) }
         ) { batch in
             attempts.append(batch.map(\.value.index))
             if attempts.count == 1 { throw Refused() }
@@ -128,7 +140,9 @@ struct QueueTests {
         let queue = try makeQueue()
         for index in 0..<3 { try queue.enqueue(Job(writer: "here", index: index)) }
         let crashing = try WormholeTool.run(
-            ["exercise", "consume-then-crash", "--identifier", "jobs", "--tag", "worker"] + location, timeout: 30)
+            ["exercise", "consume-then-crash", "--identifier", "jobs", "--tag", "worker"] + location,
+            timeout: 30
+        )
         #expect(crashing.status != 0, "it killed itself")
         #expect(crashing.lines == ["handled 0", "handled 1"])
         let after = Collector<Int>()
@@ -145,19 +159,29 @@ struct QueueTests {
         var printed: [Int] = []
         var kills = 0
         while printed.last != total - 1 {
-            let consumer = try RunningTool(["consume", "jobs", "--consumer", "worker", "--count", String(total)] + location)
+            let consumer = try RunningTool(
+                ["consume", "jobs", "--consumer", "worker", "--count", String(total)] + location
+            )
             usleep(UInt32.random(in: 20_000...120_000))
             consumer.kill()
             kills += 1
-            let lines = consumer.finish().lines.compactMap { try? JSONDecoder().decode(Job.self, from: Data($0.utf8)).index }
+            let lines = consumer.finish().lines.compactMap {
+                try? JSONDecoder().decode(Job.self, from: Data($0.utf8)).index
+            }
             printed += lines
             #expect(kills < 200, "the consumer makes progress")
             if kills >= 200 { break }
         }
         // Each kill can repeat at most the message that was printed but not yet acknowledged.
         #expect(Set(printed) == Set(0..<total), "nothing skipped")
-        #expect(printed.count - total <= kills, "repeats only the message in flight: \(printed.count - total) for \(kills) kills")
-        #expect(zip(printed, printed.dropFirst()).allSatisfy { $1 >= $0 }, "never goes back past an acknowledged message")
+        #expect(
+            printed.count - total <= kills,
+            "repeats only the message in flight: \(printed.count - total) for \(kills) kills"
+        )
+        #expect(
+            zip(printed, printed.dropFirst()).allSatisfy { $1 >= $0 },
+            "never goes back past an acknowledged message"
+        )
     }
 
     @Test("Producers killed mid-append leave torn records that are never delivered; what follows still is")
@@ -166,10 +190,15 @@ struct QueueTests {
         let received = Collector<Job>()
         let errors = Collector<WormholeError>()
         let consumer = try queue.consume(
-            consumer: "all", as: Job.self, on: .notifierThread, errorHandler: { errors.append($0) }
+            consumer: "all",
+            as: Job.self,
+            on: .notifierThread,
+            errorHandler: { errors.append($0) }
         ) { received.append($0.value) }
         for round in 0..<20 {
-            let producer = try RunningTool(["exercise", "enqueue", "--count", "1000000", "--identifier", "jobs", "--tag", "k\(round)"] + location)
+            let producer = try RunningTool(
+                ["exercise", "enqueue", "--count", "1000000", "--identifier", "jobs", "--tag", "k\(round)"] + location
+            )
             usleep(UInt32.random(in: 10_000...40_000))
             producer.kill()
             _ = producer.finish()
@@ -226,7 +255,8 @@ struct QueueTests {
         #expect(errors.values.isEmpty)
         // A consumer that starts afterwards, and the command line, step over it too.
         let tool = try WormholeTool.run(
-            ["consume"] + location + ["jobs", "--consumer", "d", "--count", "2", "--timeout", "10"])
+            ["consume"] + location + ["jobs", "--consumer", "d", "--count", "2", "--timeout", "10"]
+        )
         #expect(tool.status == 0, "\(tool.error)")
         #expect(tool.lines == [#""A""#, #""B""#])
         #expect(try queue.status().consumers.first { $0.name == "c" }?.lagMessages == 0)
@@ -282,7 +312,9 @@ struct QueueTests {
         }
         let before = allocatedBytes()
         let received = Collector<Int>()
-        let consumer = try queue.consume(consumer: "only", as: Job.self, on: .notifierThread) { received.append($0.value.index) }
+        let consumer = try queue.consume(consumer: "only", as: Job.self, on: .notifierThread) {
+            received.append($0.value.index)
+        }
         #expect(eventually { received.count == 8000 })
         consumer.cancel()
         try queue.reclaimSpace()
@@ -331,16 +363,25 @@ struct QueueTests {
     @Test("enqueue, consume and queue-status from the command line")
     func commandLine() throws {
         for index in 0..<3 {
-            #expect(try WormholeTool.run(["enqueue"] + location + ["jobs", #"{"writer":"cli","index":\#(index)}"#]).status == 0)
+            #expect(
+                try WormholeTool.run(["enqueue"] + location + ["jobs", #"{"writer":"cli","index":\#(index)}"#]).status
+                    == 0
+            )
         }
-        let first = try WormholeTool.run(["consume"] + location + ["jobs", "--consumer", "c", "--count", "2", "--timeout", "10"])
+        let first = try WormholeTool.run(
+            ["consume"] + location + ["jobs", "--consumer", "c", "--count", "2", "--timeout", "10"]
+        )
         #expect(first.lines == [#"{"writer":"cli","index":0}"#, #"{"writer":"cli","index":1}"#])
         let status = try WormholeTool.run(["queue-status"] + location + ["jobs"])
         let decoded = try JSONDecoder().decode(QueueStatus.self, from: Data(status.output.utf8))
         #expect(decoded.consumers.map(\.lagMessages) == [1])
-        let rest = try WormholeTool.run(["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "10"])
+        let rest = try WormholeTool.run(
+            ["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "10"]
+        )
         #expect(rest.lines == [#"{"writer":"cli","index":2}"#])
-        let timedOut = try WormholeTool.run(["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "0.5"])
+        let timedOut = try WormholeTool.run(
+            ["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "0.5"]
+        )
         #expect(timedOut.status == 1)
     }
 }

@@ -24,7 +24,8 @@ struct ResourceTests {
     @Test(
         "With inotify's real limits at 0 (a user namespace), listeners fall back to polling and miss nothing",
         .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"), "needs unshare"),
-        arguments: ["max_inotify_instances", "max_inotify_watches"])
+        arguments: ["max_inotify_instances", "max_inotify_watches"]
+    )
     func inotifyLimits(limit: String) throws {
         // In a user namespace of its own the listener's inotify limits can be set; 0 makes inotify_init1 (or
         // inotify_add_watch) fail as on a machine whose limits are used up. The script then runs the tool.
@@ -35,8 +36,10 @@ struct ResourceTests {
     /// A listener process that cannot use inotify receives three passes by polling, and says that it polls.
     private func expectPollingListener(environment: [String: String] = [:], launcher: [String] = []) throws {
         let listener = try RunningTool(
-            ["listen"] + location + ["button", "--count", "3", "--timeout", "60"], environment: environment,
-            launcher: launcher)
+            ["listen"] + location + ["button", "--count", "3", "--timeout", "60"],
+            environment: environment,
+            launcher: launcher
+        )
         #expect(listener.waitUntilListening())
         let wormhole = try Wormhole(directory: directory("wormhole"))
         for number in 1...3 {
@@ -51,13 +54,18 @@ struct ResourceTests {
 
     @Test("A soak of 200,000 mailbox passes and 200,000 queue messages keeps memory bounded")
     func soak() throws {
-        let result = try WormholeTool.run(["exercise", "soak", "--count", "200000", "--identifier", "soak"] + location, timeout: 170)
+        let result = try WormholeTool.run(
+            ["exercise", "soak", "--count", "200000", "--identifier", "soak"] + location,
+            timeout: 170
+        )
         #expect(result.status == 0, "\(result.error)")
-        let fields = Dictionary(uniqueKeysWithValues: (result.lines.last ?? "").split(separator: " ").dropFirst().compactMap {
-            field -> (String, Int)? in
-            let parts = field.split(separator: "=")
-            return parts.count == 2 ? (String(parts[0]), Int(parts[1]) ?? -1) : nil
-        })
+        let fields = Dictionary(
+            uniqueKeysWithValues: (result.lines.last ?? "").split(separator: " ").dropFirst().compactMap {
+                field -> (String, Int)? in
+                let parts = field.split(separator: "=")
+                return parts.count == 2 ? (String(parts[0]), Int(parts[1]) ?? -1) : nil
+            }
+        )
         #expect(fields["last"] == 199_999)
         #expect(fields["queue"] == 200_000, "every queue message arrived")
         #expect((fields["mailbox"] ?? 0) >= 1)
@@ -80,7 +88,10 @@ struct LoadTests {
             try RunningTool(["exercise", "load-listen", "--count", "1000", "--tag", "2"] + location)
         }
         for listener in listeners { #expect(eventually(timeout: 120) { listener.outputLines.first == "ready" }) }
-        let writer = try WormholeTool.run(["exercise", "load-write", "--count", "1000", "--tag", "2"] + location, timeout: 240)
+        let writer = try WormholeTool.run(
+            ["exercise", "load-write", "--count", "1000", "--tag", "2"] + location,
+            timeout: 240
+        )
         #expect(writer.status == 0, "\(writer.error)")
         for listener in listeners {
             let result = listener.finish(timeout: 240)

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 /// Faults found by reading the code against FORMAT.md, each kept as a test.
@@ -39,7 +40,10 @@ struct ReviewFindingsTests {
         let errors = Collector<WormholeError.Code>()
         let received = Collector<String>()
         let receiver = try transfers.receive(
-            consumer: "viewer", into: inbox, on: .notifierThread, errorHandler: { errors.append($0.code) }
+            consumer: "viewer",
+            into: inbox,
+            on: .notifierThread,
+            errorHandler: { errors.append($0.code) }
         ) { file in received.append(file.path) }
         #expect(eventually { errors.count == 3 })
         receiver.cancel()

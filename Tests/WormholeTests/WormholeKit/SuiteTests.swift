@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 /// Shared key-value suites: real processes updating one suite at once, killed mid-update, watched from elsewhere.
@@ -66,7 +67,10 @@ struct SuiteTests {
     @Test("4 processes × 250 read-modify-write updates: none lost")
     func concurrentUpdates() throws {
         let writers = try (0..<4).map { index in
-            try RunningTool(["exercise", "suite-increment", "--count", "250", "--identifier", "settings", "--tag", "w\(index)"] + location)
+            try RunningTool(
+                ["exercise", "suite-increment", "--count", "250", "--identifier", "settings", "--tag", "w\(index)"]
+                    + location
+            )
         }
         for writer in writers { #expect(writer.finish(timeout: 90).status == 0) }
         let values = try makeSuite().snapshot()
@@ -78,7 +82,11 @@ struct SuiteTests {
     func writersKilled() throws {
         for round in 0..<15 {
             let writer = try RunningTool(
-                ["exercise", "suite-increment", "--count", "100000", "--identifier", "settings", "--tag", "k\(round % 3)"] + location)
+                [
+                    "exercise", "suite-increment", "--count", "100000", "--identifier", "settings", "--tag",
+                    "k\(round % 3)",
+                ] + location
+            )
             usleep(UInt32.random(in: 20_000...80_000))
             writer.kill()
             _ = writer.finish()
@@ -89,14 +97,19 @@ struct SuiteTests {
         }
     }
 
-    @Test("Another process sees each change with its sender and direction; its own changes and other directions are left out")
+    @Test(
+        "Another process sees each change with its sender and direction; its own changes and other directions are left out"
+    )
     func watchedFromAnotherProcess() throws {
         let watcher = try RunningTool(
-            ["defaults", "watch"] + location + ["settings", "--key", "theme", "--direction", "app→widget", "--count", "2", "--timeout", "120"])
+            ["defaults", "watch"] + location + [
+                "settings", "--key", "theme", "--direction", "app→widget", "--count", "2", "--timeout", "120",
+            ]
+        )
         #expect(watcher.waitForError(containing: "watching"))
         let app = try makeSuite(sender: "app")
         try app.set("dark", forKey: "theme", direction: "app→widget")
-        try app.set(1, forKey: "size", direction: "app→widget")        // another key: not watched
+        try app.set(1, forKey: "size", direction: "app→widget")  // another key: not watched
         try app.set("blue", forKey: "theme", direction: "widget→app")  // another direction: not watched
         try app.set("light", forKey: "theme", direction: "app→widget")
         let result = watcher.finish()
@@ -132,7 +145,11 @@ struct SuiteTests {
         #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "theme", #""dark""#]).status == 0)
         #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "size", "12"]).status == 0)
         #expect(try WormholeTool.run(["defaults", "get"] + location + ["settings", "theme"]).lines == [#""dark""#])
-        #expect(try WormholeTool.run(["defaults", "list"] + location + ["settings"]).lines == [#"{"size":12,"theme":"dark"}"#])
+        #expect(
+            try WormholeTool.run(["defaults", "list"] + location + ["settings"]).lines == [
+                #"{"size":12,"theme":"dark"}"#
+            ]
+        )
         #expect(try WormholeTool.run(["defaults", "delete"] + location + ["settings", "size"]).status == 0)
         #expect(try WormholeTool.run(["defaults", "get"] + location + ["settings", "size"]).status == 1)
         #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "bad", "{nope"]).status == 2)

@@ -1,13 +1,19 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 /// Faults that need the operating system's help: another user, and a full disk. These run as root (as CI does),
 /// which can switch to `nobody` with setpriv and mount a tiny tmpfs in a private mount namespace with unshare.
 @Suite(
-    "System faults", .limit(minutes: 1),
-    .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
-        && FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"), "needs root, setpriv and unshare"))
+    "System faults",
+    .limit(minutes: 1),
+    .enabled(
+        if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
+            && FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"),
+        "needs root, setpriv and unshare"
+    )
+)
 struct SystemFaultTests {
     let directory = TemporaryDirectory()
 
@@ -111,7 +117,8 @@ struct SystemFaultTests {
         #expect(read.status == 0 && read.output.contains("from a"), "\(read.output)")
         let listened = try shell(
             "(\(a) \(tool) listen \(shared) reply --count 1 --timeout 20 &) ; sleep 1; "
-                + "\(b) \(tool) send \(shared) reply '\"from b\"'; sleep 2")
+                + "\(b) \(tool) send \(shared) reply '\"from b\"'; sleep 2"
+        )
         #expect(listened.output.contains("from b"), "\(listened.output)")
         #expect(stat(wormhole + "/.notifications/mailbox.reply", &status) == 0)
         #expect(status.st_mode & 0o7777 == 0o660 && status.st_gid == 4242, "the listener's notification file")
@@ -126,7 +133,8 @@ struct SystemFaultTests {
         // Live: b sends to a listening socket of a's.
         let live = try shell(
             "(\(a) \(tool) live-listen \(shared) ping --count 1 --timeout 20 &) ; sleep 1; "
-                + "\(b) \(tool) live-send \(shared) ping '\"hi\"'; sleep 2")
+                + "\(b) \(tool) live-send \(shared) ping '\"hi\"'; sleep 2"
+        )
         #expect(live.output.contains("hi"), "\(live.output)")
         #expect(stat(wormhole + "/.live", &status) == 0)
         #expect(status.st_mode & 0o7777 == 0o2770 && status.st_gid == 4242)

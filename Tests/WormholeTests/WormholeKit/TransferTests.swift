@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import WormholeKit
 
 /// File transfers between real processes.
@@ -7,7 +8,9 @@ import Testing
 struct TransferTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }
-    func makeTransfers() throws -> WormholeTransfers { try Wormhole(directory: directory("wormhole")).transfers("files") }
+    func makeTransfers() throws -> WormholeTransfers {
+        try Wormhole(directory: directory("wormhole")).transfers("files")
+    }
 
     func makeFile(_ name: String, size: Int) throws -> (path: String, data: Data) {
         let data = Data((0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
@@ -41,14 +44,19 @@ struct TransferTests {
         #expect(FileManager.default.fileExists(atPath: path))
     }
 
-    @Test("A 1 GiB file is streamed, not read into memory", .enabled(if: ProcessInfo.processInfo.environment["WORMHOLE_SKIP_LARGE"] == nil))
+    @Test(
+        "A 1 GiB file is streamed, not read into memory",
+        .enabled(if: ProcessInfo.processInfo.environment["WORMHOLE_SKIP_LARGE"] == nil)
+    )
     func largeFile() throws {
         let path = directory("large.bin")
         let file = open(path, O_WRONLY | O_CREAT, 0o600)
         #expect(ftruncate(file, 1 << 30) == 0)  // sparse: quick to make, a real gibibyte to copy
         close(file)
         let sent = try WormholeTool.run(
-            ["exercise", "transfer-send", "--identifier", "files", "--into", path] + location, timeout: 120)
+            ["exercise", "transfer-send", "--identifier", "files", "--into", path] + location,
+            timeout: 120
+        )
         #expect(sent.status == 0, "\(sent.error)")
         // The sender's own peak resident memory stayed far below the file's size.
         let peak = Int(sent.lines.last?.split(separator: "=").last ?? "") ?? .max
@@ -71,7 +79,11 @@ struct TransferTests {
         #expect(try transfers.cancel(first.id))
         let received = Collector<String>()
         let errors = Collector<String>()
-        let receiver = try transfers.receive(consumer: "viewer", into: directory("inbox"), errorHandler: { errors.append($0.message) }) {
+        let receiver = try transfers.receive(
+            consumer: "viewer",
+            into: directory("inbox"),
+            errorHandler: { errors.append($0.message) }
+        ) {
             received.append($0.transfer.name)
         }
         #expect(eventually { received.values == ["b.txt"] })
@@ -86,8 +98,12 @@ struct TransferTests {
         let (path, data) = try makeFile("photo.jpg", size: 1000)
         try transfers.send(file: path)
         let crashing = try WormholeTool.run(
-            ["exercise", "transfer-receive-then-crash", "--identifier", "files", "--tag", "viewer", "--into", directory("inbox")]
-                + location)
+            [
+                "exercise", "transfer-receive-then-crash", "--identifier", "files", "--tag", "viewer", "--into",
+                directory("inbox"),
+            ]
+                + location
+        )
         #expect(crashing.status != 0)
         #expect(crashing.lines == ["moved \(directory("inbox/photo.jpg"))"])
         let received = Collector<String>()
@@ -105,7 +121,12 @@ struct TransferTests {
         #expect(ftruncate(file, 1 << 30) == 0)
         close(file)
         let sender = try RunningTool(["transfer", "send"] + location + ["files", path])
-        #expect(eventually { (try? FileManager.default.contentsOfDirectory(atPath: directory("wormhole/files.files")))?.isEmpty == false })
+        #expect(
+            eventually {
+                (try? FileManager.default.contentsOfDirectory(atPath: directory("wormhole/files.files")))?.isEmpty
+                    == false
+            }
+        )
         sender.kill()
         _ = sender.finish()
         let transfers = try makeTransfers()

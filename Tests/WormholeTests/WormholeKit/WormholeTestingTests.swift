@@ -65,6 +65,8 @@ struct DemoTests {
         #expect(text.contains(#"[app]    the widget replied: "widget shows 3""#))
         #expect(text.contains(#"[reader] "button" holds tap 3"#))
         #expect(text.contains("Round trip"))
-        #expect(FileManager.default.fileExists(atPath: root.path + "/group.com.example.wormhole-demo/wormhole/button.msg"))
+        #expect(
+            FileManager.default.fileExists(atPath: root.path + "/group.com.example.wormhole-demo/wormhole/button.msg")
+        )
     }
 }

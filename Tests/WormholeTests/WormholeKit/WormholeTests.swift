@@ -1,7 +1,8 @@
+import CWormholeSystem
 import Foundation
 import Synchronization
-import CWormholeSystem
 import Testing
+
 @testable import WormholeKit
 
 @Suite("Wormhole in one process", .limit(minutes: 1))
@@ -33,8 +34,10 @@ struct WormholeTests {
         #expect(GroupContainer.rootDirectory(environment: ["XDG_DATA_HOME": "/d", "HOME": "/h"]) == "/d/app-groups")
         #expect(GroupContainer.rootDirectory(environment: ["HOME": "/h"]) == "/h/.local/share/app-groups")
         let path = try GroupContainer.directory(
-            forApplicationGroupIdentifier: "group.a", optionalDirectory: "w",
-            environment: ["WORMHOLE_APP_GROUPS": directory.path])
+            forApplicationGroupIdentifier: "group.a",
+            optionalDirectory: "w",
+            environment: ["WORMHOLE_APP_GROUPS": directory.path]
+        )
         #expect(path == directory.path + "/group.a/w")
         #expect(throws: WormholeError.self) {
             try GroupContainer.directory(forApplicationGroupIdentifier: "../etc", optionalDirectory: nil)
@@ -174,7 +177,9 @@ struct WormholeTests {
         let received = Collector<Int>()
         let errors = Collector<WormholeError.Code>()
         let listener = try wormhole.listenForMessage(
-            withIdentifier: "button", as: Tap.self, errorHandler: { errors.append($0.code) }
+            withIdentifier: "button",
+            as: Tap.self,
+            errorHandler: { errors.append($0.code) }
         ) { received.append($0.number) }
         try Data("garbage that is not a mailbox file at all, no magic here........".utf8)
             .write(to: URL(fileURLWithPath: directory("wormhole/button.msg")))
@@ -241,7 +246,9 @@ struct WormholeTests {
     func pollingStrategy() throws {
         let wormhole = try makeWormhole(.init(notification: .polling(interval: .milliseconds(10))))
         let received = Collector<Int>()
-        let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) { received.append($0.number) }
+        let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) {
+            received.append($0.number)
+        }
         try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
         #expect(eventually { received.values == [1] })
         try wormhole.passMessageObject(Tap(number: 2), identifier: "button")
@@ -365,9 +372,12 @@ struct NotifierTests {
         try notifier.post(String(repeating: "x", count: 255))
     }
 
-    @Test("Every prefix with the longest identifier is a name that posts and observes", arguments: [
-        "mailbox.", "queue.", "suite.", "store.",
-    ])
+    @Test(
+        "Every prefix with the longest identifier is a name that posts and observes",
+        arguments: [
+            "mailbox.", "queue.", "suite.", "store.",
+        ]
+    )
     func longestIdentifierWithPrefix(_ prefix: String) throws {
         let name = prefix + String(repeating: "x", count: MessageIdentifier.maximumLength)
         let notifier = try DirectoryNotifier(directory: directory("w"), strategy: .inotify)

@@ -3,6 +3,7 @@ import GRDB
 import Synchronization
 import Testing
 import WormholeCLI
+
 @testable import WormholeStore
 
 /// The store's tests: a real SQLite database in a temporary directory, real child processes (the `wormhole` tool)
@@ -26,8 +27,10 @@ struct SharedStoreTests {
 
     func open(author: String = "tests", untracked: Set<String> = [], bridge: Bool = true) throws -> SharedStore {
         try SharedStore(
-            path: path, migrator: Self.migrator,
-            configuration: .init(author: author, untrackedTables: untracked, observesRemoteChanges: bridge))
+            path: path,
+            migrator: Self.migrator,
+            configuration: .init(author: author, untrackedTables: untracked, observesRemoteChanges: bridge)
+        )
     }
 
     @Test("Every committed write is recorded with its author, time and primary keys per table and operation")
@@ -88,11 +91,16 @@ struct SharedStoreTests {
         try store.write { db in try db.execute(sql: "INSERT INTO item(writer, value) VALUES ('own', 0)") }
         let child = try WormholeTool.run(["exercise-store", "write", "--path", path, "--count", "3", "--tag", "child"])
         #expect(child.status == 0, "\(child.error)")
-        let tagged = try WormholeTool.run(["store", "sql", path, "INSERT INTO tag(name) VALUES ('t')", "--author", "child"])
+        let tagged = try WormholeTool.run([
+            "store", "sql", path, "INSERT INTO tag(name) VALUES ('t')", "--author", "child",
+        ])
         #expect(tagged.status == 0)
         #expect(eventually { received.count == 3 })
         usleep(200_000)
-        #expect(received.values.map(\.author) == ["child", "child", "child"], "own writes and out-of-scope tables skipped")
+        #expect(
+            received.values.map(\.author) == ["child", "child", "child"],
+            "own writes and out-of-scope tables skipped"
+        )
         #expect(received.values.allSatisfy { $0.tableNames == ["item"] })
         #expect(eventually { observer.historyToken == (try? store.currentToken()) })
     }
@@ -101,11 +109,15 @@ struct SharedStoreTests {
     func valueObservationAcrossProcesses() throws {
         let store = try open()
         let values = Collector<Int>()
-        let observation = ValueObservation.tracking { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") ?? 0 }
-            .removeDuplicates()
+        let observation = ValueObservation.tracking { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") ?? 0
+        }
+        .removeDuplicates()
         let cancellable = observation.start(
-            in: store.databasePool, scheduling: .async(onQueue: DispatchQueue(label: "test.observation")),
-            onError: { Issue.record($0) }, onChange: { values.append($0) })
+            in: store.databasePool,
+            scheduling: .async(onQueue: DispatchQueue(label: "test.observation")),
+            onError: { Issue.record($0) },
+            onChange: { values.append($0) }
+        )
         #expect(eventually { values.values == [0] }, "observed \(values.values)")
         let child = try WormholeTool.run(["exercise-store", "write", "--path", path, "--count", "1", "--tag", "child"])
         #expect(child.status == 0)
@@ -121,7 +133,10 @@ struct SharedStoreTests {
             let observer = try store.observeRemoteChanges(consumer: "widget") { _ in }
             observer.cancel()
         }
-        #expect(try WormholeTool.run(["exercise-store", "write", "--path", path, "--count", "4", "--tag", "app"]).status == 0)
+        #expect(
+            try WormholeTool.run(["exercise-store", "write", "--path", path, "--count", "4", "--tag", "app"]).status
+                == 0
+        )
         let written = try store.transactions().map(\.id)
         #expect(written.count == 4)
         var seen: [Int64] = []
@@ -142,7 +157,10 @@ struct SharedStoreTests {
         _ = try open()
         let consumer = try RunningTool(["exercise-store", "consume-then-crash", "--path", path, "--tag", "killed"])
         #expect(consumer.waitForError(containing: "watching"))
-        #expect(try WormholeTool.run(["exercise-store", "write", "--path", path, "--count", "2", "--tag", "app"]).status == 0)
+        #expect(
+            try WormholeTool.run(["exercise-store", "write", "--path", path, "--count", "2", "--tag", "app"]).status
+                == 0
+        )
         let result = consumer.finish(timeout: 20)
         #expect(result.status != 0, "it killed itself")
         let store = try open(author: "checker")
@@ -165,7 +183,9 @@ struct SharedStoreTests {
                 let result = opener.finish()
                 #expect(result.status == 0, "\(result.error)")
             }
-            let runs = try WormholeTool.run(["store", "sql", file, "SELECT COUNT(*) AS runs FROM migration_run", "--query"])
+            let runs = try WormholeTool.run([
+                "store", "sql", file, "SELECT COUNT(*) AS runs FROM migration_run", "--query",
+            ])
             #expect(runs.lines == [#"{"runs":1}"#])
         }
     }
@@ -175,7 +195,11 @@ struct SharedStoreTests {
         let store = try open()
         let received = Collector<StoreTransaction>()
         let errors = Collector<StoreError>()
-        let observer = try store.observeRemoteChanges(consumer: "c", includingOwnWrites: true, errorHandler: { errors.append($0) }) {
+        let observer = try store.observeRemoteChanges(
+            consumer: "c",
+            includingOwnWrites: true,
+            errorHandler: { errors.append($0) }
+        ) {
             received.append($0)
         }
         // Pause delivery by writing through the raw pool (no notification), damage one row, then notify.
@@ -186,7 +210,10 @@ struct SharedStoreTests {
         #expect(eventually { received.count == 2 })
         try store.databasePool.write { db in
             try db.execute(sql: "INSERT INTO item(writer, value) VALUES ('d', 4), ('e', 5)")
-            try db.execute(sql: "UPDATE wormhole_history SET primary_key = '{not json' WHERE id = (SELECT MAX(id) FROM wormhole_history)")
+            try db.execute(
+                sql:
+                    "UPDATE wormhole_history SET primary_key = '{not json' WHERE id = (SELECT MAX(id) FROM wormhole_history)"
+            )
         }
         try store.write { db in try db.execute(sql: "INSERT INTO item(writer, value) VALUES ('f', 6)") }
         #expect(eventually { received.count == 4 })
@@ -202,8 +229,12 @@ struct SharedStoreTests {
     func purge() throws {
         let store = try open()
         let fast = try store.observeRemoteChanges(consumer: "fast", includingOwnWrites: true) { _ in }
-        let slow = try store.observeRemoteChanges(consumer: "slow", includingOwnWrites: true) { _ in throw CancellationError() }
-        for value in 0..<5 { try store.write { db in try db.execute(sql: "INSERT INTO item(value) VALUES (?)", arguments: [value]) } }
+        let slow = try store.observeRemoteChanges(consumer: "slow", includingOwnWrites: true) { _ in
+            throw CancellationError()
+        }
+        for value in 0..<5 {
+            try store.write { db in try db.execute(sql: "INSERT INTO item(value) VALUES (?)", arguments: [value]) }
+        }
         let newest = try store.currentToken()
         #expect(eventually { (try? store.historyToken(forConsumer: "fast")) == newest })
         #expect(try store.purgeHistory() == 0, "the slow consumer has merged nothing")
@@ -221,7 +252,9 @@ struct SharedStoreTests {
     func fourConcurrentWriters() throws {
         _ = try open()
         let watchers = try (0..<2).map { index in
-            try RunningTool(["store", "watch", path, "--consumer", "watcher\(index)", "--count", "800", "--timeout", "90"])
+            try RunningTool([
+                "store", "watch", path, "--consumer", "watcher\(index)", "--count", "800", "--timeout", "90",
+            ])
         }
         for watcher in watchers { #expect(watcher.waitForError(containing: "watching")) }
         let writers = try (0..<4).map { index in
