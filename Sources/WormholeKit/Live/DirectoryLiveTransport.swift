@@ -1,10 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 
 /// Live messages and requests through Unix `SOCK_SEQPACKET` sockets in a directory's `.live` subdirectory.
@@ -39,18 +32,18 @@ final class DirectoryLiveTransport: LiveTransport {
                 // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
                 // then finds the socket dead and removes it.
                 if let socket = cache.sockets[name] {
-                    if LiveSocket.send(socket, packet) {
+                    if case .success = socket.send(packet) {
                         reached += 1
                         continue
                     }
                     cache.drop(name)
                 }
                 guard let socket = Self.connectSocket(directory, name: name) else { continue }
-                if LiveSocket.send(socket, packet) {
+                if case .success = socket.send(packet) {
                     reached += 1
                     cache.sockets[name] = socket
                 } else {
-                    _ = close(socket)
+                    socket.close()
                 }
             }
             return reached
@@ -60,14 +53,17 @@ final class DirectoryLiveTransport: LiveTransport {
     }
 
     func listen(
-        identifier: String, handler: @escaping @Sendable (LiveMessage) -> Void
+        identifier: String,
+        handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let endpoint = try LiveEndpoint(
-            directory: try liveDirectory(), name: LiveSocket.prefix(for: identifier), identifier: identifier
+            directory: try liveDirectory(),
+            name: LiveSocket.prefix(for: identifier),
+            identifier: identifier
         ) { packet, connection in
             // A request sent to a listener of messages (by an older version) gets no reply: closing tells the
             // requester at once.
-            if let connection { _ = close(connection) }
+            connection?.close()
             guard packet.kind == .message else { return }
             handler(LiveMessage(sender: packet.sender, payload: Data(packet.payload)))
         }
@@ -79,29 +75,33 @@ final class DirectoryLiveTransport: LiveTransport {
             guard let socket = try connectResponder(identifier: identifier) else {
                 throw LiveErrors.notReachable(identifier)
             }
-            defer { _ = close(socket) }
+            defer { socket.close() }
             let packet = LivePacket(kind: .request, sender: sender, payload: Array(payload)).encoded()
-            guard LiveSocket.send(socket, packet) else {
+            guard case .success = socket.send(packet) else {
                 throw WormholeError(
-                    .remoteFailure, "The responder closed the connection before taking the request.",
-                    identifier: identifier)
+                    .remoteFailure,
+                    "The responder closed the connection before taking the request.",
+                    identifier: identifier
+                )
             }
             let (seconds, attoseconds) = timeout.components
             let milliseconds = Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000)
-            guard LiveSocket.waitReadable(socket, milliseconds: max(milliseconds, 0)) else {
+            guard case .success(true) = socket.waitReadable(milliseconds: max(milliseconds, 0)) else {
                 throw WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier)
             }
-            guard let bytes = LiveSocket.receive(socket), let reply = LivePacket(bytes) else {
+            guard let reply = Self.receiveReply(socket) else {
                 throw WormholeError(
                     .remoteFailure,
                     "The responder's process ended, or closed the connection, before replying.",
-                    identifier: identifier)
+                    identifier: identifier
+                )
             }
             guard reply.kind == .reply else {
                 throw WormholeError(
                     .remoteFailure,
                     "The responder (\(reply.sender)) failed: \(String(decoding: reply.payload, as: UTF8.self))",
-                    identifier: identifier)
+                    identifier: identifier
+                )
             }
             return .success(Data(reply.payload))
         } catch {
@@ -110,32 +110,43 @@ final class DirectoryLiveTransport: LiveTransport {
     }
 
     func respond(
-        identifier: String, handler: @escaping @Sendable (LiveRequest) -> Void
+        identifier: String,
+        handler: @escaping @Sendable (LiveRequest) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let sender = self.sender
         let endpoint = try LiveEndpoint(
-            directory: try liveDirectory(), name: LiveSocket.responderPrefix(for: identifier), identifier: identifier
+            directory: try liveDirectory(),
+            name: LiveSocket.responderPrefix(for: identifier),
+            identifier: identifier
         ) { packet, connection in
             guard let connection else { return }  // a message sent to a responder: nothing to answer
             guard packet.kind == .request else {
-                _ = close(connection)
+                connection.close()
                 return
             }
             handler(
                 LiveRequest(sender: packet.sender, payload: Data(packet.payload)) { answer in
-                    defer { _ = close(connection) }
+                    defer { connection.close() }
                     let reply: LivePacket
                     switch answer {
                     case .reply(let bytes) where bytes.count <= LiveSocket.maximumMessageSize - 256:
                         reply = LivePacket(kind: .reply, sender: sender, payload: Array(bytes))
                     case .reply:
                         reply = LivePacket(
-                            kind: .failure, sender: sender, payload: Array("the reply is larger than 64 KiB".utf8))
+                            kind: .failure,
+                            sender: sender,
+                            payload: Array("the reply is larger than 64 KiB".utf8)
+                        )
                     case .failure(let description):
-                        reply = LivePacket(kind: .failure, sender: sender, payload: Array(description.utf8.prefix(4096)))
+                        reply = LivePacket(
+                            kind: .failure,
+                            sender: sender,
+                            payload: Array(description.utf8.prefix(4096))
+                        )
                     }
-                    _ = LiveSocket.send(connection, reply.encoded())
-                })
+                    _ = connection.send(reply.encoded())
+                }
+            )
         }
         return NotifierObservation { endpoint.stop() }
     }
@@ -143,7 +154,7 @@ final class DirectoryLiveTransport: LiveTransport {
     // MARK: Plumbing
 
     /// Connects to one responder socket of `identifier`. Removes sockets whose process is gone.
-    private func connectResponder(identifier: String) throws(WormholeError) -> Int32? {
+    private func connectResponder(identifier: String) throws(WormholeError) -> PacketSocket? {
         let directory = try liveDirectory()
         let prefix = LiveSocket.responderPrefix(for: identifier)
         for name in try directory.entries().filter({ $0.hasPrefix(prefix) }).shuffled() {
@@ -154,27 +165,38 @@ final class DirectoryLiveTransport: LiveTransport {
 
     /// Connects to the socket file `name`; nil when it is not a trusted socket or nobody answers (a socket whose
     /// process is gone is removed).
-    static func connectSocket(_ directory: DirectoryHandle, name: String) -> Int32? {
+    static func connectSocket(_ directory: DirectoryHandle, name: String) -> PacketSocket? {
         // A socket file planted by another user is not one of ours.
-        var status = stat()
-        guard fstatat(directory.rawDescriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0,
-            status.st_mode & S_IFMT == S_IFSOCK,
-            directory.trustsOtherOwners || UInt32(status.st_uid) == ProcessFacts.effectiveUserID,
-            let address = LiveSocket.address(directoryDescriptor: directory.rawDescriptor, name: name)
+        guard case .success(let status) = directory.status(ofEntry: name), status.isSocket,
+            directory.trustsOtherOwners || status.ownerID == ProcessFacts.effectiveUserID,
+            let address = UnixSocketAddress(directory: directory, name: name)
         else { return nil }
-        let socket = LiveSocket.makeSocket()
-        guard socket >= 0 else { return nil }
-        if LiveSocket.withAddress(address, { connect(socket, $0, $1) }) == 0 { return socket }
-        if errno == ECONNREFUSED { _ = unlinkat(directory.rawDescriptor, name, 0) }  // its process is gone
-        _ = close(socket)
-        return nil
+        switch PacketSocket.connected(to: address) {
+        case .success(let socket): return socket
+        case .failure(.connectionRefused):
+            _ = directory.removeFile(named: name)  // its process is gone
+            return nil
+        case .failure: return nil
+        }
+    }
+
+    /// Receives a reply that ``PacketSocket/waitReadable(milliseconds:)`` found waiting; nil when the connection
+    /// closed instead, or the packet is not one.
+    private static func receiveReply(_ socket: PacketSocket) -> LivePacket? {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: LiveSocket.receiveBufferSize, alignment: 8)
+        defer { buffer.deallocate() }
+        guard case .packet(let count) = socket.receive(into: buffer, blocking: true) else { return nil }
+        return LivePacket(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
     }
 
     func liveDirectory() throws(WormholeError) -> DirectoryHandle {
         try live.withLock { (cached) throws(WormholeError) -> DirectoryHandle in
             if let cached { return cached }
             let handle = try DirectoryHandle.open(
-                path: path + "/" + LiveSocket.subdirectoryName, create: true, options: options)
+                path: path + "/" + LiveSocket.subdirectoryName,
+                create: true,
+                options: options
+            )
             cached = handle
             return handle
         }
@@ -185,7 +207,9 @@ final class DirectoryLiveTransport: LiveTransport {
 enum LiveErrors {
     static func notReachable(_ identifier: String) -> WormholeError {
         WormholeError(
-            .notReachable, "No process is listening for \"\(identifier)\" right now; nothing was sent.",
-            identifier: identifier)
+            .notReachable,
+            "No process is listening for \"\(identifier)\" right now; nothing was sent.",
+            identifier: identifier
+        )
     }
 }

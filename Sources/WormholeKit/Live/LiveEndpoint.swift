@@ -1,16 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#elseif canImport(Darwin)
-import Darwin
-#endif
 import Foundation
 import Synchronization
+import SystemPackage
 
 /// A listening socket for one identifier, and the thread that serves its connections.
 ///
-/// The thread waits in `poll(2)` on the listening socket, on a pipe that wakes it to stop, and on every connection it
+/// The thread waits in `poll(2)` on the listening socket, on a wake-up signal that stops it, and on every connection it
 /// accepted. A sender keeps its connection for the messages that follow (``DirectoryLiveTransport`` caches it), so a
 /// message costs one `send` and one wake-up, not a connection. Packets are read without blocking, so a slow or silent
 /// peer holds up nobody; each message is handed to `handle` on the endpoint's thread, with no connection. A request
@@ -19,9 +13,8 @@ import Synchronization
 final class LiveEndpoint: Sendable {
     private let directory: DirectoryHandle
     private let name: String
-    private let listening: Int32
-    private let wakeRead: Int32
-    private let wakeWrite: Int32
+    private let listening: PacketSocket
+    private let wake: WakeUpSignal
     private let stopped = Atomic<Bool>(false)
 
     /// - Parameters:
@@ -33,35 +26,45 @@ final class LiveEndpoint: Sendable {
         directory: DirectoryHandle,
         name prefix: String,
         identifier: String,
-        handle: @escaping @Sendable (LivePacket, _ connection: Int32?) -> Void
+        handle: @escaping @Sendable (LivePacket, _ connection: PacketSocket?) -> Void
     ) throws(WormholeError) {
         self.directory = directory
-        name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
-        let socket = LiveSocket.makeSocket()
-        guard socket >= 0 else { throw WormholeError.fileSystem(currentErrno, "create a socket", identifier: identifier, path: nil) }
-        guard let address = LiveSocket.address(directoryDescriptor: directory.rawDescriptor, name: name) else {
-            _ = close(socket)
+        let name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
+        self.name = name
+        let socket: PacketSocket
+        switch PacketSocket.make() {
+        case .success(let value): socket = value
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "create a socket", identifier: identifier, path: nil)
+        }
+        guard let address = UnixSocketAddress(directory: directory, name: name) else {
+            socket.close()
             throw WormholeError(.ioFailure, "The socket address is too long.", identifier: identifier)
         }
-        let bound = LiveSocket.withAddress(address) { bind(socket, $0, $1) }
-        guard bound == 0, fchmodat(directory.rawDescriptor, name, directory.filePermissions, 0) == 0,
-            listen(socket, 128) == 0
-        else {
-            let errno = currentErrno
-            _ = close(socket)
-            _ = unlinkat(directory.rawDescriptor, name, 0)
-            throw WormholeError.fileSystem(errno, "listen on a socket", identifier: identifier, path: directory.filePath(name))
+        let listened = socket.bind(to: address)
+            .flatMap { directory.setMode(ofEntry: name, to: directory.filePermissions) }
+            .flatMap { socket.listen(backlog: 128) }
+        if case .failure(let errno) = listened {
+            socket.close()
+            _ = directory.removeFile(named: name)
+            throw WormholeError.fileSystem(
+                errno,
+                "listen on a socket",
+                identifier: identifier,
+                path: directory.filePath(name)
+            )
         }
-        if let group = directory.group { _ = fchownat(directory.rawDescriptor, name, uid_t.max, group, 0) }
-        var pipeEnds: [Int32] = [0, 0]
-        guard pipe(&pipeEnds) == 0 else {
-            _ = close(socket)
-            _ = unlinkat(directory.rawDescriptor, name, 0)
-            throw WormholeError.fileSystem(currentErrno, "create a pipe", identifier: identifier, path: nil)
+        if let group = directory.group { _ = directory.setGroup(ofEntry: name, to: group) }
+        let wake: WakeUpSignal
+        do throws(Errno) {
+            wake = try WakeUpSignal()
+        } catch {
+            socket.close()
+            _ = directory.removeFile(named: name)
+            throw WormholeError.fileSystem(error, "create a wake-up descriptor", identifier: identifier, path: nil)
         }
         listening = socket
-        wakeRead = pipeEnds[0]
-        wakeWrite = pipeEnds[1]
+        self.wake = wake
         let trustsOthers = directory.trustsOtherOwners
         Thread { [self] in
             nameCurrentThread("wh-live")
@@ -72,65 +75,60 @@ final class LiveEndpoint: Sendable {
     /// Stops accepting, closes the connections and removes the socket file. Idempotent.
     func stop() {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        _ = unlinkat(directory.rawDescriptor, name, 0)
-        var byte: UInt8 = 1
-        _ = write(wakeWrite, &byte, 1)
+        _ = directory.removeFile(named: name)
+        wake.signal()
     }
 
     deinit { stop() }
 
+    /// The first entries of the poll set; the connections follow.
+    private static let listeningIndex = 0
+    private static let wakeIndex = 1
+    private static let firstConnectionIndex = 2
+
     private func serve(
         trustsOthers: Bool,
-        handle: @escaping @Sendable (LivePacket, Int32?) -> Void
+        handle: @escaping @Sendable (LivePacket, PacketSocket?) -> Void
     ) {
-        var connections: [Int32] = []
+        // Kept between waits: a wait allocates nothing.
+        var descriptors = PollSet(capacity: 16)
+        descriptors.append(listening.rawValue)
+        descriptors.append(wake.pollDescriptor)
         // One buffer for every packet: a packet is copied out of it before the next is read.
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: LiveSocket.maximumMessageSize + 4096, alignment: 8)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: LiveSocket.receiveBufferSize, alignment: 8)
         defer {
             buffer.deallocate()
             // Senders see their cached connection closed and drop it.
-            for connection in connections { _ = close(connection) }
-            _ = close(listening)
-            _ = close(wakeRead)
-            _ = close(wakeWrite)
+            for index in Self.firstConnectionIndex..<descriptors.count {
+                PacketSocket(rawValue: descriptors.descriptor(at: index)).close()
+            }
+            listening.close()
         }
         while !stopped.load(ordering: .acquiring) {
-            var descriptors = [
-                pollfd(fd: listening, events: Int16(POLLIN), revents: 0),
-                pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0),
-            ] + connections.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-            let ready = poll(&descriptors, nfds_t(descriptors.count), -1)
-            if ready < 0 {
-                if errno == EINTR { continue }
-                return
-            }
-            if descriptors[1].revents != 0 { return }
-            var kept: [Int32] = []
-            for entry in descriptors.dropFirst(2) {
-                guard entry.revents != 0 else {
-                    kept.append(entry.fd)
-                    continue
-                }
-                switch drain(entry.fd, into: buffer, handle: handle) {
-                case .open: kept.append(entry.fd)
-                case .closed: _ = close(entry.fd)
-                case .handedOver: break
+            guard case .success = descriptors.wait(milliseconds: -1) else { return }
+            if descriptors.isReady(at: Self.wakeIndex) { return }
+            descriptors.retain(from: Self.firstConnectionIndex) { descriptor, isReady in
+                guard isReady else { return true }
+                let connection = PacketSocket(rawValue: descriptor)
+                switch drain(connection, into: buffer, handle: handle) {
+                case .open: return true
+                case .closed:
+                    connection.close()
+                    return false
+                case .handedOver: return false
                 }
             }
-            connections = kept
-            if descriptors[0].revents != 0, let connection = accept(trustsOthers: trustsOthers) {
-                connections.append(connection)
+            if descriptors.isReady(at: Self.listeningIndex), let connection = accept(trustsOthers: trustsOthers) {
+                descriptors.append(connection.rawValue)
             }
         }
     }
 
-    private func accept(trustsOthers: Bool) -> Int32? {
-        let connection = Glibc_accept(listening)
-        guard connection >= 0 else { return nil }
-        _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
+    private func accept(trustsOthers: Bool) -> PacketSocket? {
+        guard case .success(let connection) = listening.accept() else { return nil }
         // Another user's process is refused, as a private wormhole's files are.
-        if !trustsOthers, LiveSocket.peerUserID(connection) != ProcessFacts.effectiveUserID {
-            _ = close(connection)
+        if !trustsOthers, (try? connection.peerUserID().get()) != ProcessFacts.effectiveUserID {
+            connection.close()
             return nil
         }
         return connection
@@ -140,25 +138,25 @@ final class LiveEndpoint: Sendable {
 
     /// Reads every packet waiting on a connection, without blocking, and hands each over.
     private func drain(
-        _ connection: Int32, into buffer: UnsafeMutableRawBufferPointer,
-        handle: @escaping @Sendable (LivePacket, Int32?) -> Void
+        _ connection: PacketSocket,
+        into buffer: UnsafeMutableRawBufferPointer,
+        handle: @escaping @Sendable (LivePacket, PacketSocket?) -> Void
     ) -> ConnectionState {
         while true {
-            let count = recv(connection, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
-            if count < 0 { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? .open : .closed }
-            if count == 0 { return .closed }  // the sender closed it
-            guard let packet = LivePacket(Array(UnsafeRawBufferPointer(rebasing: buffer[..<count]))) else { return .closed }
-            if packet.kind == .request {
-                // The reply goes back on this connection: the handler owns it from here.
-                handle(packet, connection)
-                return .handedOver
+            switch connection.receive(into: buffer) {
+            case .wouldBlock: return .open
+            case .closed: return .closed  // the sender closed it
+            case .packet(let count):
+                guard let packet = LivePacket(UnsafeRawBufferPointer(rebasing: buffer[..<count])) else {
+                    return .closed
+                }
+                if packet.kind == .request {
+                    // The reply goes back on this connection: the handler owns it from here.
+                    handle(packet, connection)
+                    return .handedOver
+                }
+                handle(packet, nil)
             }
-            handle(packet, nil)
         }
     }
-}
-
-@inline(__always)
-private func Glibc_accept(_ socket: Int32) -> Int32 {
-    accept(socket, nil, nil)
 }

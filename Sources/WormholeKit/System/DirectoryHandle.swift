@@ -310,12 +310,6 @@ final class DirectoryHandle: Sendable {
         faccessat(descriptor, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0
     }
 
-    /// The facts of the entry `name`, not following a symbolic link.
-    func statusOfEntry(_ name: String) -> Result<FileStatus, Errno> {
-        var raw = stat()
-        return valueOrErrno { fstatat(descriptor, name, &raw, AT_SYMLINK_NOFOLLOW) }.map { _ in FileStatus(raw) }
-    }
-
     /// Renames the entry `name` of this directory, replacing nothing it must not: `newName` in `target` (which may
     /// be this directory). EXDEV means another file system.
     func moveEntry(_ name: String, to target: DirectoryHandle, as newName: String) -> Result<Void, Errno> {

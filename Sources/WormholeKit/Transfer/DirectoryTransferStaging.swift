@@ -143,7 +143,7 @@ final class DirectoryTransferStaging: TransferStaging {
         let seconds = Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18
         // Partial copies of senders that stopped, and the markers of deliveries long done.
         for name in try staging.entries() where name.hasSuffix(".part") || name.hasSuffix(".delivered") {
-            if case .success(let status) = staging.statusOfEntry(name),
+            if case .success(let status) = staging.status(ofEntry: name),
                 Date().timeIntervalSince1970 - status.modificationTime > seconds
             {
                 _ = staging.removeFile(named: name)

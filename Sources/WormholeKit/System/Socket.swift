@@ -1,0 +1,187 @@
+import SystemPackage
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+#if os(Linux) || os(Android)
+import CWormholeSystem
+#endif
+
+/// The address of a socket file in a directory, reached through `/proc/self/fd/N/NAME`: the address stays under the
+/// 108 bytes a socket path may have, however deep the directory is, and a directory renamed away is still the one
+/// meant.
+struct UnixSocketAddress {
+    private var storage = sockaddr_un()
+
+    /// Nil when the address does not fit in a `sockaddr_un` (a name of some 80 bytes or more).
+    init?(directory: DirectoryHandle, name: String) {
+        storage.sun_family = sa_family_t(AF_UNIX)
+        let path = Array("/proc/self/fd/\(directory.rawDescriptor)/\(name)".utf8CString)
+        guard path.count <= MemoryLayout.size(ofValue: storage.sun_path) else { return nil }
+        withUnsafeMutableBytes(of: &storage.sun_path) { buffer in
+            path.withUnsafeBytes { buffer.copyMemory(from: $0) }
+        }
+    }
+
+    fileprivate func withSocketAddress<T>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T {
+        withUnsafePointer(to: storage) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                body($0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+    }
+}
+
+/// A Unix `SOCK_SEQPACKET` socket: sequenced packets that keep their boundaries, on a connection whose end the other
+/// side sees at once.
+///
+/// Like swift-system's `FileDescriptor`, the value does not own the socket: whoever made or accepted it calls
+/// ``close()`` once. It is copyable so that connections can be kept in dictionaries and handed from thread to thread.
+/// Every call that can block is retried when a signal interrupts it.
+struct PacketSocket: Hashable, Sendable {
+    let rawValue: Int32
+
+    /// Creates an unconnected socket, close-on-exec.
+    static func make() -> Result<PacketSocket, Errno> {
+        #if os(Linux) || os(Android)
+        return valueOrErrno { socket(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+            .map { PacketSocket(rawValue: $0) }
+        #else
+        return valueOrErrno { socket(AF_UNIX, SOCK_SEQPACKET, 0) }.map { descriptor in
+            _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+            return PacketSocket(rawValue: descriptor)
+        }
+        #endif
+    }
+
+    /// Creates a socket and connects it to `address`; the socket is closed again when the connection fails
+    /// (`connectionRefused`: a socket file whose process is gone).
+    static func connected(to address: UnixSocketAddress) -> Result<PacketSocket, Errno> {
+        make().flatMap { socket in
+            let result = address.withSocketAddress { pointer, length in
+                valueOrErrno { system_connect(socket.rawValue, pointer, length) }
+            }
+            switch result {
+            case .success: return .success(socket)
+            case .failure(let errno):
+                socket.close()
+                return .failure(errno)
+            }
+        }
+    }
+
+    /// Binds the socket to `address`, creating the socket file (with the umask applied to its mode).
+    func bind(to address: UnixSocketAddress) -> Result<Void, Errno> {
+        address.withSocketAddress { pointer, length in
+            valueOrErrno { system_bind(rawValue, pointer, length) }.map { _ in }
+        }
+    }
+
+    /// Starts accepting connections, up to `backlog` waiting.
+    func listen(backlog: Int32) -> Result<Void, Errno> {
+        valueOrErrno { system_listen(rawValue, backlog) }.map { _ in }
+    }
+
+    /// Accepts a waiting connection (blocking until one comes), close-on-exec.
+    func accept() -> Result<PacketSocket, Errno> {
+        valueOrErrno { system_accept(rawValue) }.map { descriptor in
+            // Glibc's module leaves accept4 out: the flag is set after.
+            _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+            return PacketSocket(rawValue: descriptor)
+        }
+    }
+
+    /// Sends one packet, whole: it travels whole or not at all (a short count, which `SOCK_SEQPACKET` does not give,
+    /// is reported as `messageTooLong`). A peer gone fails it with `brokenPipe`, never with a signal.
+    func send(_ bytes: [UInt8]) -> Result<Void, Errno> {
+        bytes.withUnsafeBytes { buffer in
+            valueOrErrno { system_send(rawValue, buffer.baseAddress, buffer.count) }.flatMap { sent in
+                sent == buffer.count ? .success(()) : .failure(.messageTooLong)
+            }
+        }
+    }
+
+    /// What ``receive(into:blocking:)`` found.
+    enum Received: Equatable {
+        /// A packet of `count` bytes, at the start of the buffer (a longer packet was cut to the buffer's size).
+        case packet(count: Int)
+        /// Nothing waiting (only without blocking).
+        case wouldBlock
+        /// The peer closed the connection, or it failed.
+        case closed
+    }
+
+    /// Receives one packet into `buffer`; without `blocking`, returns ``Received/wouldBlock`` at once when none waits.
+    func receive(into buffer: UnsafeMutableRawBufferPointer, blocking: Bool = false) -> Received {
+        let flags = blocking ? 0 : Int32(MSG_DONTWAIT)
+        switch valueOrErrno({ recv(rawValue, buffer.baseAddress, buffer.count, flags) }) {
+        case .success(0): return .closed
+        case .success(let count): return .packet(count: count)
+        case .failure(let errno):
+            return errno == .wouldBlock || errno == .resourceTemporarilyUnavailable ? .wouldBlock : .closed
+        }
+    }
+
+    /// The user id of the process at the other end of the connection (`SO_PEERCRED`, `getpeereid` on Darwin).
+    func peerUserID() -> Result<UInt32, Errno> {
+        #if os(Linux) || os(Android)
+        var uid: UInt32 = 0
+        return valueOrErrno { cwormhole_peer_uid(rawValue, &uid) }.map { _ in uid }
+        #else
+        var uid: uid_t = 0
+        var gid: gid_t = 0
+        return valueOrErrno { getpeereid(rawValue, &uid, &gid) }.map { _ in UInt32(uid) }
+        #endif
+    }
+
+    /// Waits until a packet (or the end of the connection) can be read, up to `milliseconds` (-1: no limit); false
+    /// on time-out.
+    func waitReadable(milliseconds: Int32) -> Result<Bool, Errno> {
+        PollSet.waitReadable(rawValue, milliseconds: milliseconds)
+    }
+
+    /// Closes the socket. Call it once; the value must not be used after.
+    func close() {
+        system_close(rawValue)
+    }
+}
+
+// The C calls under names of their own: inside `PacketSocket` its methods of the same names would hide them.
+
+@inline(__always)
+private func system_connect(_ socket: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) -> Int32 {
+    connect(socket, address, length)
+}
+
+@inline(__always)
+private func system_bind(_ socket: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) -> Int32 {
+    bind(socket, address, length)
+}
+
+@inline(__always)
+private func system_listen(_ socket: Int32, _ backlog: Int32) -> Int32 {
+    listen(socket, backlog)
+}
+
+@inline(__always)
+private func system_accept(_ socket: Int32) -> Int32 {
+    accept(socket, nil, nil)
+}
+
+@inline(__always)
+private func system_send(_ socket: Int32, _ buffer: UnsafeRawPointer?, _ count: Int) -> Int {
+    #if os(Linux) || os(Android)
+    return send(socket, buffer, count, Int32(MSG_NOSIGNAL))
+    #else
+    return send(socket, buffer, count, 0)
+    #endif
+}
+
+@inline(__always)
+private func system_close(_ descriptor: Int32) {
+    _ = close(descriptor)
+}
