@@ -31,15 +31,6 @@ struct WormholeCommand: ParsableCommand {
 }
 
 extension WormholeCommand {
-    /// Runs the tool. A write to a pipe or socket whose reader is gone (a command that does not read its input, a
-    /// closed `| head`) must fail that write, not kill the process: SIGPIPE is ignored.
-    static func main() {
-        signal(SIGPIPE, SIG_IGN)
-        do {
-            var command = try parseAsRoot()
-            try command.run()
-        } catch {
-            exit(withError: error)
-        }
-    }
+    /// Runs it; see ``ParsableCommand/mainIgnoringBrokenPipes()``.
+    static func main() { mainIgnoringBrokenPipes() }
 }

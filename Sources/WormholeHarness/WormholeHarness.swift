@@ -22,14 +22,6 @@ struct WormholeHarness: ParsableCommand {
 }
 
 extension WormholeHarness {
-    /// Runs the harness. SIGPIPE is ignored, as in the tool: a write to a closed pipe fails, it does not kill.
-    static func main() {
-        signal(SIGPIPE, SIG_IGN)
-        do {
-            var command = try parseAsRoot()
-            try command.run()
-        } catch {
-            exit(withError: error)
-        }
-    }
+    /// Runs it; see ``ParsableCommand/mainIgnoringBrokenPipes()``.
+    static func main() { mainIgnoringBrokenPipes() }
 }

@@ -9,23 +9,19 @@ import WormholeKit
 /// is delivered after that callback returns. ``InMemoryEngine`` uses one; ``ManualNotifier`` is the one to use when a
 /// test must decide when observers run.
 public final class InMemoryNotifier: Notifier {
-    private struct State {
-        var observers: [String: [UInt64: @Sendable () -> Void]] = [:]
-        var nextID: UInt64 = 1
-    }
-    private let state = Locked(State())
+    private let observers = ObserverTable()
     private let queue = DispatchQueue(label: "wormhole.in-memory-notifier")
 
     /// Creates a notifier with no observers.
     public init() {}
 
     public func post(_ name: String) throws(WormholeError) {
-        let handlers = state.withLock { state in (state.observers[name] ?? [:]).sorted { $0.key < $1.key } }
+        let handlers = observers.observers(of: name)
         guard !handlers.isEmpty else { return }
-        queue.async { [state] in
+        queue.async { [observers] in
             for (id, handler) in handlers {
                 // An observation cancelled since the post is not called.
-                guard state.withLock({ $0.observers[name]?[id] != nil }) else { continue }
+                guard observers.contains(id, of: name) else { continue }
                 handler()
             }
         }
@@ -35,17 +31,7 @@ public final class InMemoryNotifier: Notifier {
         _ name: String,
         handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        let id = state.withLock { state in
-            defer { state.nextID += 1 }
-            state.observers[name, default: [:]][state.nextID] = handler
-            return state.nextID
-        }
-        return NotifierObservation { [weak self] in
-            self?.state.withLock { state in
-                state.observers[name]?[id] = nil
-                if state.observers[name]?.isEmpty == true { state.observers[name] = nil }
-            }
-        }
+        observers.add(name, handler: handler)
     }
 
     /// Waits until every post made so far has been delivered: for tests that check what did not happen.

@@ -8,12 +8,11 @@ import WormholeKit
 /// once instead.
 public final class ManualNotifier: Notifier {
     private struct State {
-        var observers: [String: [UInt64: @Sendable () -> Void]] = [:]
         var pending: [String] = []
         var posted: [String] = []
-        var nextID: UInt64 = 1
     }
     private let state = Locked(State())
+    private let observers = ObserverTable()
     private let delivering = Locked(())
     /// Whether a post calls the observers at once, on the posting thread.
     public let deliversImmediately: Bool
@@ -27,7 +26,7 @@ public final class ManualNotifier: Notifier {
     public var postedNames: [String] { state.withLock { $0.posted } }
 
     /// How many observations are active.
-    public var observationCount: Int { state.withLock { $0.observers.values.reduce(0) { $0 + $1.count } } }
+    public var observationCount: Int { observers.count }
 
     public func post(_ name: String) throws(WormholeError) {
         state.withLock { state in
@@ -41,17 +40,7 @@ public final class ManualNotifier: Notifier {
         _ name: String,
         handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        let id = state.withLock { state in
-            defer { state.nextID += 1 }
-            state.observers[name, default: [:]][state.nextID] = handler
-            return state.nextID
-        }
-        return NotifierObservation { [weak self] in
-            self?.state.withLock { state in
-                state.observers[name]?[id] = nil
-                if state.observers[name]?.isEmpty == true { state.observers[name] = nil }
-            }
-        }
+        observers.add(name, handler: handler)
     }
 
     /// Calls the observers of each name posted since the last delivery; returns how many calls were made.
@@ -59,12 +48,11 @@ public final class ManualNotifier: Notifier {
     public func deliverPendingNotifications() -> Int {
         // One delivery at a time, so that observers' calls never overlap, as the Notifier contract says.
         delivering.withLock { _ in
-            let handlers = state.withLock { state in
+            let names = state.withLock { state in
                 defer { state.pending = [] }
-                return state.pending.flatMap { name in
-                    (state.observers[name] ?? [:]).sorted { $0.key < $1.key }.map(\.value)
-                }
+                return state.pending
             }
+            let handlers = names.flatMap { name in observers.observers(of: name).map(\.handler) }
             for handler in handlers { handler() }
             return handlers.count
         }

@@ -116,27 +116,18 @@ final class DirectoryQueueLog: QueueLog {
     }
 
     private func openForAppending() throws(WormholeError) -> Int32 {
-        let file: OwnedDescriptor
-        do {
-            file = try directory.openFile(named: logName, flags: O_WRONLY | O_APPEND | O_CREAT)
-        } catch {
-            throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
-        }
-        guard try directory.trustedStatus(of: file.descriptor, name: logName, identifier: identifier) != nil else {
-            throw WormholeError(
-                .ioFailure,
-                "The queue file was removed while opening it.",
-                identifier: identifier,
-                path: logPath
-            )
-        }
-        return file.release()
+        try openLog(flags: O_WRONLY | O_APPEND | O_CREAT)
     }
 
     func openForReading() throws(WormholeError) -> Int32 {
+        try openLog(flags: O_RDONLY | O_CREAT)
+    }
+
+    /// Opens the log (created if missing), refusing a planted link or another user's file.
+    private func openLog(flags: Int32) throws(WormholeError) -> Int32 {
         let file: OwnedDescriptor
         do {
-            file = try directory.openFile(named: logName, flags: O_RDONLY | O_CREAT)
+            file = try directory.openFile(named: logName, flags: flags)
         } catch {
             throw WormholeError.fileSystem(error, "open the queue", identifier: identifier, path: logPath)
         }

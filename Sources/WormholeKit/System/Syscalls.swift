@@ -75,6 +75,9 @@ package struct OwnedDescriptor: ~Copyable {
 package struct Descriptor {
     let rawValue: Int32
 
+    /// swift-system's descriptor, for the calls it wraps (reads, writes, closing); the others are here.
+    private var file: FileDescriptor { FileDescriptor(rawValue: rawValue) }
+
     func status() -> Result<FileStatus, Errno> {
         var raw = stat()
         return valueOrErrno { fstat(rawValue, &raw) }.map { _ in FileStatus(raw) }
@@ -86,8 +89,8 @@ package struct Descriptor {
         let buffer = [UInt8](unsafeUninitializedCapacity: count) { bytes, initialized in
             var done = 0
             while done < count {
-                switch valueOrErrno({ pread(rawValue, bytes.baseAddress! + done, count - done, off_t(offset + done)) })
-                {
+                let rest = UnsafeMutableRawBufferPointer(UnsafeMutableBufferPointer(rebasing: bytes[done...]))
+                switch errnoResult({ try file.read(fromAbsoluteOffset: Int64(offset + done), into: rest) }) {
                 case .success(0):
                     initialized = done
                     return
@@ -109,9 +112,8 @@ package struct Descriptor {
         bytes.withUnsafeBytes { buffer in
             var done = 0
             while done < buffer.count {
-                switch valueOrErrno({
-                    pwrite(rawValue, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
-                }) {
+                let rest = UnsafeRawBufferPointer(rebasing: buffer[done...])
+                switch errnoResult({ try file.write(toAbsoluteOffset: Int64(offset + done), rest) }) {
                 case .success(let n): done += n
                 case .failure(let error): return .failure(error)
                 }
@@ -132,18 +134,23 @@ package struct Descriptor {
 
     /// Reads up to `buffer.count` bytes at the file's position; 0 at its end.
     func read(into buffer: UnsafeMutableRawBufferPointer) -> Result<Int, Errno> {
-        valueOrErrno { Glibc_readInto(rawValue, buffer.baseAddress, buffer.count) }
+        errnoResult { try file.read(into: buffer) }
     }
 
     /// One `write` of all of `bytes` at the file's position (for `O_APPEND`, at its end, whole); returns how many
     /// were written, fewer only when the disk is full.
     func writeOnce(_ bytes: UnsafeRawBufferPointer) -> Result<Int, Errno> {
-        valueOrErrno { Glibc_writeFrom(rawValue, bytes.baseAddress, bytes.count) }
+        errnoResult { try file.write(bytes) }
     }
 
     /// Reads up to `count` bytes at `offset` into `buffer` with one `pread`; fewer mean the end of the file.
     func read(into buffer: UnsafeMutableRawPointer, count: Int, at offset: UInt64) -> Result<Int, Errno> {
-        valueOrErrno { pread(rawValue, buffer, count, off_t(offset)) }
+        errnoResult {
+            try file.read(
+                fromAbsoluteOffset: Int64(offset),
+                into: UnsafeMutableRawBufferPointer(start: buffer, count: count)
+            )
+        }
     }
 
     /// The first offset at or after `offset` that holds data, skipping holes; nil where the file system cannot tell.
@@ -169,7 +176,7 @@ package struct Descriptor {
 
     /// Closes a descriptor that no `OwnedDescriptor` owns.
     func close() {
-        _ = Glibc_closeDescriptor(rawValue)
+        try? file.close()
     }
 
     func synchronize() -> Result<Void, Errno> {
@@ -223,18 +230,20 @@ enum ProcessFacts {
 
 }
 
+/// A swift-system call's result, with its `Errno` typed.
+@inline(__always)
+func errnoResult<T>(_ body: () throws -> T) -> Result<T, Errno> {
+    do {
+        return .success(try body())
+    } catch let errno as Errno {
+        return .failure(errno)
+    } catch {
+        return .failure(.ioError)  // swift-system throws only Errno
+    }
+}
+
 // The C calls by names that `Descriptor`'s methods do not shadow.
 @inline(__always) private func Glibc_openPath(_ path: String, _ flags: Int32, _ mode: mode_t) -> Int32 {
     open(path, flags, mode)
-}
-@inline(__always) private func Glibc_readInto(
-    _ descriptor: Int32,
-    _ buffer: UnsafeMutableRawPointer?,
-    _ count: Int
-)
-    -> Int
-{ read(descriptor, buffer, count) }
-@inline(__always) private func Glibc_writeFrom(_ descriptor: Int32, _ buffer: UnsafeRawPointer?, _ count: Int) -> Int {
-    write(descriptor, buffer, count)
 }
 @inline(__always) private func Glibc_closeDescriptor(_ descriptor: Int32) -> Int32 { close(descriptor) }

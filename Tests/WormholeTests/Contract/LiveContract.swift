@@ -11,7 +11,7 @@ import Testing
 /// (nobody responds). Listeners and responders are apart: a message never reaches a responder, a request never a
 /// listener. A cancelled listener or responder is no longer reached. A request that its responder drops without an
 /// answer fails at once with ``WormholeError/Code/remoteFailure``, never at its time-out.
-@Suite("Contract: live messages and requests", .limit(minutes: 1))
+@Suite("Contract: live messages and requests", .limit(minutes: 3))
 struct LiveContract {
     struct Query: Codable, Sendable, Equatable {
         var term: String

@@ -12,7 +12,7 @@ import WormholeKit
 /// A listener stops when cancelled or when its wormhole stops listening to its identifier (listeners of other
 /// wormholes go on); an `AsyncSequence` of messages then ends. Invalid identifiers are refused with
 /// ``WormholeError/Code/invalidIdentifier``.
-@Suite("Contract: mailboxes", .limit(minutes: 1))
+@Suite("Contract: mailboxes", .limit(minutes: 3))
 struct MailboxContract {
     struct Note: Codable, Sendable, Equatable {
         var text: String

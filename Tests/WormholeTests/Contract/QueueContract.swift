@@ -11,7 +11,7 @@ import WormholeKit
 /// under the same name gets nothing it acknowledged and catches up on what came while it was away; a handler that
 /// throws leaves its message unacknowledged, to be offered again, and reports ``WormholeError/Code/handlerFailed``.
 /// ``WormholeQueue/status()`` tells each consumer's position and lag.
-@Suite("Contract: queues", .limit(minutes: 1))
+@Suite("Contract: queues", .limit(minutes: 3))
 struct QueueContract {
     struct Job: Codable, Sendable, Equatable, Hashable {
         var producer: String

@@ -10,7 +10,7 @@ import WormholeKit
 /// order: by default an observer skips its own wormhole's changes (unless `includingOwnChanges`), and it can keep to
 /// one direction and to some keys. `changes()` is the same as an `AsyncSequence`. Values are JSON: Codable values,
 /// nested or not, and dates (to the second) read back as they were set.
-@Suite("Contract: suites", .limit(minutes: 1))
+@Suite("Contract: suites", .limit(minutes: 3))
 struct SuiteContract {
     struct Settings: Codable, Sendable, Equatable {
         struct Display: Codable, Sendable, Equatable {

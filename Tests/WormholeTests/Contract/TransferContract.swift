@@ -8,7 +8,7 @@ import WormholeKit
 /// once, in order, with its name and metadata and exactly its bytes, across restarts of either side: a receiver
 /// restarted under the same name never gets a file twice. A transfer cancelled before any receiver took it is never
 /// delivered: receivers report it to their error handler and pass over it.
-@Suite("Contract: file transfers", .limit(minutes: 1))
+@Suite("Contract: file transfers", .limit(minutes: 3))
 struct TransferContract {
     /// Writes `count` random bytes to `path`.
     static func randomFile(_ path: String, count: Int) throws -> Data {

@@ -7,7 +7,7 @@ import WormholeTesting
 @testable import WormholeKit
 
 /// What the engine seam changed for wormholes made from parts, the one listening vocabulary, and reposting.
-@Suite("Engine seam and listening vocabulary", .limit(minutes: 1))
+@Suite("Engine seam and listening vocabulary", .limit(minutes: 3))
 struct EngineSeamTests {
     let directory = TemporaryDirectory()
 

@@ -4,7 +4,7 @@ import Testing
 @testable import WormholeKit
 
 /// Faults found by reading the code against FORMAT.md, each kept as a test.
-@Suite("Review findings", .limit(minutes: 1))
+@Suite("Review findings", .limit(minutes: 3))
 struct ReviewFindingsTests {
     let directory = TemporaryDirectory()
     var path: String { directory("wormhole") }
