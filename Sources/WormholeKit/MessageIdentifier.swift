@@ -50,7 +50,11 @@ public enum MessageIdentifier: Sendable {
         let length = identifier.utf8.count
         if length == 0 { return "it is empty" }
         if length > limit { return "it is \(length) bytes long, and the limit is \(limit)" }
-        if identifier.hasPrefix(".") { return "it starts with '.', which is reserved for the wormhole's own files" }
+        // The first byte, not the first character: a '.' followed by a combining mark is one character, yet its file
+        // name still starts with '.'.
+        if identifier.utf8.first == UInt8(ascii: ".") {
+            return "it starts with '.', which is reserved for the wormhole's own files"
+        }
         for scalar in identifier.unicodeScalars {
             if scalar == "/" { return "it contains '/', which would name another directory" }
             if scalar.value == 0 { return "it contains a NUL character" }

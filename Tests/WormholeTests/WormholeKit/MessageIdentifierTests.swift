@@ -19,7 +19,8 @@ struct MessageIdentifierTests {
     @Test(
         "Identifiers that could escape the directory or hide a control character are refused",
         arguments: [
-            "", ".", "..", "../x", "a/b", "/etc/passwd", ".hidden", "nul\u{0}byte", "line\nbreak", "tab\tbed",
+            "", ".", "..", "../x", "a/b", "/etc/passwd", ".hidden", ".\u{301}hidden", "nul\u{0}byte", "line\nbreak",
+            "tab\tbed",
             "bell\u{7}", "del\u{7F}", "c1\u{85}", String(repeating: "x", count: 201),
             String(repeating: "é", count: 101),
             String(repeating: "a", count: 10_000),
