@@ -75,14 +75,18 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        // The fuzzer of every decoder of on-disk and on-wire bytes: `scripts/fuzz` builds it with libFuzzer.
-        .executableTarget(name: "WormholeFuzz", dependencies: ["WormholeKit"]),
+        // The entry points of fuzzing every decoder of on-disk and on-wire bytes, for the fuzzer and the corpus test;
+        // no product names it, so no user's build carries it.
+        .target(name: "WormholeFuzzing", dependencies: ["WormholeKit"]),
+        // The fuzzer: `scripts/fuzz` builds it with libFuzzer.
+        .executableTarget(name: "WormholeFuzz", dependencies: ["WormholeFuzzing"]),
         // One test target, its folders mirroring the modules. It depends on the tool and the harness so that both are
         // built for the tests to run.
         .testTarget(
             name: "WormholeTests",
             dependencies: [
-                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCLI", "WormholeCommand", "WormholeHarness",
+                "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCLI", "WormholeFuzzing", "WormholeCommand",
+                "WormholeHarness",
                 "CWormholeSystem",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]

@@ -1,5 +1,5 @@
 import Foundation
-import WormholeKit
+import WormholeFuzzing
 
 #if canImport(Glibc)
 import Glibc

@@ -30,37 +30,37 @@ enum LiveSocket {
 }
 
 /// What travels in a live packet: the kind, the sender, and the payload (or an error text, in a failed reply).
-struct LivePacket: Equatable {
-    enum Kind: UInt8 {
+package struct LivePacket: Equatable {
+    package enum Kind: UInt8 {
         case message = 1
         case request = 2
         case reply = 3
         case failure = 4
     }
-    var kind: Kind
-    var sender: String
-    var payload: [UInt8]
+    package var kind: Kind
+    package var sender: String
+    package var payload: [UInt8]
 
-    func encoded() -> [UInt8] {
+    package func encoded() -> [UInt8] {
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
         var bytes: [UInt8] = [kind.rawValue, 0, 0]
         bytes.store(UInt16(senderBytes.count), at: 1)
         return bytes + senderBytes + payload
     }
 
-    init(kind: Kind, sender: String, payload: [UInt8]) {
+    package init(kind: Kind, sender: String, payload: [UInt8]) {
         self.kind = kind
         self.sender = sender
         self.payload = payload
     }
 
-    init?(_ bytes: [UInt8]) {
+    package init?(_ bytes: [UInt8]) {
         guard let packet = bytes.withUnsafeBytes({ LivePacket($0) }) else { return nil }
         self = packet
     }
 
     /// Decodes a packet where it was received, copying out only the sender and the payload.
-    init?(_ bytes: UnsafeRawBufferPointer) {
+    package init?(_ bytes: UnsafeRawBufferPointer) {
         guard bytes.count >= 3, let kind = Kind(rawValue: bytes[0]) else { return nil }
         let senderLength = Int(bytes[1]) | Int(bytes[2]) << 8  // little-endian
         guard bytes.count >= 3 + senderLength else { return nil }

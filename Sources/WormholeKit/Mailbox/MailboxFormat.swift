@@ -7,34 +7,51 @@ import Foundation
 /// no lock: it reads both slots and keeps the valid record with the highest sequence. A record being written is
 /// caught by its checksum and passed over, and the other slot still holds the previous message whole; so no
 /// reader ever sees a torn message, and the writer never renames a file for a message that fits.
-enum MailboxFormat {
-    static let magic: [UInt8] = Array("WHMB".utf8)
-    static let headerSize = 64
-    static let recordHeaderSize = 32
-    static let minimumSlotCapacity = 512
+package enum MailboxFormat {
+    package static let magic: [UInt8] = Array("WHMB".utf8)
+    package static let headerSize = 64
+    package static let recordHeaderSize = 32
+    package static let minimumSlotCapacity = 512
     /// Files up to this size are read whole in one call; larger ones record by record.
-    static let wholeReadLimit = 64 * 1024
-    static let fileSuffix = ".msg"
+    package static let wholeReadLimit = 64 * 1024
+    package static let fileSuffix = ".msg"
 
-    struct Header: Equatable {
-        var slotCapacity: Int
-        var generation: UInt64
-        var fileSize: Int { MailboxFormat.headerSize + 2 * slotCapacity }
-        func slotOffset(_ slot: Int) -> Int { MailboxFormat.headerSize + slot * slotCapacity }
+    package struct Header: Equatable {
+        package var slotCapacity: Int
+        package var generation: UInt64
+        package init(slotCapacity: Int, generation: UInt64) {
+            self.slotCapacity = slotCapacity
+            self.generation = generation
+        }
+        package var fileSize: Int { MailboxFormat.headerSize + 2 * slotCapacity }
+        package func slotOffset(_ slot: Int) -> Int { MailboxFormat.headerSize + slot * slotCapacity }
     }
 
-    struct Record: Equatable {
-        static let clearedFlag: UInt16 = 1
-        var sequence: UInt64
-        var timestampNanoseconds: Int64
-        var isCleared: Bool
-        var sender: [UInt8]
-        var payload: [UInt8]
-        var encodedSize: Int { MailboxFormat.recordHeaderSize + sender.count + payload.count }
+    package struct Record: Equatable {
+        package static let clearedFlag: UInt16 = 1
+        package var sequence: UInt64
+        package var timestampNanoseconds: Int64
+        package var isCleared: Bool
+        package var sender: [UInt8]
+        package var payload: [UInt8]
+        package init(
+            sequence: UInt64,
+            timestampNanoseconds: Int64,
+            isCleared: Bool,
+            sender: [UInt8],
+            payload: [UInt8]
+        ) {
+            self.sequence = sequence
+            self.timestampNanoseconds = timestampNanoseconds
+            self.isCleared = isCleared
+            self.sender = sender
+            self.payload = payload
+        }
+        package var encodedSize: Int { MailboxFormat.recordHeaderSize + sender.count + payload.count }
     }
 
     /// What a slot was found to hold.
-    enum SlotContent: Equatable {
+    package enum SlotContent: Equatable {
         case empty
         case valid(Record)
         /// A record whose checksum or lengths do not match: being written right now, or damaged.
@@ -42,20 +59,20 @@ enum MailboxFormat {
     }
 
     /// The newest valid record of a file, and which slot holds it.
-    struct Contents {
-        var header: Header
-        var newest: (slot: Int, record: Record)?
+    package struct Contents {
+        package var header: Header
+        package var newest: (slot: Int, record: Record)?
     }
 
     // MARK: Encoding
 
-    static func slotCapacity(forRecordSize size: Int) -> Int {
+    package static func slotCapacity(forRecordSize size: Int) -> Int {
         var capacity = minimumSlotCapacity
         while capacity < size { capacity *= 2 }
         return capacity
     }
 
-    static func encodeHeader(_ header: Header) -> [UInt8] {
+    package static func encodeHeader(_ header: Header) -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: headerSize)
         bytes.replaceSubrange(0..<4, with: magic)
         bytes.store(Envelope.formatVersion, at: 4)
@@ -66,7 +83,7 @@ enum MailboxFormat {
         return bytes
     }
 
-    static func encodeRecord(_ record: Record) -> [UInt8] {
+    package static func encodeRecord(_ record: Record) -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: recordHeaderSize)
         bytes.reserveCapacity(record.encodedSize)
         bytes.store(record.isCleared ? Record.clearedFlag : 0, at: 4)
@@ -81,7 +98,7 @@ enum MailboxFormat {
     }
 
     /// A new file's bytes: the header, `record` in slot 0, and an empty slot 1.
-    static func encodeFile(header: Header, record: Record) -> [UInt8] {
+    package static func encodeFile(header: Header, record: Record) -> [UInt8] {
         var bytes = encodeHeader(header)
         bytes.append(contentsOf: encodeRecord(record))
         bytes.append(contentsOf: repeatElement(0, count: header.fileSize - bytes.count))
@@ -90,7 +107,7 @@ enum MailboxFormat {
 
     // MARK: Decoding
 
-    static func decodeHeader(_ bytes: ArraySlice<UInt8>) -> Result<Header, HeaderProblem> {
+    package static func decodeHeader(_ bytes: ArraySlice<UInt8>) -> Result<Header, HeaderProblem> {
         guard bytes.count >= headerSize else { return .failure(.truncated(bytes.count)) }
         let base = bytes.startIndex
         guard Array(bytes[base..<base + 4]) == magic else { return .failure(.badMagic) }
@@ -108,7 +125,7 @@ enum MailboxFormat {
         return .success(Header(slotCapacity: capacity, generation: bytes.load(at: 16)))
     }
 
-    enum HeaderProblem: Error, Equatable {
+    package enum HeaderProblem: Error, Equatable {
         case truncated(Int)
         case badMagic
         case unsupportedVersion(UInt16)
@@ -117,13 +134,13 @@ enum MailboxFormat {
     }
 
     /// The length a slot's record claims, or nil when the claim cannot fit in the slot.
-    static func claimedRecordSize(_ head: ArraySlice<UInt8>, capacity: Int) -> Int? {
+    package static func claimedRecordSize(_ head: ArraySlice<UInt8>, capacity: Int) -> Int? {
         guard head.count >= recordHeaderSize else { return nil }
         let size = recordHeaderSize + Int(head.load(at: 6) as UInt16) + Int(head.load(at: 24) as UInt32)
         return size <= capacity ? size : nil
     }
 
-    static func decodeSlot(_ bytes: ArraySlice<UInt8>, capacity: Int) -> SlotContent {
+    package static func decodeSlot(_ bytes: ArraySlice<UInt8>, capacity: Int) -> SlotContent {
         if bytes.count >= recordHeaderSize, bytes.prefix(recordHeaderSize).allSatisfy({ $0 == 0 }) { return .empty }
         guard let size = claimedRecordSize(bytes, capacity: capacity), bytes.count >= size else { return .invalid }
         let base = bytes.startIndex
@@ -149,7 +166,7 @@ enum MailboxFormat {
     ///
     /// Small files are read with one call. Of a large file, the slot heads are read first, then only the record
     /// that is newest; if that one turns out torn, the other.
-    static func decodeFile(
+    package static func decodeFile(
         size: Int,
         read: (_ count: Int, _ offset: Int) throws(WormholeError) -> [UInt8]
     ) throws(WormholeError) -> Result<Contents, FileProblem> {
@@ -195,13 +212,13 @@ enum MailboxFormat {
         return sawDamage ? .failure(.noValidRecord) : .success(Contents(header: header, newest: nil))
     }
 
-    enum FileProblem: Error, Equatable {
+    package enum FileProblem: Error, Equatable {
         case header(HeaderProblem)
         case truncated(size: Int, expected: Int)
         case noValidRecord
     }
 
-    static func error(for problem: FileProblem, identifier: String, path: String) -> WormholeError {
+    package static func error(for problem: FileProblem, identifier: String, path: String) -> WormholeError {
         switch problem {
         case .header(.truncated(let size)), .truncated(let size, _):
             return WormholeError(

@@ -1,11 +1,11 @@
 import Foundation
 
 /// A consumer's stored position: 16 bytes, `WHQC`, a CRC-32C of the offset, the offset (little-endian).
-final class QueueCursorFile: Sendable {
+package final class QueueCursorFile: Sendable {
     private static let magic: UInt32 = 0x4351_4857  // "WHQC"
     private let descriptor: Int32
-    let name: String
-    let path: String
+    package let name: String
+    package let path: String
 
     init(directory: DirectoryHandle, name: String, create: Bool) throws(WormholeError) {
         try MessageIdentifier.validate(name)
@@ -30,7 +30,7 @@ final class QueueCursorFile: Sendable {
     deinit { Descriptor(rawValue: descriptor).close() }
 
     /// The stored offset, or nil for a consumer that has not handled anything yet.
-    func read() throws(WormholeError) -> UInt64? {
+    package func read() throws(WormholeError) -> UInt64? {
         let bytes: [UInt8]
         switch Descriptor(rawValue: descriptor).read(count: 16, at: 0) {
         case .success(let read): bytes = read
@@ -49,7 +49,7 @@ final class QueueCursorFile: Sendable {
     }
 
     /// Decodes a position file's bytes: `.some(nil)` for an empty file, nil for damaged bytes.
-    static func decode(_ bytes: [UInt8]) -> (offset: UInt64?, Void)? {
+    package static func decode(_ bytes: [UInt8]) -> (offset: UInt64?, Void)? {
         if bytes.isEmpty { return (nil, ()) }
         let slice = bytes[...]
         guard bytes.count == 16, slice.load(at: 0) as UInt32 == magic,
@@ -59,7 +59,7 @@ final class QueueCursorFile: Sendable {
     }
 
     /// A position file's bytes.
-    static func encode(_ offset: UInt64) -> [UInt8] {
+    package static func encode(_ offset: UInt64) -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: 16)
         bytes.store(magic, at: 0)
         bytes.store(offset, at: 8)
@@ -67,7 +67,7 @@ final class QueueCursorFile: Sendable {
         return bytes
     }
 
-    func write(_ offset: UInt64) throws(WormholeError) {
+    package func write(_ offset: UInt64) throws(WormholeError) {
         let bytes = Self.encode(offset)
         if case .failure(let errno) = Descriptor(rawValue: descriptor).write(bytes, at: 0) {
             throw WormholeError.fileSystem(errno, "store the position of consumer \(name)", path: path)
@@ -75,7 +75,7 @@ final class QueueCursorFile: Sendable {
     }
 
     /// When the position was last stored: how recently the consumer was seen.
-    var lastWritten: Date? {
+    package var lastWritten: Date? {
         guard case .success(let status) = Descriptor(rawValue: descriptor).status(), status.size > 0 else { return nil }
         return Date(timeIntervalSince1970: status.modificationTime)
     }

@@ -7,25 +7,25 @@ import Foundation
 /// lock. A record's position in the file (its offset) is its id: ids only grow, and one producer's records keep their
 /// order. Every record starts with a magic number and ends its header with a CRC-32C, so a reader can tell a record
 /// being written from a whole one, and step over a record left torn by a producer killed mid-write.
-enum QueueFormat {
+package enum QueueFormat {
     /// "WHQR", little-endian.
-    static let magic: UInt32 = 0x5251_4857
+    package static let magic: UInt32 = 0x5251_4857
     /// Magic, body length, checksum.
-    static let headerSize = 12
+    package static let headerSize = 12
     /// Timestamp and sender length, before the sender and the payload.
-    static let bodyPrefixSize = 10
-    static let maximumBodySize = 64 << 20
+    package static let bodyPrefixSize = 10
+    package static let maximumBodySize = 64 << 20
     /// Zeros for a record's header and body prefix, filled in once appended.
     private static let zeroPrefix = [UInt8](repeating: 0, count: headerSize + bodyPrefixSize)
 
-    struct Record: Equatable {
-        var timestampNanoseconds: Int64
-        var sender: [UInt8]
+    package struct Record: Equatable {
+        package var timestampNanoseconds: Int64
+        package var sender: [UInt8]
         /// The payload, copied once out of the read buffer, as consumers hand it over.
-        var payload: Data
+        package var payload: Data
     }
 
-    enum Parsed: Equatable {
+    package enum Parsed: Equatable {
         /// A whole record of `size` bytes.
         case record(Record, size: Int)
         /// The bytes end before the record does: being written, or not read far enough.
@@ -34,14 +34,15 @@ enum QueueFormat {
         case invalid
     }
 
-    static func encode(payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64) -> [UInt8] {
+    package static func encode(payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64) -> [UInt8]
+    {
         var bytes: [UInt8] = []
         encode(payload: payload, sender: sender, timestampNanoseconds: timestampNanoseconds, appendingTo: &bytes)
         return bytes
     }
 
     /// Appends a record's bytes to `bytes`: a batch is encoded into one buffer, with no array per record.
-    static func encode(
+    package static func encode(
         payload: UnsafeRawBufferPointer,
         sender: [UInt8],
         timestampNanoseconds: Int64,
@@ -66,7 +67,7 @@ enum QueueFormat {
     }
 
     /// Parses the record that starts at `offset` in `bytes`.
-    static func parse(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Parsed {
+    package static func parse(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Parsed {
         guard bytes.count - offset >= headerSize else { return .incomplete }
         guard load(UInt32.self, bytes, offset) == magic else { return .invalid }
         let bodySize = Int(load(UInt32.self, bytes, offset + 4))
@@ -93,7 +94,7 @@ enum QueueFormat {
     }
 
     /// What a reader does at `offset` of bytes read from the log; `reachesEnd` says that they run to its end.
-    enum Step: Equatable {
+    package enum Step: Equatable {
         /// A whole record of `size` bytes: deliver it.
         case record(Record, size: Int)
         /// No record to deliver here: go on at `offset`, where a whole record starts, or one to be read whole first.
@@ -111,7 +112,7 @@ enum QueueFormat {
     /// A record the log ends inside is still being written, unless a whole record follows it: appends are serialised,
     /// so a record that starts after it was appended after its write ended, short, by a producer killed mid-write.
     /// Bytes that are not a record are stepped over up to the next record, whole or not yet read whole.
-    static func step(_ bytes: UnsafeRawBufferPointer, at offset: Int, reachesEnd: Bool) -> Step {
+    package static func step(_ bytes: UnsafeRawBufferPointer, at offset: Int, reachesEnd: Bool) -> Step {
         switch parse(bytes, at: offset) {
         case .record(let record, let size):
             return .record(record, size: size)
@@ -135,7 +136,11 @@ enum QueueFormat {
 
     /// The offset of the next whole record after `offset` (exclusive), if the bytes hold one; with `orUnfinished`, of
     /// the next record start (a magic and a length in range) whose record runs past the bytes, if that comes first.
-    static func nextRecord(in bytes: UnsafeRawBufferPointer, after offset: Int, orUnfinished: Bool = false) -> Int? {
+    package static func nextRecord(
+        in bytes: UnsafeRawBufferPointer,
+        after offset: Int,
+        orUnfinished: Bool = false
+    ) -> Int? {
         var candidate = offset + 1
         while candidate + headerSize <= bytes.count {
             if bytes[candidate] == 0x57 {
@@ -150,7 +155,8 @@ enum QueueFormat {
         return nil
     }
 
-    static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: UnsafeRawBufferPointer, _ offset: Int) -> T {
+    package static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: UnsafeRawBufferPointer, _ offset: Int) -> T
+    {
         T(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: T.self))
     }
 }

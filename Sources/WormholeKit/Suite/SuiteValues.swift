@@ -64,29 +64,45 @@ public struct SuiteValues: Sendable, Equatable {
     /// Creates an empty set of values.
     public init() {}
 
-    init(storage: [String: Data]) { self.storage = storage }
+    package init(storage: [String: Data]) { self.storage = storage }
 }
 
 /// A suite file's payload: the values, a version, and the log of recent changes. JSON:
 /// `{"version": N, "values": {KEY: VALUE…}, "log": [{"version", "keys", "sender", "direction", "time", "values"}…]}`.
-struct SuiteDocument: Equatable {
-    struct Entry: Equatable {
-        var version: UInt64
-        var keys: [String]
-        var sender: String
-        var direction: String?
-        var time: Int64
+package struct SuiteDocument: Equatable {
+    package struct Entry: Equatable {
+        package var version: UInt64
+        package var keys: [String]
+        package var sender: String
+        package var direction: String?
+        package var time: Int64
         /// The values this change set (removed keys are absent), as compact JSON.
-        var values: [String: Data] = [:]
+        package var values: [String: Data] = [:]
+
+        package init(
+            version: UInt64,
+            keys: [String],
+            sender: String,
+            direction: String?,
+            time: Int64,
+            values: [String: Data] = [:]
+        ) {
+            self.version = version
+            self.keys = keys
+            self.sender = sender
+            self.direction = direction
+            self.time = time
+            self.values = values
+        }
     }
 
-    var version: UInt64 = 0
-    var values = SuiteValues()
-    var log: [Entry] = []
+    package var version: UInt64 = 0
+    package var values = SuiteValues()
+    package var log: [Entry] = []
 
-    init() {}
+    package init() {}
 
-    init(decoding data: Data, suite: String) throws(WormholeError) {
+    package init(decoding data: Data, suite: String) throws(WormholeError) {
         do {
             guard let object = try JSONSerialization.jsonObject(with: data) as? [String: Any],
                 let version = (object["version"] as? NSNumber)?.uint64Value,
@@ -142,7 +158,7 @@ struct SuiteDocument: Equatable {
         }
     }
 
-    func encoded() throws(WormholeError) -> Data {
+    package func encoded() throws(WormholeError) -> Data {
         do {
             var values: [String: Any] = [:]
             for (key, data) in self.values.storage {

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WormholeFuzzing
 
 @testable import WormholeKit
 

@@ -1,4 +1,5 @@
 import Foundation
+import WormholeKit
 
 /// Entry points for fuzzing every decoder of bytes that another process wrote: mailbox files, queue logs, consumer
 /// positions, suite documents and live packets. Not API: the `WormholeFuzz` target and the corpus test use them.
