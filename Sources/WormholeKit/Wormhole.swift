@@ -28,9 +28,9 @@ public final class Wormhole: Sendable {
     /// The engine that stores and wakes every mode of this wormhole.
     public let engine: any WormholeEngine
     /// Where the messages are stored: the engine's mailboxes.
-    public var transiting: any Transiting { engine.transiting }
+    public let transiting: any Transiting
     /// How other processes are told of new messages: the engine's notifier.
-    public var notifier: any Notifier { engine.notifier }
+    public let notifier: any Notifier
     /// How messages are encoded.
     public let coder: any MessageCoder
     /// The sender recorded in every message this wormhole passes.
@@ -125,6 +125,9 @@ public final class Wormhole: Sendable {
         logger: Logger = Logger(label: "wormhole")
     ) {
         self.engine = engine
+        // Kept here, not asked of the engine on every pass: the mailbox's path makes no existential call for them.
+        self.transiting = engine.transiting
+        self.notifier = engine.notifier
         self.coder = coder
         self.sender = sender
         self.logger = logger

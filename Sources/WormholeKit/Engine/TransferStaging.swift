@@ -6,8 +6,9 @@ import Foundation
 /// area holds the file's bytes. An engine's staging area keeps these promises, which the transfer contract tests
 /// check for every engine:
 ///
-/// - ``stage(id:from:progress:)`` copies a file of any size in chunks (never the whole file in memory) and makes it
-///   visible under `id` only once it is whole; on failure nothing is left under `id`.
+/// - ``stage(id:from:progress:)`` copies a file of any size in chunks and makes it visible under `id` only once it is
+///   whole; on failure nothing is left under `id`. An engine that stores files elsewhere than in memory never holds
+///   the whole file in memory (the in-memory engine of `WormholeTesting`, a test double, does).
 /// - ``deliver(_:into:)`` puts the staged file into the destination directory once: called again for the same
 ///   transfer (a receiver killed before acknowledging), it returns where the file went the first time.
 /// - A transfer cancelled before delivery is gone: ``deliver(_:into:)`` returns nil.

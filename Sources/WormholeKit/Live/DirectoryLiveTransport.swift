@@ -129,7 +129,9 @@ final class DirectoryLiveTransport: LiveTransport {
                     defer { connection.close() }
                     let reply: LivePacket
                     switch answer {
-                    case .reply(let bytes) where bytes.count <= LiveSocket.maximumMessageSize - 256:
+                    // The same room as a request has: the packet's framing and the sender's name count too.
+                    case .reply(let bytes)
+                    where bytes.count <= LiveSocket.maximumMessageSize - 256 - sender.utf8.count:
                         reply = LivePacket(kind: .reply, sender: sender, payload: Array(bytes))
                     case .reply:
                         reply = LivePacket(

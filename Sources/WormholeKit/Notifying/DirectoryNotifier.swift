@@ -89,6 +89,12 @@ public final class DirectoryNotifier: Notifier {
                 }
                 return
             }
+            // Another process kept removing the file under us: say so rather than drop the post.
+            throw WormholeError(
+                .ioFailure,
+                "The notification file kept being removed while posting; listeners may not have been woken.",
+                path: handle.filePath(name)
+            )
         }
     }
 

@@ -76,7 +76,8 @@ final class DirectoryQueueLog: QueueLog {
     }
 
     func append(_ payload: Data) throws(WormholeError) {
-        // Not through the generic batch path: a producer of single messages pays for no unspecialised iteration.
+        // The batch path on this concrete type, which the compiler specialises for one payload: a producer of single
+        // messages pays for no generic iteration through the existential.
         try append(contentsOf: CollectionOfOne(payload))
     }
 

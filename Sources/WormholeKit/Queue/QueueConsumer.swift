@@ -25,6 +25,8 @@ public final class QueueConsumer: WormholeCancellable {
     private let observation = Locked<NotifierObservation?>(nil)
     private let cancelled = Atomic<Bool>(false)
     private let scheduled = Atomic<Bool>(false)
+    /// The cursor's stored position, readable without its lock.
+    private let storedPosition: Atomic<UInt64>
     /// The thread delivering right now, so that `cancel()` called from a handler does not wait for itself.
     private let deliveringThread = Atomic<UInt>(0)
     /// The consumer's name.
@@ -39,6 +41,7 @@ public final class QueueConsumer: WormholeCancellable {
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {
         self.name = cursor.consumer
+        self.storedPosition = Atomic(cursor.position)
         self.batchSize = max(1, batchSize)
         self.cursor = Locked(cursor)
         self.schedule = execution.makeScheduler(label: label)
@@ -55,7 +58,9 @@ public final class QueueConsumer: WormholeCancellable {
     }
 
     /// The offset of the next message this consumer will handle.
-    public var position: UInt64 { cursor.withLock { $0.position } }
+    ///
+    /// It can be read from a handler: it does not wait for the delivery under way.
+    public var position: UInt64 { storedPosition.load(ordering: .acquiring) }
 
     /// Whether the consumer has stopped.
     public var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
@@ -95,6 +100,7 @@ public final class QueueConsumer: WormholeCancellable {
                     let batch = try cursor.read(maximumCount: batchSize)
                     guard let last = batch.last, deliver(batch) else { return }
                     try cursor.acknowledge(through: last.end)
+                    storedPosition.store(cursor.position, ordering: .releasing)
                 }
             } catch {
                 reportError(error)

@@ -71,4 +71,22 @@ struct ReviewFindingsTests {
         again.cancel()
         #expect(handled.values.last == 7)
     }
+
+    @Test("A queue handler can read its consumer's position without waiting for itself")
+    func positionFromAHandler() throws {
+        let wormhole = try Wormhole(directory: path)
+        let queue = try wormhole.queue("jobs")
+        let consumer = Locked<QueueConsumer?>(nil)
+        let positions = Collector<UInt64>()
+        let started = try queue.consumeData(consumer: "worker", on: .serialQueue) { message in
+            // Before, `position` took the lock the delivery holds: this handler waited for itself for ever.
+            if let position = consumer.withLock({ $0 })?.position { positions.append(position) }
+        }
+        consumer.withLock { $0 = started }
+        try queue.enqueueData(Data("one".utf8))
+        try queue.enqueueData(Data("two".utf8))
+        #expect(eventually { positions.count == 2 })
+        #expect(eventually { started.position == (try? queue.status().endOffset) })
+        started.cancel()
+    }
 }
