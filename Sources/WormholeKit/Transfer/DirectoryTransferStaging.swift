@@ -113,7 +113,13 @@ final class DirectoryTransferStaging: TransferStaging {
                 if errno == .noSuchFileOrDirectory { return nil }  // cancelled meanwhile
                 throw WormholeError.fileSystem(errno, "move the received file", path: path)
             }
-            try copyAcrossFileSystems(staged, to: name, in: target)
+            do throws(WormholeError) {
+                try copyAcrossFileSystems(staged, to: name, in: target)
+            } catch {
+                // Nothing was delivered: the next attempt starts over instead of trusting the marker.
+                _ = staging.removeFile(named: marker)
+                throw error
+            }
         }
         return ReceivedFile(transfer: transfer, path: path)
     }
@@ -127,11 +133,25 @@ final class DirectoryTransferStaging: TransferStaging {
         do { source = try staging.openFile(named: staged, flags: O_RDONLY) } catch {
             throw WormholeError.fileSystem(error, "open the received file", path: staging.filePath(staged))
         }
+        // Copied under a hidden name, flushed, then renamed: the receiver never finds a file cut short under the
+        // transfer's name, whatever stops the copy.
+        let partial = "." + name + ".part"
         let destination: OwnedDescriptor
-        do { destination = try target.openFile(named: name, flags: O_WRONLY | O_CREAT | O_EXCL) } catch {
-            throw WormholeError.fileSystem(error, "copy the received file", path: target.filePath(name))
+        do { destination = try target.openFile(named: partial, flags: O_WRONLY | O_CREAT | O_TRUNC) } catch {
+            throw WormholeError.fileSystem(error, "copy the received file", path: target.filePath(partial))
         }
-        try Self.copy(from: source.descriptor, to: destination.descriptor, size: 0, progress: nil)
+        do throws(WormholeError) {
+            try Self.copy(from: source.descriptor, to: destination.descriptor, size: 0, progress: nil)
+            if case .failure(let errno) = destination.descriptor.synchronize() {
+                throw WormholeError.fileSystem(errno, "flush the received file", path: target.filePath(partial))
+            }
+            if case .failure(let errno) = target.moveEntry(partial, to: target, as: name) {
+                throw WormholeError.fileSystem(errno, "name the received file", path: target.filePath(name))
+            }
+        } catch {
+            _ = target.removeFile(named: partial)
+            throw error
+        }
         _ = staging.removeFile(named: staged)
     }
 

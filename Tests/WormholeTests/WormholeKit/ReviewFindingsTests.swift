@@ -89,4 +89,27 @@ struct ReviewFindingsTests {
         #expect(eventually { started.position == (try? queue.status().endOffset) })
         started.cancel()
     }
+
+    @Test(
+        "A transfer received on another file system is copied whole under its name, and nothing else is left",
+        .enabled(if: FileManager.default.fileExists(atPath: "/dev/shm"), "needs /dev/shm, another file system")
+    )
+    func deliveryAcrossFileSystems() throws {
+        let inbox = "/dev/shm/wormhole-test-inbox-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: inbox) }
+        let bytes = Data((0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        let source = directory("report.bin")
+        try bytes.write(to: URL(fileURLWithPath: source))
+        let transfers = try Wormhole(directory: path).transfers("files")
+        try transfers.send(file: source)
+        let received = Collector<String>()
+        let receiver = try transfers.receive(consumer: "viewer", into: inbox, on: .notifierThread) {
+            received.append($0.path)
+        }
+        #expect(eventually { received.count == 1 })
+        receiver.cancel()
+        #expect(received.values == [inbox + "/report.bin"])
+        #expect(try Data(contentsOf: URL(fileURLWithPath: inbox + "/report.bin")) == bytes)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: inbox) == ["report.bin"])
+    }
 }
