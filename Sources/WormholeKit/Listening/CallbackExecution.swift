@@ -23,6 +23,12 @@ public struct CallbackExecution: Sendable {
     /// block. A slow callback here delays every other listener of the process.
     public static let notifierThread = CallbackExecution(kind: .notifierThread)
 
+    /// Whether callbacks run on the notifier's thread, where no scheduling is needed.
+    var runsOnNotifierThread: Bool {
+        if case .notifierThread = kind { return true }
+        return false
+    }
+
     /// A function that runs work where this execution says, in order.
     package func makeScheduler(label: String) -> @Sendable (@escaping @Sendable () -> Void) -> Void {
         switch kind {

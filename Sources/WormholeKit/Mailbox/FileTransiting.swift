@@ -115,27 +115,7 @@ public final class FileTransiting: Transiting {
                 identifier: identifier
             )
         }
-        let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
-        let timestamp = ProcessFacts.wallClockNanoseconds()
-        let stored = try update(identifier: identifier, createIfMissing: true) { sequence, _ in
-            MailboxFormat.Record(
-                sequence: sequence,
-                timestampNanoseconds: timestamp,
-                isCleared: false,
-                sender: senderBytes,
-                payload: Array(payload)
-            )
-        }
-        guard let (record, generation) = stored else {
-            fatalError("update(createIfMissing: true) always stores a record")
-        }
-        return Envelope(
-            sequence: record.sequence,
-            generation: generation,
-            sender: sender,
-            timestampNanoseconds: timestamp,
-            payload: payload
-        )
+        return try store(identifier: identifier, fileName: nil, sender: sender) { _ throws(WormholeError) in payload }
     }
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
@@ -270,13 +250,8 @@ public final class FileTransiting: Transiting {
         sender: String,
         _ transform: (Data?) throws(WormholeError) -> Data
     ) throws(WormholeError) -> Envelope {
-        let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
-        let timestamp = ProcessFacts.wallClockNanoseconds()
-        var payload = Data()
-        let stored = try update(identifier: identifier, fileName: fileName, createIfMissing: true) {
-            (sequence, current) throws(WormholeError) in
-            let previous = current.flatMap { $0.isCleared ? nil : Data($0.payload) }
-            payload = try transform(previous)
+        try store(identifier: identifier, fileName: fileName, sender: sender) { (current) throws(WormholeError) in
+            let payload = try transform(current.flatMap { $0.isCleared ? nil : Data($0.payload) })
             guard payload.count <= options.maximumMessageSize else {
                 throw WormholeError(
                     .messageTooLarge,
@@ -284,6 +259,24 @@ public final class FileTransiting: Transiting {
                     identifier: identifier
                 )
             }
+            return payload
+        }
+    }
+
+    /// Stores what `makePayload` makes of the current record as the newest record of the file, under its lock: what
+    /// a pass and a read-modify-write share. The current record is handed over as it is, so a pass copies nothing.
+    private func store(
+        identifier: String,
+        fileName: String?,
+        sender: String,
+        _ makePayload: (MailboxFormat.Record?) throws(WormholeError) -> Data
+    ) throws(WormholeError) -> Envelope {
+        let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
+        let timestamp = ProcessFacts.wallClockNanoseconds()
+        var payload = Data()
+        let stored = try update(identifier: identifier, fileName: fileName, createIfMissing: true) {
+            (sequence, current) throws(WormholeError) in
+            payload = try makePayload(current)
             return MailboxFormat.Record(
                 sequence: sequence,
                 timestampNanoseconds: timestamp,

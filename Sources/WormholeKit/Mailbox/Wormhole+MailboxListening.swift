@@ -59,14 +59,19 @@ extension Wormhole {
     ) throws(WormholeError) -> MessageListener {
         try MessageIdentifier.validate(identifier)
         let id = registry.makeID()
-        let schedule = execution.makeScheduler(label: "wormhole.listener.\(identifier).\(id)")
-        let sink = ListenerSink(id: id) { [self] result in
-            schedule { [self] in
-                switch result {
-                case .success(let envelope): listener(envelope)
-                case .failure(let error): report(error, to: errorHandler)
-                }
+        let handle: @Sendable (Result<Envelope, WormholeError>) -> Void = { [self] result in
+            switch result {
+            case .success(let envelope): listener(envelope)
+            case .failure(let error): report(error, to: errorHandler)
             }
+        }
+        let sink: ListenerSink
+        if execution.runsOnNotifierThread {
+            // No hop, so no work item to make: the fastest path pays for no closure per message.
+            sink = ListenerSink(id: id, deliver: handle)
+        } else {
+            let schedule = execution.makeScheduler(label: "wormhole.listener.\(identifier).\(id)")
+            sink = ListenerSink(id: id) { result in schedule { handle(result) } }
         }
         return try register(sink, identifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage)
     }
