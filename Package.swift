@@ -11,6 +11,8 @@ let package = Package(
         .library(name: "WormholeStore", targets: ["WormholeStore"]),
         // Test doubles for users' own tests: an in-memory transiting and a manual notifier.
         .library(name: "WormholeTesting", targets: ["WormholeTesting"]),
+        // Every mode across hosts, on a PostgreSQL server the user already runs (postgres-nio).
+        .library(name: "WormholePostgres", targets: ["WormholePostgres"]),
         // The command-line tool: the user's commands and the demo. (The harness is a target no product names.)
         .executable(name: "wormhole", targets: ["WormholeCommand"]),
     ],
@@ -19,6 +21,10 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-system.git", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
     ],
     targets: [
         // CRC-32C in hardware, and the few Linux calls that Glibc does not import (eventfd, renameat2, hole punching).
@@ -41,12 +47,27 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // postgres-nio stays out of WormholeKit: only this engine, its tests and the tool depend on it.
+        .target(
+            name: "WormholePostgres",
+            dependencies: [
+                "WormholeKit",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOFoundationCompat", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
         // What the tool and the harness share: where a command's wormhole lives, output, child processes.
         .target(
             name: "WormholeCLI",
             dependencies: [
                 "WormholeKit",
                 "WormholeStore",
+                "WormholePostgres",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
@@ -56,6 +77,7 @@ let package = Package(
             dependencies: [
                 "WormholeKit",
                 "WormholeStore",
+                "WormholePostgres",
                 "WormholeCLI",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -86,7 +108,7 @@ let package = Package(
             name: "WormholeTests",
             dependencies: [
                 "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCLI", "WormholeFuzzing", "WormholeCommand",
-                "WormholeHarness",
+                "WormholeHarness", "WormholePostgres",
                 "CWormholeSystem",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import WormholeKit
+import WormholePostgres
 
 /// Where a command's wormhole lives.
 package struct LocationOptions: ParsableArguments {
@@ -20,6 +21,22 @@ package struct LocationOptions: ParsableArguments {
 
     @Option(name: .long, help: ArgumentHelp("An explicit wormhole directory, instead of a group.", valueName: "path"))
     package var directory: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A PostgreSQL server to share the wormhole across hosts, instead of a directory: "
+                + "postgres://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=MODE. The group is --group. "
+                + "Defaults to $WORMHOLE_POSTGRES_URL.",
+            valueName: "url"
+        )
+    )
+    package var postgres: String?
+
+    /// The server's URL: `--postgres`, else `WORMHOLE_POSTGRES_URL` when set.
+    package var postgresURL: String? {
+        postgres ?? ProcessInfo.processInfo.environment["WORMHOLE_POSTGRES_URL"].flatMap { $0.isEmpty ? nil : $0 }
+    }
 
     @Flag(name: .long, help: "Coordinate with a directory-wide lock (CoordinatedFileTransiting).")
     package var coordinated = false
@@ -41,6 +58,22 @@ package struct LocationOptions: ParsableArguments {
     package var sharedGroup: String?
 
     package func validate() throws {
+        if let postgresURL {
+            guard group != nil else {
+                throw ValidationError("A wormhole on PostgreSQL is named by --group ID (its group of processes).")
+            }
+            guard directory == nil, optionalDirectory == nil, !coordinated, pollInterval == nil, sharedGroup == nil
+            else {
+                throw ValidationError(
+                    "--directory, --optional-directory, --coordinated, --poll-interval and --shared-group are for a "
+                        + "wormhole in a directory, not with --postgres."
+                )
+            }
+            // Child processes (the demo's) find the URL in their environment: never on a command line, where `ps`
+            // would show its password.
+            setenv("WORMHOLE_POSTGRES_URL", postgresURL, 1)
+            return
+        }
         switch (group, directory) {
         case (nil, nil): throw ValidationError("Name a wormhole with --group ID or --directory PATH.")
         case (_?, _?): throw ValidationError("Give --group or --directory, not both.")
@@ -55,6 +88,9 @@ package struct LocationOptions: ParsableArguments {
     package func makeWormhole(sender: String? = nil) throws -> Wormhole {
         var configuration = Wormhole.Configuration()
         if let sender { configuration.sender = "\(sender)[\(ProcessInfo.processInfo.processIdentifier)]" }
+        if let postgresURL, let group {
+            return Wormhole(engine: try PostgresEngine(url: postgresURL, group: group), sender: configuration.sender)
+        }
         configuration.coordination = coordinated ? .coordinated : .none
         if let pollInterval { configuration.notification = .polling(interval: .milliseconds(pollInterval)) }
         if let sharedGroup { configuration.fileOptions = .shared(withGroup: try Self.groupID(sharedGroup)) }
@@ -79,7 +115,8 @@ package struct LocationOptions: ParsableArguments {
         return UInt32(entry.pointee.gr_gid)
     }
 
-    /// The arguments that name the same wormhole in a child process.
+    /// The arguments that name the same wormhole in a child process; a `--postgres` URL travels in the environment
+    /// (`WORMHOLE_POSTGRES_URL`) instead.
     package var arguments: [String] {
         var result: [String] = []
         if let group { result += ["--group", group] }

@@ -23,6 +23,7 @@ struct WormholeCommand: ParsableCommand {
             QueueStatusCommand.self, Request.self, Respond.self, LiveSend.self, LiveListen.self, Defaults.self,
             TransferCommand.self,
             StoreCommand.self,
+            PostgresCommand.self,
             Demo.self,
             // Hidden: the demo's own child processes.
             DemoRole.self, DemoRoleStore.self,

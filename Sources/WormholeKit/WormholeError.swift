@@ -26,6 +26,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case invalidIdentifier, directoryUnavailable, untrustedFile, corruptMessage, truncatedMessage
             case unsupportedFormatVersion, encodingFailed, decodingFailed, messageTooLarge, diskFull
             case ioFailure, notifierUnavailable, notReachable, timedOut, remoteFailure, handlerFailed, unsupported
+            case serverUnavailable, serverRejected
         }
         private let value: Value
         private init(_ value: Value) { self.value = value }
@@ -68,6 +69,13 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         /// The wormhole's engine does not offer this mode (a wormhole made from a custom transiting has only
         /// mailboxes).
         public static let unsupported = Code(.unsupported)
+        /// The engine's server (PostgreSQL) could not be reached, refused the credentials, or the connection dropped
+        /// during the call; a write that failed this way may or may not have happened. The message names the server
+        /// (never its password) and the cause.
+        public static let serverUnavailable = Code(.serverUnavailable)
+        /// The engine's server refused a statement: the schema is missing or older than this build (run
+        /// `wormhole postgres setup`), or the role may not use this group.
+        public static let serverRejected = Code(.serverRejected)
 
         public var description: String {
             switch value {
@@ -88,6 +96,8 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case .remoteFailure: "remote failure"
             case .handlerFailed: "handler failed"
             case .unsupported: "unsupported"
+            case .serverUnavailable: "server unavailable"
+            case .serverRejected: "server rejected"
             }
         }
     }

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
+import WormholeCLI
 import WormholeKit
+import WormholePostgres
 import WormholeTesting
 
 /// The engines every contract suite runs against. An engine added to the package adds a case here, and a branch to
@@ -10,13 +12,60 @@ enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case directory
     /// `InMemoryEngine`: every wormhole shares one engine, as processes share a directory.
     case inMemory
+    /// `PostgresEngine`: each wormhole gets an engine of its own (connections, listening thread) on one group of the
+    /// test run's PostgreSQL server, as processes on several hosts do.
+    case postgres
 
     var testDescription: String {
         switch self {
         case .directory: "directory engine"
         case .inMemory: "in-memory engine"
+        case .postgres: "PostgreSQL engine"
         }
     }
+}
+
+/// The PostgreSQL server of this test run, started at first use in a temporary directory and stopped, by its process
+/// id, when the test process exits.
+let testServer: Result<LocalPostgresServer, any Error> = {
+    if let reason = LocalPostgresServer.unavailableReason() {
+        return .failure(TestServerUnavailable(description: reason))
+    }
+    do {
+        let server = try LocalPostgresServer()
+        atexit { if case .success(let server) = testServer { server.close() } }
+        return .success(server)
+    } catch {
+        return .failure(error)
+    }
+}()
+
+/// Why the tests that need PostgreSQL cannot run here.
+struct TestServerUnavailable: Error, CustomStringConvertible {
+    let description: String
+}
+
+/// The test run's server, or the test is cancelled (reported as skipped, with the reason) when this machine cannot
+/// run one. CI installs PostgreSQL, so there it always runs.
+func requireTestServer() throws -> LocalPostgresServer {
+    switch testServer {
+    case .success(let server): return server
+    case .failure(let error as TestServerUnavailable):
+        try Test.cancel("PostgreSQL is not available on this machine: \(error)")
+    case .failure(let error): throw error
+    }
+}
+
+/// The URL of the server the contract suites use: `WORMHOLE_TEST_POSTGRES_URL` when set (a server of yours; each
+/// test uses a group of its own), else the test run's own server.
+func requireTestServerURL() throws -> String {
+    if let url = ProcessInfo.processInfo.environment["WORMHOLE_TEST_POSTGRES_URL"], !url.isEmpty { return url }
+    return try requireTestServer().url
+}
+
+/// A group name no other test uses.
+func uniqueGroup(_ prefix: String = "test") -> String {
+    "\(prefix).\(UInt64.random(in: 0...UInt64.max))"
 }
 
 /// One test's engine: hands out wormholes that behave as separate processes sharing one place, and a scratch
@@ -31,6 +80,10 @@ final class EngineFixture: Sendable {
     let scratch: String
     /// The engine every in-memory wormhole of this fixture shares.
     private let inMemory: InMemoryEngine?
+    /// The group every PostgreSQL wormhole of this fixture opens, and the engines made, closed at the end.
+    let group = uniqueGroup()
+    private let postgresEngines = Locked<[PostgresEngine]>([])
+    private let serverURL: String?
 
     init(_ kind: EngineKind) throws {
         self.kind = kind
@@ -38,16 +91,30 @@ final class EngineFixture: Sendable {
         scratch = temporary("scratch")
         try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true)
         inMemory = kind == .inMemory ? InMemoryEngine() : nil
+        serverURL = kind == .postgres ? try requireTestServerURL() : nil
+    }
+
+    deinit {
+        for engine in postgresEngines.withLock({ $0 }) { engine.close() }
+    }
+
+    /// A new engine on the fixture's group, standing for a process of its own.
+    func postgresEngine() throws -> PostgresEngine {
+        let engine = try PostgresEngine(url: serverURL!, group: group)
+        postgresEngines.withLock { $0.append(engine) }
+        return engine
     }
 
     /// A wormhole sending as `sender`, standing for a process of its own.
     ///
     /// Directory engine: a new ``DirectoryEngine`` on the fixture's directory at each call (its own notifier, file
-    /// handles and live connections). In-memory engine: the fixture's one engine.
+    /// handles and live connections). In-memory engine: the fixture's one engine. PostgreSQL engine: a new engine on
+    /// the fixture's group at each call.
     func wormhole(_ sender: String) throws -> Wormhole {
         switch kind {
         case .directory: Wormhole(engine: try DirectoryEngine(directory: directory), sender: sender)
         case .inMemory: Wormhole(engine: inMemory!, sender: sender)
+        case .postgres: Wormhole(engine: try postgresEngine(), sender: sender)
         }
     }
 

@@ -1,0 +1,233 @@
+import Dispatch
+import Logging
+import NIOCore
+import NIOPosix
+import PostgresNIO
+import Synchronization
+import WormholeKit
+
+/// The connections of one engine: calls borrow one, run their statements and give it back.
+///
+/// The engine's protocols are synchronous, so every call here blocks its thread until the server answers (or the
+/// time-out passes). They run on the caller's thread, never on the event loop, which only moves bytes.
+final class Connections: Sendable {
+    let location: PostgresLocation
+    /// SwiftNIO's shared event loops: never shut down, so that a connection closing late never finds its loop gone.
+    var eventLoops: MultiThreadedEventLoopGroup { .singleton }
+    let logger: Logger
+    /// How long one statement may take before its connection is closed and the call fails.
+    let timeout: Duration
+    private let idle = Locked<[PostgresConnection]>([])
+    private let closed = Atomic<Bool>(false)
+    private let nextID = Atomic<Int>(1)
+    /// At most this many idle connections are kept; more are closed when given back.
+    private static let idleLimit = 4
+
+    init(location: PostgresLocation, timeout: Duration, logger: Logger) {
+        self.location = location
+        self.timeout = timeout
+        self.logger = logger
+    }
+
+    /// Opens a new connection, with `parameters` set for its session.
+    func connect(parameters: [(String, String)] = []) throws(WormholeError) -> PostgresConnection {
+        guard !closed.load(ordering: .relaxed) else {
+            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
+        }
+        var configuration = location.configuration
+        configuration.options.connectTimeout = .seconds(10)
+        configuration.options.additionalStartupParameters += [("application_name", "wormhole")] + parameters
+        let id = nextID.add(1, ordering: .relaxed).oldValue
+        let future = PostgresConnection.connect(
+            on: eventLoops.next(),
+            configuration: configuration,
+            id: id,
+            logger: logger
+        )
+        do {
+            return try wait(for: future, doing: "connecting to \(location)")
+        } catch {
+            // A connection that arrives after the time-out is closed, never left open.
+            future.whenSuccess { $0.closeQuietly() }
+            throw error
+        }
+    }
+
+    /// Runs `body` with a connection of its own; a connection that failed is closed, not given back.
+    func withConnection<Result>(
+        _ body: (PostgresConnection) throws(WormholeError) -> Result
+    ) throws(WormholeError) -> Result {
+        let reused = idle.withLock { idle in
+            while let connection = idle.popLast() {
+                if !connection.isClosed { return Optional(connection) }
+            }
+            return nil
+        }
+        let connection: PostgresConnection
+        if let reused { connection = reused } else { connection = try connect() }
+        do throws(WormholeError) {
+            let result = try body(connection)
+            giveBack(connection)
+            return result
+        } catch {
+            if error.code == .serverUnavailable || connection.isClosed {
+                connection.closeQuietly()
+            } else {
+                giveBack(connection)
+            }
+            throw error
+        }
+    }
+
+    private func giveBack(_ connection: PostgresConnection) {
+        let kept = idle.withLock { idle in
+            guard !closed.load(ordering: .relaxed), idle.count < Self.idleLimit, !connection.isClosed else {
+                return false
+            }
+            idle.append(connection)
+            return true
+        }
+        if !kept { connection.closeQuietly() }
+    }
+
+    /// Runs one statement (in a transaction of its own) and returns its rows.
+    @discardableResult
+    func query(_ query: PostgresQuery, doing what: @autoclosure () -> String) throws(WormholeError) -> [PostgresRow] {
+        try withConnection { (connection) throws(WormholeError) in
+            try run(query, on: connection, doing: what())
+        }
+    }
+
+    /// Runs one statement on `connection` and returns its rows.
+    @discardableResult
+    func run(
+        _ query: PostgresQuery,
+        on connection: PostgresConnection,
+        doing what: @autoclosure () -> String
+    ) throws(WormholeError) -> [PostgresRow] {
+        let result = try wait(for: connection.query(query, logger: logger), doing: what(), closing: connection)
+        return Array(result.rows)
+    }
+
+    /// Runs `body` in a transaction on one connection: committed when it returns, rolled back when it throws.
+    func transaction<Result>(
+        doing what: @autoclosure () -> String,
+        _ body: (PostgresConnection) throws(WormholeError) -> Result
+    ) throws(WormholeError) -> Result {
+        let what = what()
+        return try withConnection { (connection) throws(WormholeError) in
+            try run("BEGIN", on: connection, doing: what)
+            let result: Result
+            do throws(WormholeError) {
+                result = try body(connection)
+            } catch {
+                if !connection.isClosed { _ = try? run("ROLLBACK", on: connection, doing: what) }
+                throw error
+            }
+            try run("COMMIT", on: connection, doing: what)
+            return result
+        }
+    }
+
+    /// Sends a statement without waiting for it; a failure is logged.
+    func submit(_ query: PostgresQuery, doing what: String) {
+        let logger = logger
+        DispatchQueue.global().async { [self] in
+            do {
+                try self.query(query, doing: what)
+            } catch {
+                logger.warning("PostgreSQL engine: \(what) failed: \(error)")
+            }
+        }
+    }
+
+    /// Waits for `future` on this thread, at most ``timeout``; on time-out, `connection` is closed.
+    func wait<Value: Sendable>(
+        for future: EventLoopFuture<Value>,
+        doing what: @autoclosure () -> String,
+        closing connection: PostgresConnection? = nil
+    ) throws(WormholeError) -> Value {
+        let done = DispatchSemaphore(value: 0)
+        let outcome = Locked<Result<Value, any Error>?>(nil)
+        future.whenComplete { result in
+            outcome.withLock { $0 = result }
+            done.signal()
+        }
+        let (seconds, attoseconds) = timeout.components
+        let deadline =
+            DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
+        if done.wait(timeout: deadline) == .timedOut {
+            connection?.closeQuietly()
+            throw WormholeError(
+                .serverUnavailable,
+                "The PostgreSQL server \(location) did not answer within \(timeout) while \(what()); the connection "
+                    + "was closed. A write may or may not have happened."
+            )
+        }
+        switch outcome.withLock({ $0 })! {
+        case .success(let value): return value
+        case .failure(let error): throw Self.wormholeError(error, doing: what(), location: location)
+        }
+    }
+
+    /// The ``WormholeError`` for an error of postgres-nio: the server's refusal, or a connection that failed.
+    static func wormholeError(_ error: any Error, doing what: String, location: PostgresLocation) -> WormholeError {
+        guard let error = error as? PSQLError else {
+            return WormholeError(
+                .serverUnavailable,
+                "The PostgreSQL server \(location) could not be reached while \(what): \(error).",
+                underlyingError: SendableDescription(error)
+            )
+        }
+        if error.code == .server, let info = error.serverInfo {
+            let state = info[.sqlState] ?? ""
+            let message = info[.message] ?? "no message"
+            var advice = ""
+            switch state {
+            case "42P01", "3F000", "42883": advice = " Set up the schema with `wormhole postgres setup --postgres URL`."
+            case "42501":
+                advice = " This role may not use the group: grant it with `wormhole postgres grant --group G --role R`."
+            case "28P01", "28000": advice = " Check the user and password of the URL."
+            default: break
+            }
+            let code: WormholeError.Code =
+                state.hasPrefix("28") || state.hasPrefix("57") || state.hasPrefix("08")
+                ? .serverUnavailable : .serverRejected
+            return WormholeError(
+                code,
+                "PostgreSQL (\(location)) refused \(what): \(message) (SQLSTATE \(state)).\(advice)",
+                underlyingError: SendableDescription(error)
+            )
+        }
+        return WormholeError(
+            .serverUnavailable,
+            "The connection to the PostgreSQL server \(location) failed while \(what): \(error.code).",
+            underlyingError: SendableDescription(error)
+        )
+    }
+
+    /// Closes every idle connection; later calls fail.
+    func close() {
+        guard !closed.exchange(true, ordering: .relaxed) else { return }
+        let connections = idle.withLock { idle in
+            defer { idle.removeAll() }
+            return idle
+        }
+        for connection in connections { connection.closeQuietly() }
+    }
+}
+
+/// An error kept by its description: postgres-nio's errors hold the query, whose binds must not travel.
+struct SendableDescription: Error, Sendable, CustomStringConvertible {
+    let description: String
+    init(_ error: any Error) { description = String(describing: error) }
+}
+
+extension PostgresConnection {
+    /// Closes the connection without waiting (postgres-nio's `close()` has an async overload too).
+    /// The connection stays referenced until it is closed: postgres-nio asserts that none is released open.
+    func closeQuietly() {
+        let closing: EventLoopFuture<Void> = close()
+        closing.whenComplete { _ in withExtendedLifetime(self) {} }
+    }
+}

@@ -1,0 +1,341 @@
+import Dispatch
+import Foundation
+import Logging
+import NIOCore
+import PostgresNIO
+import Synchronization
+import WormholeKit
+
+/// One engine's `LISTEN` connection: it wakes the observers of names (mailboxes, queues, suites) and the live
+/// endpoints of this process when a notification arrives on the group's channel.
+///
+/// Notifications are hints; the tables hold the data. So when the connection drops (a server restart, a network
+/// cut), the hub reconnects with back-off and then wakes every observer once, which re-reads from its position; and
+/// every ``safetyPollInterval`` it wakes them all anyway, in case a notification was lost some other way.
+///
+/// The hub runs on a thread of its own; observers run on a serial queue each, never on the event loop (they call the
+/// engine, which blocks).
+final class NotificationHub: Sendable {
+    /// An observer of a name, coalescing: a wake-up while one is pending adds nothing.
+    final class Observer: Sendable {
+        let queue: DispatchQueue
+        let handler: @Sendable () -> Void
+        let pending = Atomic<Bool>(false)
+        let cancelled = Atomic<Bool>(false)
+
+        init(label: String, handler: @escaping @Sendable () -> Void) {
+            queue = DispatchQueue(label: label)
+            self.handler = handler
+        }
+
+        func wake() {
+            guard !cancelled.load(ordering: .acquiring), !pending.exchange(true, ordering: .acquiringAndReleasing)
+            else { return }
+            queue.async { [self] in
+                pending.store(false, ordering: .releasing)
+                guard !cancelled.load(ordering: .acquiring) else { return }
+                handler()
+            }
+        }
+    }
+
+    /// A live endpoint of this process, as registered in `wormhole.live_endpoints`.
+    struct Endpoint: Sendable {
+        let identifier: String
+        let kind: String
+        let receive: @Sendable (LiveEnvelope) -> Void
+    }
+
+    private struct State {
+        var observers: [String: [UInt64: Observer]] = [:]
+        var endpoints: [String: Endpoint] = [:]
+        var nextID: UInt64 = 1
+        var started = false
+        var closed = false
+        /// The backend of the listening connection, while it listens.
+        var backendPID: Int32?
+        var connection: PostgresConnection?
+        /// How many times the hub has (re)started listening.
+        var connections = 0
+    }
+
+    let connections: Connections
+    let group: String
+    let channel: String
+    let logger: Logger
+    /// Every this often, every observer is woken even without a notification.
+    let safetyPollInterval: Duration
+    private let state = Locked(State())
+    private let listening = Condition()
+
+    init(connections: Connections, group: String, channel: String, safetyPollInterval: Duration, logger: Logger) {
+        self.connections = connections
+        self.group = group
+        self.channel = channel
+        self.safetyPollInterval = safetyPollInterval
+        self.logger = logger
+    }
+
+    // MARK: Observers and endpoints
+
+    /// Calls `handler` after each notification of `name`; returns once the hub listens (or is reconnecting).
+    func observe(_ name: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
+        let observer = Observer(label: "wormhole.postgres.observer", handler: handler)
+        let id = state.withLock { state in
+            defer { state.nextID += 1 }
+            state.observers[name, default: [:]][state.nextID] = observer
+            return state.nextID
+        }
+        try startListening()
+        return NotifierObservation { [weak self] in
+            observer.cancelled.store(true, ordering: .releasing)
+            self?.state.withLock { _ = $0.observers[name]?.removeValue(forKey: id) }
+        }
+    }
+
+    /// Registers a live endpoint of this process and returns its id, once the server knows it.
+    func register(_ endpoint: Endpoint) throws(WormholeError) -> String {
+        try startListening()
+        let id = Self.randomID()
+        let pid = state.withLock { state in
+            state.endpoints[id] = endpoint
+            return state.backendPID
+        }
+        guard let pid else {
+            state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
+            throw WormholeError(
+                .serverUnavailable,
+                "The PostgreSQL server \(connections.location) is not reachable now; the endpoint was not registered.",
+                identifier: endpoint.identifier
+            )
+        }
+        do {
+            try connections.query(
+                """
+                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid)
+                VALUES (\(group), \(id), \(endpoint.identifier), \(endpoint.kind), \(pid))
+                """,
+                doing: "registering a live endpoint"
+            )
+        } catch {
+            state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
+            throw error
+        }
+        return id
+    }
+
+    /// Forgets a live endpoint: senders no longer count it once this returns.
+    func unregister(_ id: String) {
+        state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
+        do {
+            try connections.query(
+                "DELETE FROM wormhole.live_endpoints WHERE grp = \(group) AND endpoint = \(id)",
+                doing: "removing a live endpoint"
+            )
+        } catch {
+            // The row outlives us only while our listening backend lives; senders skip it once that ends.
+            logger.debug("PostgreSQL engine: removing live endpoint \(id) failed: \(error)")
+        }
+    }
+
+    /// The backend of the listening connection: the endpoint that replies reach.
+    func listeningBackend() throws(WormholeError) -> Int32 {
+        try startListening()
+        guard let pid = state.withLock({ $0.backendPID }) else {
+            throw WormholeError(
+                .serverUnavailable,
+                "The PostgreSQL server \(connections.location) is not reachable now."
+            )
+        }
+        return pid
+    }
+
+    /// The endpoint ids of this process's hub: where replies to its requests go.
+    let replyEndpoint = NotificationHub.randomID()
+
+    /// Delivers a reply to this hub's requests.
+    let replies = Locked<[String: @Sendable (LiveEnvelope) -> Void]>([:])
+
+    // MARK: The listening thread
+
+    /// Starts the listening thread if it is not running, and waits (up to 10 s) for its first `LISTEN`.
+    private func startListening() throws(WormholeError) {
+        let start = state.withLock { state -> Bool? in
+            if state.closed { return nil }
+            if state.started { return false }
+            state.started = true
+            return true
+        }
+        guard let start else {
+            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
+        }
+        if start {
+            let thread = Thread { [self] in run() }
+            thread.name = "wormhole.postgres.listen"
+            thread.start()
+        }
+        _ = listening.wait(until: Date().addingTimeInterval(10)) { [state] in
+            state.withLock { $0.connections > 0 || $0.closed }
+        }
+    }
+
+    private func run() {
+        var backOff = Duration.milliseconds(50)
+        while !state.withLock({ $0.closed }) {
+            do {
+                try listenOnce(resetBackOff: { backOff = .milliseconds(50) })
+            } catch {
+                logger.info("PostgreSQL engine: listening on \(connections.location) stopped: \(error)")
+            }
+            state.withLock { state in
+                state.backendPID = nil
+                state.connection = nil
+            }
+            guard !state.withLock({ $0.closed }) else { break }
+            Thread.sleep(
+                forTimeInterval: Double(backOff.components.attoseconds) / 1e18 + Double(backOff.components.seconds)
+            )
+            backOff = min(backOff * 2, .seconds(2))
+        }
+        listening.broadcast()
+    }
+
+    /// Connects, listens, re-registers this process's endpoints, wakes every observer, then pings until the
+    /// connection fails.
+    private func listenOnce(resetBackOff: () -> Void) throws(WormholeError) {
+        // Keep-alives find a peer that vanished (a cut link) within seconds instead of hours, on both sides.
+        let connection = try connections.connect(parameters: [
+            ("tcp_keepalives_idle", "5"), ("tcp_keepalives_interval", "2"), ("tcp_keepalives_count", "3"),
+        ])
+        defer { connection.closeQuietly() }
+        let context = connection.addListener(channel: channel) { [weak self] _, notification in
+            self?.route(notification.payload)
+        }
+        defer { context.stop() }
+        try connections.run(
+            PostgresQuery(unsafeSQL: "LISTEN \"\(channel)\""),
+            on: connection,
+            doing: "listening for the group's notifications"
+        )
+        let pid = try decode(
+            Int32.self,
+            connections.run("SELECT pg_backend_pid()", on: connection, doing: "reading the backend").first,
+            doing: "reading the backend"
+        )
+        let endpoints = state.withLock { Array($0.endpoints) }
+        if !endpoints.isEmpty {
+            try connections.run(
+                """
+                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid)
+                SELECT \(group), e, i, k, \(pid)
+                FROM unnest(\(endpoints.map(\.key))::text[], \(endpoints.map(\.value.identifier))::text[],
+                    \(endpoints.map(\.value.kind))::text[]) AS t(e, i, k)
+                ON CONFLICT (grp, endpoint) DO UPDATE SET backend_pid = EXCLUDED.backend_pid
+                """,
+                on: connection,
+                doing: "registering live endpoints again"
+            )
+        }
+        let first = state.withLock { state in
+            state.backendPID = pid
+            state.connection = connection
+            state.connections += 1
+            return state.connections == 1
+        }
+        listening.broadcast()
+        resetBackOff()
+        if !first {
+            logger.info("PostgreSQL engine: listening again on \(connections.location)")
+            // Whatever was posted while no one listened: every observer reads again. (Not on the first connection:
+            // every observer then was registered while it was being made, and promised only later posts.)
+            wakeEveryObserver()
+        }
+        var lastPoll = ContinuousClock.now
+        while !state.withLock({ $0.closed }) {
+            let closed = Self.waitForClose(connection, seconds: 2)
+            if closed { break }
+            if ContinuousClock.now - lastPoll >= safetyPollInterval {
+                lastPoll = .now
+                wakeEveryObserver()
+            }
+            // A ping: a connection that no longer answers is given up, and the loop reconnects.
+            try connections.run("SELECT 1", on: connection, doing: "checking the listening connection")
+        }
+    }
+
+    private static func waitForClose(_ connection: PostgresConnection, seconds: Int) -> Bool {
+        let done = DispatchSemaphore(value: 0)
+        connection.closeFuture.whenComplete { _ in done.signal() }
+        return done.wait(timeout: .now() + .seconds(seconds)) == .success
+    }
+
+    private func wakeEveryObserver() {
+        let observers = state.withLock { $0.observers.values.flatMap(\.values) }
+        for observer in observers { observer.wake() }
+    }
+
+    /// Routes one notification, on the event loop: wakes observers and hands live envelopes over.
+    private func route(_ payload: String) {
+        guard let kind = payload.first else { return }
+        if kind == "n" {
+            let name = String(payload.dropFirst())
+            let observers = state.withLock { $0.observers[name].map { Array($0.values) } ?? [] }
+            for observer in observers { observer.wake() }
+            return
+        }
+        guard let envelope = LiveEnvelope(notification: payload) else {
+            logger.debug("PostgreSQL engine: an unreadable notification was ignored")
+            return
+        }
+        switch envelope.kind {
+        case .message:
+            let targets = state.withLock { state in
+                state.endpoints.values.filter { $0.kind == "listen" && $0.identifier == envelope.identifier }
+            }
+            for endpoint in targets { endpoint.receive(envelope) }
+        case .request:
+            if let endpoint = state.withLock({ $0.endpoints[envelope.target] }) { endpoint.receive(envelope) }
+        case .reply:
+            guard envelope.target == replyEndpoint else { return }
+            if let waiter = replies.withLock({ $0[envelope.requestID] }) { waiter(envelope) }
+        }
+    }
+
+    /// Stops listening and closes the connection; observers are no longer called.
+    func close() {
+        let connection = state.withLock { state in
+            state.closed = true
+            return state.connection
+        }
+        connection?.closeQuietly()
+        listening.broadcast()
+    }
+
+    static func randomID() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return String(generator.next(), radix: 16) + String(generator.next(), radix: 16)
+    }
+}
+
+/// A condition to wait on for a state another thread changes.
+final class Condition: Sendable {
+    private let semaphore = DispatchSemaphore(value: 0)
+    private let waiters = Atomic<Int>(0)
+
+    /// Waits until `predicate` holds or `deadline` passes; returns whether it held.
+    func wait(until deadline: Date, _ predicate: () -> Bool) -> Bool {
+        while !predicate() {
+            let remaining = deadline.timeIntervalSinceNow
+            if remaining <= 0 { return false }
+            waiters.add(1, ordering: .relaxed)
+            _ = semaphore.wait(timeout: .now() + .milliseconds(Int(min(remaining, 0.05) * 1000) + 1))
+            waiters.subtract(1, ordering: .relaxed)
+        }
+        return true
+    }
+
+    /// Wakes the waiters to check their predicates again.
+    func broadcast() {
+        for _ in 0..<waiters.load(ordering: .relaxed) { semaphore.signal() }
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+import NIOSSL
+import PostgresNIO
+import WormholeKit
+
+/// Where a PostgreSQL server is and how to reach it, read from a `postgres://` URL as libpq reads one.
+///
+/// `postgres://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=MODE`, with `postgresql://` accepted too. `sslmode` is
+/// `disable`, `prefer` (the default, as libpq's), `require` (encrypted, certificate not checked), `verify-ca` or
+/// `verify-full`; `sslrootcert=PATH` names the certificate authorities to trust (the system's by default). A
+/// `host=/directory` query item reaches the server over its Unix socket in that directory. The password never
+/// appears in ``description``.
+public struct PostgresLocation: Sendable, CustomStringConvertible {
+    /// The connection's configuration for postgres-nio.
+    public var configuration: PostgresConnection.Configuration
+    /// The URL without its password, for messages and logs.
+    public let description: String
+
+    /// Reads a URL.
+    ///
+    /// - Throws: ``WormholeKit/WormholeError/Code/serverUnavailable`` when the URL is not a PostgreSQL URL or names
+    ///   an unknown `sslmode`, or the TLS configuration cannot be made.
+    public init(url text: String) throws(WormholeError) {
+        guard let components = URLComponents(string: text),
+            let scheme = components.scheme, scheme == "postgres" || scheme == "postgresql"
+        else {
+            throw WormholeError(
+                .serverUnavailable,
+                "\"\(Self.redacting(text))\" is not a PostgreSQL URL: write postgres://USER:PASSWORD@HOST:PORT/DATABASE."
+            )
+        }
+        let items = Dictionary(
+            (components.queryItems ?? []).map { ($0.name, $0.value ?? "") },
+            uniquingKeysWith: { _, last in last }
+        )
+        let user =
+            components.user.flatMap { $0.removingPercentEncoding } ?? ProcessInfo.processInfo.environment["USER"]
+            ?? "postgres"
+        let password = components.password.flatMap { $0.removingPercentEncoding }
+        var database = String(components.path.drop(while: { $0 == "/" }))
+        if database.isEmpty { database = user }
+        let mode = items["sslmode"] ?? "prefer"
+        if let socketDirectory = items["host"], socketDirectory.hasPrefix("/") {
+            let port = components.port ?? 5432
+            configuration = PostgresConnection.Configuration(
+                unixSocketPath: socketDirectory + "/.s.PGSQL.\(port)",
+                username: user,
+                password: password,
+                database: database
+            )
+        } else {
+            let tls = try Self.tls(mode: mode, rootCertificates: items["sslrootcert"])
+            configuration = PostgresConnection.Configuration(
+                host: components.host ?? "localhost",
+                port: components.port ?? 5432,
+                username: user,
+                password: password,
+                database: database,
+                tls: tls
+            )
+        }
+        description = Self.redacting(text)
+    }
+
+    /// Creates a location from a configuration made by the caller.
+    public init(configuration: PostgresConnection.Configuration) {
+        self.configuration = configuration
+        let place = configuration.unixSocketPath ?? "\(configuration.host ?? "?"):\(configuration.port ?? 5432)"
+        description = "postgres://\(configuration.username)@\(place)/\(configuration.database ?? "")"
+    }
+
+    /// The URL with its password replaced by `***`.
+    static func redacting(_ text: String) -> String {
+        guard var components = URLComponents(string: text), components.password != nil else { return text }
+        components.password = "***"
+        return components.string ?? "postgres://***"
+    }
+
+    private static func tls(
+        mode: String,
+        rootCertificates: String?
+    ) throws(WormholeError)
+        -> PostgresConnection
+        .Configuration.TLS
+    {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let rootCertificates { tls.trustRoots = .file(rootCertificates) }
+        switch mode {
+        case "disable": return .disable
+        case "allow", "prefer", "require": tls.certificateVerification = .none
+        case "verify-ca": tls.certificateVerification = .noHostnameVerification
+        case "verify-full": tls.certificateVerification = .fullVerification
+        default:
+            throw WormholeError(
+                .serverUnavailable,
+                "Unknown sslmode \"\(mode)\": use disable, prefer, require, verify-ca or verify-full."
+            )
+        }
+        do {
+            let context = try NIOSSLContext(configuration: tls)
+            return mode == "allow" || mode == "prefer" ? .prefer(context) : .require(context)
+        } catch {
+            throw WormholeError(
+                .serverUnavailable,
+                "The TLS configuration for sslmode \(mode) could not be made: \(error).",
+                underlyingError: error
+            )
+        }
+    }
+}

@@ -1,0 +1,260 @@
+import PostgresNIO
+import WormholeKit
+
+/// The engine's tables, in the schema `wormhole`, made and upgraded by numbered migrations.
+///
+/// Migrations run in one transaction under a transaction-level advisory lock, so that processes on several hosts
+/// opening a new database at once run each of them once. `wormhole.schema_migrations` records what ran. FORMAT.md
+/// describes every table.
+enum Schema {
+    /// The newest migration this build knows.
+    static var version: Int { migrations.count }
+
+    /// The key of the advisory lock migrations take (the bytes of "wormhole").
+    static let lockKey: Int64 = 0x776f_726d_686f_6c65
+
+    /// Each migration's statements, in order; migration N is `migrations[N - 1]`. Never edit one that shipped: add
+    /// a new one.
+    static let migrations: [[String]] = [
+        [
+            "CREATE SCHEMA IF NOT EXISTS wormhole",
+            """
+            CREATE TABLE wormhole.groups (
+                grp text PRIMARY KEY,
+                channel text NOT NULL UNIQUE,
+                created timestamptz NOT NULL DEFAULT now()
+            )
+            """,
+            """
+            CREATE TABLE wormhole.group_roles (
+                grp text NOT NULL REFERENCES wormhole.groups ON DELETE CASCADE,
+                role name NOT NULL,
+                PRIMARY KEY (grp, role)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.mailboxes (
+                grp text NOT NULL,
+                identifier text NOT NULL,
+                sequence bigint NOT NULL,
+                sender text NOT NULL,
+                time_ns bigint NOT NULL,
+                payload bytea,
+                PRIMARY KEY (grp, identifier)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.queues (
+                grp text NOT NULL,
+                queue text NOT NULL,
+                next_offset bigint NOT NULL DEFAULT 0,
+                first_kept bigint NOT NULL DEFAULT 0,
+                PRIMARY KEY (grp, queue)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.queue_records (
+                grp text NOT NULL,
+                queue text NOT NULL,
+                "offset" bigint NOT NULL,
+                sender text NOT NULL,
+                time_ns bigint NOT NULL,
+                payload bytea NOT NULL,
+                PRIMARY KEY (grp, queue, "offset")
+            )
+            """,
+            """
+            CREATE TABLE wormhole.queue_consumers (
+                grp text NOT NULL,
+                queue text NOT NULL,
+                consumer text NOT NULL,
+                position bigint NOT NULL,
+                seen timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (grp, queue, consumer)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.suites (
+                grp text NOT NULL,
+                suite text NOT NULL,
+                version bigint NOT NULL DEFAULT 0,
+                PRIMARY KEY (grp, suite)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.suite_values (
+                grp text NOT NULL,
+                suite text NOT NULL,
+                key text NOT NULL,
+                value text NOT NULL,
+                PRIMARY KEY (grp, suite, key)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.suite_changes (
+                grp text NOT NULL,
+                suite text NOT NULL,
+                version bigint NOT NULL,
+                keys text[] NOT NULL,
+                set_keys text[] NOT NULL,
+                set_values text[] NOT NULL,
+                sender text NOT NULL,
+                direction text,
+                time_ns bigint NOT NULL,
+                PRIMARY KEY (grp, suite, version)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.live_endpoints (
+                grp text NOT NULL,
+                endpoint text NOT NULL,
+                identifier text NOT NULL,
+                kind text NOT NULL CHECK (kind IN ('listen', 'respond')),
+                backend_pid integer NOT NULL,
+                PRIMARY KEY (grp, endpoint)
+            )
+            """,
+            "CREATE INDEX live_endpoints_identifier ON wormhole.live_endpoints (grp, identifier, kind)",
+            """
+            CREATE TABLE wormhole.live_bodies (
+                grp text NOT NULL,
+                id text NOT NULL,
+                body bytea NOT NULL,
+                created timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (grp, id)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.transfers (
+                grp text NOT NULL,
+                channel text NOT NULL,
+                id text NOT NULL,
+                size bigint NOT NULL DEFAULT 0,
+                state text NOT NULL CHECK (state IN ('staging', 'staged', 'delivering', 'delivered')),
+                path text,
+                updated timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (grp, channel, id)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.transfer_chunks (
+                grp text NOT NULL,
+                channel text NOT NULL,
+                id text NOT NULL,
+                index integer NOT NULL,
+                bytes bytea NOT NULL,
+                PRIMARY KEY (grp, channel, id, index)
+            )
+            """,
+            // Row-level security: a role that does not own the tables sees the rows of the groups granted to it
+            // (`wormhole.group_roles`) and nothing else. The owner, who ran the migrations, sees every group.
+            """
+            CREATE FUNCTION wormhole.may_use(group_name text) RETURNS boolean
+            LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, wormhole AS $$
+                SELECT EXISTS (
+                    SELECT 1 FROM wormhole.group_roles r
+                    WHERE r.grp = group_name AND pg_has_role(current_user, r.role, 'MEMBER')
+                )
+            $$
+            """,
+        ]
+            + [
+                "groups", "group_roles", "mailboxes", "queues", "queue_records", "queue_consumers", "suites",
+                "suite_values", "suite_changes", "live_endpoints", "live_bodies", "transfers", "transfer_chunks",
+            ].flatMap { table in
+                [
+                    "ALTER TABLE wormhole.\(table) ENABLE ROW LEVEL SECURITY",
+                    "CREATE POLICY group_members ON wormhole.\(table) USING (wormhole.may_use(grp)) "
+                        + "WITH CHECK (wormhole.may_use(grp))",
+                ]
+            }
+    ]
+
+    /// Runs the migrations this database lacks; returns the version it is at now.
+    ///
+    /// - Throws: ``WormholeKit/WormholeError/Code/serverRejected`` when the role may not create the schema, or when
+    ///   the database was migrated by a newer build.
+    @discardableResult
+    static func migrate(_ connections: Connections) throws(WormholeError) -> Int {
+        try connections.transaction(doing: "setting up the wormhole schema") { (connection) throws(WormholeError) in
+            try connections.run("SELECT pg_advisory_xact_lock(\(lockKey))", on: connection, doing: "locking the schema")
+            try connections.run(
+                "CREATE SCHEMA IF NOT EXISTS wormhole",
+                on: connection,
+                doing: "creating the schema wormhole"
+            )
+            try connections.run(
+                """
+                CREATE TABLE IF NOT EXISTS wormhole.schema_migrations (
+                    version integer PRIMARY KEY, applied timestamptz NOT NULL DEFAULT now())
+                """,
+                on: connection,
+                doing: "creating wormhole.schema_migrations"
+            )
+            let rows = try connections.run(
+                "SELECT coalesce(max(version), 0)::bigint FROM wormhole.schema_migrations",
+                on: connection,
+                doing: "reading the schema version"
+            )
+            let current = Int(try decode(Int64.self, rows.first, doing: "reading the schema version"))
+            guard current <= version else {
+                throw WormholeError(
+                    .serverRejected,
+                    "The wormhole schema is at version \(current), newer than this build's \(version): upgrade "
+                        + "Wormhole on this host."
+                )
+            }
+            for number in (current + 1)..<(version + 1) {
+                for statement in migrations[number - 1] {
+                    try connections.run(
+                        PostgresQuery(unsafeSQL: statement),
+                        on: connection,
+                        doing: "running migration \(number)"
+                    )
+                }
+                try connections.run(
+                    "INSERT INTO wormhole.schema_migrations (version) VALUES (\(number))",
+                    on: connection,
+                    doing: "recording migration \(number)"
+                )
+            }
+            return version
+        }
+    }
+
+    /// The schema's version, 0 when it was never set up.
+    static func currentVersion(_ connections: Connections) throws(WormholeError) -> Int {
+        let what = "reading the schema version"
+        // Two statements: a statement naming a missing table fails when it is parsed, whatever its CASE says.
+        let exists = try connections.query(
+            "SELECT to_regclass('wormhole.schema_migrations') IS NOT NULL",
+            doing: what
+        )
+        guard try decode(Bool.self, exists.first, doing: what) else { return 0 }
+        let rows = try connections.query(
+            "SELECT coalesce(max(version), 0)::bigint FROM wormhole.schema_migrations",
+            doing: what
+        )
+        return Int(try decode(Int64.self, rows.first, doing: what))
+    }
+}
+
+/// The first column of `row` as `type`; a missing row or a wrong type is the server's fault, and says so.
+func decode<Value: PostgresDecodable>(
+    _ type: Value.Type,
+    _ row: PostgresRow?,
+    doing what: String
+) throws(WormholeError) -> Value {
+    guard let row else {
+        throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
+    }
+    do {
+        return try row.decode(Value.self)
+    } catch {
+        throw WormholeError(
+            .serverRejected,
+            "PostgreSQL returned an unexpected column while \(what): \(error).",
+            underlyingError: SendableDescription(error)
+        )
+    }
+}

@@ -1,0 +1,309 @@
+import Dispatch
+import Foundation
+import PostgresNIO
+import Synchronization
+import WormholeKit
+
+/// A live message, request or reply as it rides a notification: `l` then JSON.
+struct LiveEnvelope: Codable, Sendable {
+    enum Kind: String, Codable, Sendable {
+        case message = "m"
+        case request = "q"
+        case reply = "r"
+    }
+    var kind: Kind
+    var identifier: String
+    /// A request's responder endpoint, or a reply's requesting hub.
+    var target: String = ""
+    var requestID: String = ""
+    /// A request's requesting hub.
+    var replyTo: String = ""
+    var sender: String = ""
+    /// A reply that carries the responder's failure.
+    var failed = false
+    /// The bytes, in Base64, when they fit in a notification.
+    var body: String?
+    /// Else the id of the row in `wormhole.live_bodies` that holds them.
+    var bodyID: String?
+
+    private enum CodingKeys: String, CodingKey {
+        case kind = "k"
+        case identifier = "i"
+        case target = "t"
+        case requestID = "q"
+        case replyTo = "r"
+        case sender = "s"
+        case failed = "f"
+        case body = "b"
+        case bodyID = "x"
+    }
+
+    init(kind: Kind, identifier: String) {
+        self.kind = kind
+        self.identifier = identifier
+    }
+
+    init?(notification: String) {
+        guard notification.first == "l",
+            let decoded = try? JSONDecoder().decode(Self.self, from: Data(notification.utf8.dropFirst()))
+        else { return nil }
+        self = decoded
+    }
+
+    var notification: String {
+        // Encoding strings and booleans cannot fail.
+        "l" + String(decoding: (try? JSONEncoder().encode(self)) ?? Data(), as: UTF8.self)
+    }
+}
+
+/// Live messages and requests over `NOTIFY`: to whoever listens now, nothing kept.
+///
+/// Each listening or responding endpoint is a row of `wormhole.live_endpoints` naming the backend of its
+/// process's listening connection; a send counts the endpoints whose backend is alive, in the statement that
+/// notifies, so that nobody listening is `notReachable` at once. Bodies up to ``inlineLimit`` bytes ride the
+/// notification; larger ones wait in `wormhole.live_bodies` for a minute.
+final class PostgresLiveTransport: LiveTransport {
+    let engine: PostgresCore
+    let sender: String
+    /// The largest body sent inside a notification (PostgreSQL's payloads stop under 8,000 bytes; Base64 grows by
+    /// a third).
+    static let inlineLimit = 5_000
+
+    init(engine: PostgresCore, sender: String) {
+        self.engine = engine
+        self.sender = sender
+    }
+
+    private func notReachable(_ identifier: String, _ what: String) -> WormholeError {
+        WormholeError(
+            .notReachable,
+            "No process \(what) \"\(identifier)\" right now; nothing was sent.",
+            identifier: identifier
+        )
+    }
+
+    /// Puts the body in the envelope, or in a row when it is too large for a notification.
+    private func attach(_ payload: Data, to envelope: inout LiveEnvelope) throws(WormholeError) {
+        guard payload.count > Self.inlineLimit else {
+            envelope.body = payload.base64EncodedString()
+            return
+        }
+        let id = NotificationHub.randomID()
+        try engine.connections.query(
+            """
+            WITH old AS (DELETE FROM wormhole.live_bodies
+                WHERE grp = \(engine.group) AND created < now() - interval '1 minute')
+            INSERT INTO wormhole.live_bodies (grp, id, body) VALUES (\(engine.group), \(id), \(ByteBuffer(data: payload)))
+            """,
+            doing: "storing a live message's body"
+        )
+        envelope.bodyID = id
+    }
+
+    /// The envelope's bytes, from the notification or from its row.
+    func body(of envelope: LiveEnvelope) throws(WormholeError) -> Data {
+        if let body = envelope.body {
+            guard let bytes = Data(base64Encoded: body) else {
+                throw WormholeError(.corruptMessage, "A live message's body is not Base64.")
+            }
+            return bytes
+        }
+        guard let id = envelope.bodyID else { return Data() }
+        let rows = try engine.connections.query(
+            "SELECT body FROM wormhole.live_bodies WHERE grp = \(engine.group) AND id = \(id)",
+            doing: "reading a live message's body"
+        )
+        guard let row = rows.first else {
+            throw WormholeError(
+                .notReachable,
+                "A live message's body was gone before it was read (bodies are kept for a minute).",
+                identifier: envelope.identifier
+            )
+        }
+        return Data(buffer: try decode(ByteBuffer.self, row, doing: "reading a live message's body"))
+    }
+
+    func send(_ payload: Data, identifier: String) throws(WormholeError) -> Int {
+        var envelope = LiveEnvelope(kind: .message, identifier: identifier)
+        envelope.sender = sender
+        try attach(payload, to: &envelope)
+        // Counting and notifying in one statement: what is counted is what was listening at the notification.
+        let rows = try engine.connections.query(
+            """
+            SELECT t.n, (SELECT pg_notify(\(engine.channel), \(envelope.notification)) WHERE t.n > 0) IS NULL
+            FROM (SELECT count(*) AS n FROM wormhole.live_endpoints e
+                WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'listen'
+                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid)) t
+            """,
+            doing: "sending a live message"
+        )
+        let count = Int(try decode(Int64.self, rows.first, doing: "sending a live message"))
+        guard count > 0 else { throw notReachable(identifier, "is listening for") }
+        return count
+    }
+
+    func listen(
+        identifier: String,
+        handler: @escaping @Sendable (LiveMessage) -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        let queue = DispatchQueue(label: "wormhole.postgres.live")
+        let cancelled = Atomic<Bool>(false)
+        let logger = engine.logger
+        let endpoint = NotificationHub.Endpoint(identifier: identifier, kind: "listen") { [self] envelope in
+            queue.async {
+                guard !cancelled.load(ordering: .acquiring) else { return }
+                do {
+                    handler(LiveMessage(sender: envelope.sender, payload: try self.body(of: envelope)))
+                } catch {
+                    logger.warning("PostgreSQL engine: a live message for \(identifier) was lost: \(error)")
+                }
+            }
+        }
+        let id = try engine.hub.register(endpoint)
+        return NotifierObservation { [hub = engine.hub] in
+            cancelled.store(true, ordering: .releasing)
+            hub.unregister(id)
+        }
+    }
+
+    func request(_ payload: Data, identifier: String, timeout: Duration) -> Result<Data, WormholeError> {
+        do {
+            return .success(try requesting(payload, identifier: identifier, timeout: timeout))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    private func requesting(_ payload: Data, identifier: String, timeout: Duration) throws(WormholeError) -> Data {
+        let hub = engine.hub
+        _ = try hub.listeningBackend()
+        var envelope = LiveEnvelope(kind: .request, identifier: identifier)
+        envelope.sender = sender
+        envelope.requestID = NotificationHub.randomID()
+        envelope.replyTo = hub.replyEndpoint
+        try attach(payload, to: &envelope)
+        let answer = Locked<LiveEnvelope?>(nil)
+        let answered = DispatchSemaphore(value: 0)
+        hub.replies.withLock {
+            $0[envelope.requestID] = { reply in
+                answer.withLock { $0 = reply }
+                answered.signal()
+            }
+        }
+        defer { _ = hub.replies.withLock { $0.removeValue(forKey: envelope.requestID) } }
+        let json = String(envelope.notification.dropFirst())
+        // One responder, chosen at random among the live ones, in the statement that notifies it.
+        let rows = try engine.connections.query(
+            """
+            WITH chosen AS (
+                SELECT e.endpoint, e.backend_pid FROM wormhole.live_endpoints e
+                WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'respond'
+                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid)
+                ORDER BY random() LIMIT 1)
+            SELECT c.backend_pid, (SELECT pg_notify(\(engine.channel),
+                'l' || jsonb_set(\(json)::jsonb, '{t}', to_jsonb(c.endpoint))::text
+            )) IS NULL FROM chosen c
+            """,
+            doing: "sending a request"
+        )
+        guard let row = rows.first else { throw notReachable(identifier, "answers") }
+        let responder = try decode(Int32.self, row, doing: "sending a request")
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let remaining = deadline - .now
+            if remaining <= .zero {
+                throw WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier)
+            }
+            let slice = min(remaining, .milliseconds(500))
+            let (seconds, attoseconds) = slice.components
+            let wait =
+                DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
+            if answered.wait(timeout: wait) == .success { break }
+            // A responder whose process went away never answers: say so instead of waiting for the time-out.
+            let alive = try engine.connections.query(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = \(responder))",
+                doing: "checking the responder"
+            )
+            if try !decode(Bool.self, alive.first, doing: "checking the responder") {
+                throw WormholeError(
+                    .remoteFailure,
+                    "The responder's process went away before replying.",
+                    identifier: identifier
+                )
+            }
+        }
+        guard let reply = answer.withLock({ $0 }) else {
+            throw WormholeError(.remoteFailure, "The responder did not answer.", identifier: identifier)
+        }
+        let bytes = try body(of: reply)
+        if reply.failed {
+            throw WormholeError(
+                .remoteFailure,
+                "The responder failed: \(String(decoding: bytes, as: UTF8.self))",
+                identifier: identifier
+            )
+        }
+        return bytes
+    }
+
+    func respond(
+        identifier: String,
+        handler: @escaping @Sendable (LiveRequest) -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        let queue = DispatchQueue(label: "wormhole.postgres.respond")
+        let cancelled = Atomic<Bool>(false)
+        let engine = engine
+        let endpoint = NotificationHub.Endpoint(identifier: identifier, kind: "respond") { [self] envelope in
+            queue.async {
+                guard !cancelled.load(ordering: .acquiring) else { return }
+                let payload: Data
+                do {
+                    payload = try self.body(of: envelope)
+                } catch {
+                    Self.answer(envelope, failed: true, Data("the request's body was lost: \(error)".utf8), engine)
+                    return
+                }
+                handler(
+                    LiveRequest(sender: envelope.sender, payload: payload) { answer in
+                        switch answer {
+                        case .reply(let bytes): Self.answer(envelope, failed: false, bytes, engine)
+                        case .failure(let description):
+                            Self.answer(envelope, failed: true, Data(description.utf8), engine)
+                        }
+                    }
+                )
+            }
+        }
+        let id = try engine.hub.register(endpoint)
+        return NotifierObservation { [hub = engine.hub] in
+            cancelled.store(true, ordering: .releasing)
+            hub.unregister(id)
+        }
+    }
+
+    /// Sends a reply without waiting for it: an answer may come from any thread, including Swift's cooperative pool.
+    private static func answer(_ request: LiveEnvelope, failed: Bool, _ bytes: Data, _ engine: PostgresCore) {
+        var reply = LiveEnvelope(kind: .reply, identifier: request.identifier)
+        reply.target = request.replyTo
+        reply.requestID = request.requestID
+        reply.failed = failed
+        if bytes.count <= inlineLimit {
+            reply.body = bytes.base64EncodedString()
+            engine.connections.submit(
+                "SELECT pg_notify(\(engine.channel), \(reply.notification))",
+                doing: "replying to a request"
+            )
+        } else {
+            let id = NotificationHub.randomID()
+            reply.bodyID = id
+            engine.connections.submit(
+                """
+                WITH body AS (INSERT INTO wormhole.live_bodies (grp, id, body)
+                    VALUES (\(engine.group), \(id), \(ByteBuffer(data: bytes))) RETURNING 1)
+                SELECT pg_notify(\(engine.channel), \(reply.notification)) FROM body
+                """,
+                doing: "replying to a request"
+            )
+        }
+    }
+}

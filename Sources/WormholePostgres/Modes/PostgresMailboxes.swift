@@ -1,0 +1,129 @@
+import Foundation
+import NIOCore
+import NIOFoundationCompat
+import PostgresNIO
+import WormholeKit
+
+/// Mailboxes in `wormhole.mailboxes`: one row per identifier, holding the newest message.
+///
+/// A write replaces the row and adds one to its sequence in one statement, so a reader sees the previous message or
+/// the new one, whole. Emptying a mailbox keeps its row with no payload, so that its sequence only grows.
+final class PostgresTransiting: Transiting {
+    let engine: PostgresCore
+    /// The largest message a mailbox accepts, as the directory engine's.
+    static let sizeLimit = 64 << 20
+
+    init(engine: PostgresCore) {
+        self.engine = engine
+    }
+
+    func writeMessage(_ payload: Data, sender: String, identifier: String) throws(WormholeError) -> Envelope {
+        try MessageIdentifier.validate(identifier)
+        guard payload.count <= Self.sizeLimit else {
+            throw WormholeError(
+                .messageTooLarge,
+                "The message is \(payload.count) bytes; a mailbox accepts up to 64 MiB.",
+                identifier: identifier
+            )
+        }
+        let now = Int64(Date().timeIntervalSince1970 * 1e9)
+        let rows = try engine.connections.query(
+            """
+            INSERT INTO wormhole.mailboxes AS m (grp, identifier, sequence, sender, time_ns, payload)
+            VALUES (\(engine.group), \(identifier), 1, \(sender), \(now), \(ByteBuffer(data: payload)))
+            ON CONFLICT (grp, identifier) DO UPDATE SET sequence = m.sequence + 1, sender = EXCLUDED.sender,
+                time_ns = EXCLUDED.time_ns, payload = EXCLUDED.payload
+            RETURNING sequence
+            """,
+            doing: "writing the mailbox \(identifier)"
+        )
+        let sequence = try decode(Int64.self, rows.first, doing: "writing the mailbox \(identifier)")
+        return Envelope(
+            sequence: UInt64(sequence),
+            generation: 0,
+            sender: sender,
+            timestampNanoseconds: now,
+            payload: payload
+        )
+    }
+
+    func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
+        try MessageIdentifier.validate(identifier)
+        let rows = try engine.connections.query(
+            """
+            SELECT sequence, sender, time_ns, payload FROM wormhole.mailboxes
+            WHERE grp = \(engine.group) AND identifier = \(identifier) AND payload IS NOT NULL
+            """,
+            doing: "reading the mailbox \(identifier)"
+        )
+        guard let row = rows.first else { return nil }
+        do {
+            let (sequence, sender, time, payload) = try row.decode((Int64, String, Int64, ByteBuffer).self)
+            return Envelope(
+                sequence: UInt64(sequence),
+                generation: 0,
+                sender: sender,
+                timestampNanoseconds: time,
+                payload: Data(buffer: payload)
+            )
+        } catch {
+            throw WormholeError(
+                .corruptMessage,
+                "The mailbox row of \(identifier) has unexpected columns: \(error).",
+                identifier: identifier,
+                underlyingError: SendableDescription(error)
+            )
+        }
+    }
+
+    func deleteMessage(identifier: String) throws(WormholeError) {
+        try MessageIdentifier.validate(identifier)
+        try engine.connections.query(
+            """
+            UPDATE wormhole.mailboxes SET payload = NULL
+            WHERE grp = \(engine.group) AND identifier = \(identifier)
+            """,
+            doing: "emptying the mailbox \(identifier)"
+        )
+    }
+
+    func deleteAllMessages() throws(WormholeError) {
+        try engine.connections.query(
+            "UPDATE wormhole.mailboxes SET payload = NULL WHERE grp = \(engine.group) AND payload IS NOT NULL",
+            doing: "emptying every mailbox"
+        )
+    }
+
+    func identifiers() throws(WormholeError) -> [String] {
+        let rows = try engine.connections.query(
+            """
+            SELECT identifier FROM wormhole.mailboxes WHERE grp = \(engine.group) AND payload IS NOT NULL
+            ORDER BY identifier COLLATE "C"
+            """,
+            doing: "listing the mailboxes"
+        )
+        var identifiers: [String] = []
+        for row in rows { identifiers.append(try decode(String.self, row, doing: "listing the mailboxes")) }
+        return identifiers
+    }
+}
+
+/// Posts and observes names over the group's notification channel.
+final class PostgresNotifier: Notifier {
+    let engine: PostgresCore
+
+    init(engine: PostgresCore) {
+        self.engine = engine
+    }
+
+    func post(_ name: String) throws(WormholeError) {
+        try engine.connections.query(
+            "SELECT pg_notify(\(engine.channel), \("n" + name))",
+            doing: "notifying \(name)"
+        )
+    }
+
+    func observe(_ name: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
+        try engine.hub.observe(name, handler: handler)
+    }
+}

@@ -1,0 +1,241 @@
+import Foundation
+import NIOCore
+import NIOFoundationCompat
+import PostgresNIO
+import WormholeKit
+
+/// Files sent and not yet received, in `wormhole.transfer_chunks` as 1 MiB `bytea` chunks, with their state in
+/// `wormhole.transfers`.
+///
+/// Neither side holds a whole file in memory: the sender inserts one chunk at a time, the receiver reads one chunk
+/// at a time into a hidden file in the destination, flushes it and renames it. The transfer's row records where the
+/// file goes before the copy starts, so a receiver killed mid-delivery finds it there, or starts again.
+final class PostgresTransferStaging: TransferStaging {
+    let engine: PostgresCore
+    let channel: String
+    static let chunkSize = 1 << 20
+
+    init(engine: PostgresCore, channel: String) {
+        self.engine = engine
+        self.channel = channel
+    }
+
+    func stage(
+        id: String,
+        from path: String,
+        progress: (@Sendable (TransferProgress) -> Void)?
+    ) throws(WormholeError) -> UInt64 {
+        let attributes = try? FileManager.default.attributesOfItem(atPath: path)
+        guard let attributes, attributes[.type] as? FileAttributeType == .typeRegular else {
+            throw WormholeError(
+                .ioFailure,
+                "Only a regular file can be sent (not a directory, a device or a symbolic link), and it must exist.",
+                path: path
+            )
+        }
+        guard let handle = FileHandle(forReadingAtPath: path) else {
+            throw WormholeError(.ioFailure, "Could not open the file to send.", path: path)
+        }
+        defer { try? handle.close() }
+        let total = (attributes[.size] as? UInt64) ?? 0
+        let what = "staging a file on \(channel)"
+        try engine.connections.query(
+            """
+            INSERT INTO wormhole.transfers (grp, channel, id, state) VALUES (\(engine.group), \(channel), \(id), 'staging')
+            """,
+            doing: what
+        )
+        do throws(WormholeError) {
+            var copied: UInt64 = 0
+            var index: Int32 = 0
+            while true {
+                let chunk: Data
+                do {
+                    chunk = try handle.read(upToCount: Self.chunkSize) ?? Data()
+                } catch {
+                    throw WormholeError(.ioFailure, "Reading the file to send failed: \(error).", path: path)
+                }
+                if chunk.isEmpty { break }
+                try engine.connections.query(
+                    """
+                    INSERT INTO wormhole.transfer_chunks (grp, channel, id, index, bytes)
+                    VALUES (\(engine.group), \(channel), \(id), \(index), \(ByteBuffer(data: chunk)))
+                    """,
+                    doing: what
+                )
+                index += 1
+                copied += UInt64(chunk.count)
+                progress?(TransferProgress(bytesCopied: copied, totalBytes: max(total, copied)))
+            }
+            try engine.connections.query(
+                """
+                UPDATE wormhole.transfers SET state = 'staged', size = \(Int64(copied)), updated = now()
+                WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(id)
+                """,
+                doing: what
+            )
+            return copied
+        } catch {
+            _ = try? remove(id: id)
+            throw error
+        }
+    }
+
+    func remove(id: String) throws(WormholeError) -> Bool {
+        let rows = try engine.connections.query(
+            """
+            WITH gone AS (DELETE FROM wormhole.transfers
+                WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(id) AND state IN ('staging', 'staged')
+                RETURNING state),
+            chunks AS (DELETE FROM wormhole.transfer_chunks
+                WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(id) AND EXISTS (SELECT 1 FROM gone))
+            SELECT count(*) FILTER (WHERE state = 'staged') FROM gone
+            """,
+            doing: "removing a staged file"
+        )
+        return try decode(Int64.self, rows.first, doing: "removing a staged file") > 0
+    }
+
+    func stagedIDs() throws(WormholeError) -> [String] {
+        let rows = try engine.connections.query(
+            """
+            SELECT id FROM wormhole.transfers WHERE grp = \(engine.group) AND channel = \(channel) AND state = 'staged'
+            ORDER BY id COLLATE "C"
+            """,
+            doing: "listing staged files"
+        )
+        var ids: [String] = []
+        for row in rows { ids.append(try decode(String.self, row, doing: "listing staged files")) }
+        return ids
+    }
+
+    func deliver(_ transfer: FileTransfer, into destination: String) throws(WormholeError) -> ReceivedFile? {
+        let what = "receiving \(transfer.name)"
+        let rows = try engine.connections.query(
+            """
+            SELECT state, path FROM wormhole.transfers
+            WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(transfer.id)
+            """,
+            doing: what
+        )
+        guard let row = rows.first else { return nil }  // cancelled
+        let (state, recorded): (String, String?)
+        do { (state, recorded) = try row.decode((String, String?).self) } catch {
+            throw WormholeError(.serverRejected, "Unexpected columns while \(what): \(error).")
+        }
+        let files = FileManager.default
+        switch state {
+        case "delivered":
+            if let recorded { return ReceivedFile(transfer: transfer, path: recorded) }
+        case "delivering":
+            // Killed after the rename and before recording it: the file is there, whole.
+            if let recorded, (try? files.attributesOfItem(atPath: recorded)[.size] as? UInt64) == transfer.size {
+                try markDelivered(transfer, path: recorded)
+                return ReceivedFile(transfer: transfer, path: recorded)
+            }
+        case "staged": break
+        default: return nil
+        }
+        do {
+            try files.createDirectory(
+                atPath: destination,
+                withIntermediateDirectories: true,
+                attributes: [.posixPermissions: 0o700]
+            )
+        } catch {
+            throw WormholeError(.directoryUnavailable, "Could not create the destination: \(error).", path: destination)
+        }
+        var name = transfer.name
+        var attempt = 1
+        while files.fileExists(atPath: destination + "/" + name) {
+            attempt += 1
+            let base = (transfer.name as NSString).deletingPathExtension
+            let suffix = (transfer.name as NSString).pathExtension
+            name = "\(base) (\(attempt))" + (suffix.isEmpty ? "" : "." + suffix)
+        }
+        let path = destination + "/" + name
+        // Where the file goes, recorded before it goes there.
+        try engine.connections.query(
+            """
+            UPDATE wormhole.transfers SET state = 'delivering', path = \(path), updated = now()
+            WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(transfer.id)
+            """,
+            doing: what
+        )
+        let partial = destination + "/." + name + ".part"
+        guard files.createFile(atPath: partial, contents: nil, attributes: [.posixPermissions: 0o600]),
+            let output = FileHandle(forWritingAtPath: partial)
+        else {
+            throw WormholeError(.ioFailure, "Could not create the received file.", path: partial)
+        }
+        do throws(WormholeError) {
+            defer { try? output.close() }
+            var index: Int32 = 0
+            while true {
+                let chunk = try engine.connections.query(
+                    """
+                    SELECT bytes FROM wormhole.transfer_chunks
+                    WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(transfer.id) AND index = \(index)
+                    """,
+                    doing: what
+                )
+                guard let row = chunk.first else { break }
+                let bytes = try decode(ByteBuffer.self, row, doing: what)
+                do {
+                    try output.write(contentsOf: bytes.readableBytesView)
+                } catch {
+                    throw WormholeError(.ioFailure, "Writing the received file failed: \(error).", path: partial)
+                }
+                index += 1
+            }
+            do {
+                try output.synchronize()
+                try files.moveItem(atPath: partial, toPath: path)
+            } catch {
+                throw WormholeError(.ioFailure, "Could not name the received file: \(error).", path: path)
+            }
+        } catch {
+            try? files.removeItem(atPath: partial)
+            throw error
+        }
+        try markDelivered(transfer, path: path)
+        return ReceivedFile(transfer: transfer, path: path)
+    }
+
+    private func markDelivered(_ transfer: FileTransfer, path: String) throws(WormholeError) {
+        try engine.connections.query(
+            """
+            WITH chunks AS (DELETE FROM wormhole.transfer_chunks
+                WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(transfer.id))
+            UPDATE wormhole.transfers SET state = 'delivered', path = \(path), updated = now()
+            WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(transfer.id)
+            """,
+            doing: "recording the delivery of \(transfer.name)"
+        )
+    }
+
+    func finishDelivery(id: String) {
+        engine.connections.submit(
+            """
+            DELETE FROM wormhole.transfers
+            WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(id) AND state = 'delivered'
+            """,
+            doing: "forgetting a delivered file"
+        )
+    }
+
+    func removeAbandonedCopies(olderThan age: Duration) throws(WormholeError) {
+        let seconds = Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18
+        try engine.connections.query(
+            """
+            WITH old AS (DELETE FROM wormhole.transfers
+                WHERE grp = \(engine.group) AND channel = \(channel) AND state IN ('staging', 'delivered')
+                    AND updated < now() - make_interval(secs => \(seconds))
+                RETURNING id)
+            DELETE FROM wormhole.transfer_chunks
+            WHERE grp = \(engine.group) AND channel = \(channel) AND id IN (SELECT id FROM old)
+            """,
+            doing: "removing abandoned copies"
+        )
+    }
+}

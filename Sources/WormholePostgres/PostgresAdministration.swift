@@ -1,0 +1,189 @@
+import Foundation
+import Logging
+import PostgresNIO
+import WormholeKit
+
+/// What an administrator does to a database that wormholes share: set up the schema, grant a role a group, and look
+/// at groups, queues and live endpoints. The tool's `wormhole postgres` commands call it.
+///
+/// ```swift
+/// let administration = try PostgresAdministration(url: "postgres://admin@db.example.com/app")
+/// defer { administration.close() }
+/// try administration.setUp()
+/// try administration.grant(group: "group.com.example.app", to: "app_workers")
+/// ```
+public final class PostgresAdministration: Sendable {
+    let connections: Connections
+
+    /// Connects to the server at `url` (see ``PostgresLocation``); no statement runs yet.
+    public init(url: String, logger: Logger = Logger(label: "wormhole.postgres")) throws(WormholeError) {
+        connections = Connections(location: try PostgresLocation(url: url), timeout: .seconds(60), logger: logger)
+    }
+
+    /// Runs the migrations the database lacks, under a lock; running it again does nothing.
+    ///
+    /// - Returns: The schema's version before and after.
+    @discardableResult
+    public func setUp() throws(WormholeError) -> (before: Int, after: Int) {
+        let before = try Schema.currentVersion(connections)
+        let after = try Schema.migrate(connections)
+        return (before, after)
+    }
+
+    /// The schema's version: 0 before ``setUp()``.
+    public func schemaVersion() throws(WormholeError) -> Int { try Schema.currentVersion(connections) }
+
+    /// Lets `role` (and its members) use `group`, and only the groups granted to it: row-level security hides the
+    /// rows of every other group from a role that does not own the tables.
+    ///
+    /// - Throws: ``WormholeKit/WormholeError/Code/serverRejected`` when the role does not exist or this user may not
+    ///   grant.
+    public func grant(group: String, to role: String) throws(WormholeError) {
+        try GroupName.validate(group)
+        let what = "granting \(group) to \(role)"
+        try connections.transaction(doing: what) { (connection) throws(WormholeError) in
+            // The role's name quoted by the server, never by us.
+            let rows = try connections.run(
+                "SELECT quote_ident(rolname) FROM pg_roles WHERE rolname = \(role)",
+                on: connection,
+                doing: what
+            )
+            guard let row = rows.first else {
+                throw WormholeError(.serverRejected, "There is no role \(role) on this server: create it first.")
+            }
+            let quoted = try decode(String.self, row, doing: what)
+            for statement in [
+                "GRANT USAGE ON SCHEMA wormhole TO \(quoted)",
+                """
+                GRANT SELECT, INSERT, UPDATE, DELETE ON wormhole.mailboxes, wormhole.queues, wormhole.queue_records,
+                    wormhole.queue_consumers, wormhole.suites, wormhole.suite_values, wormhole.suite_changes,
+                    wormhole.live_endpoints, wormhole.live_bodies, wormhole.transfers, wormhole.transfer_chunks
+                    TO \(quoted)
+                """,
+                "GRANT SELECT, INSERT ON wormhole.groups TO \(quoted)",
+                "GRANT SELECT ON wormhole.schema_migrations TO \(quoted)",
+            ] {
+                try connections.run(PostgresQuery(unsafeSQL: statement), on: connection, doing: what)
+            }
+            try connections.run(
+                """
+                INSERT INTO wormhole.groups (grp, channel)
+                VALUES (\(group), 'wormhole_' || md5(gen_random_uuid()::text || clock_timestamp()::text))
+                ON CONFLICT (grp) DO NOTHING
+                """,
+                on: connection,
+                doing: what
+            )
+            try connections.run(
+                "INSERT INTO wormhole.group_roles (grp, role) VALUES (\(group), \(role)) ON CONFLICT DO NOTHING",
+                on: connection,
+                doing: what
+            )
+        }
+    }
+
+    /// The groups this role sees, with their mailboxes, queues (and their consumers' lag) and live endpoints.
+    ///
+    /// - Parameter group: One group only, or every group when nil.
+    public func status(group: String? = nil) throws(WormholeError) -> PostgresStatus {
+        let version = try Schema.currentVersion(connections)
+        guard version > 0 else { return PostgresStatus(schemaVersion: 0, groups: []) }
+        let what = "reading the status"
+        var groups: [PostgresStatus.Group] = []
+        let names = try connections.query(
+            "SELECT grp FROM wormhole.groups WHERE \(group) IS NULL OR grp = \(group) ORDER BY grp COLLATE \"C\"",
+            doing: what
+        )
+        for row in names {
+            let name = try decode(String.self, row, doing: what)
+            let counts = try connections.query(
+                """
+                SELECT (SELECT count(*) FROM wormhole.mailboxes WHERE grp = \(name) AND payload IS NOT NULL),
+                    (SELECT count(*) FROM wormhole.suites WHERE grp = \(name)),
+                    (SELECT count(*) FROM wormhole.transfers WHERE grp = \(name) AND state = 'staged')
+                """,
+                doing: what
+            )
+            let (mailboxes, suites, transfers): (Int64, Int64, Int64)
+            do { (mailboxes, suites, transfers) = try counts.first!.decode((Int64, Int64, Int64).self) } catch {
+                throw WormholeError(.serverRejected, "Unexpected columns while \(what): \(error).")
+            }
+            let core = PostgresCore(connections: connections, group: name, channel: "", logger: connections.logger)
+            var queues: [QueueStatus] = []
+            for queueRow in try connections.query(
+                "SELECT queue FROM wormhole.queues WHERE grp = \(name) ORDER BY queue COLLATE \"C\"",
+                doing: what
+            ) {
+                let queue = try decode(String.self, queueRow, doing: what)
+                queues.append(
+                    try PostgresQueueLog(engine: core, identifier: queue, sender: "", retention: .seconds(0)).status()
+                )
+            }
+            var endpoints: [PostgresStatus.Endpoint] = []
+            for endpointRow in try connections.query(
+                """
+                SELECT e.identifier, e.kind, EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid)
+                FROM wormhole.live_endpoints e WHERE e.grp = \(name) ORDER BY e.identifier COLLATE "C", e.kind
+                """,
+                doing: what
+            ) {
+                do {
+                    let (identifier, kind, alive) = try endpointRow.decode((String, String, Bool).self)
+                    endpoints.append(PostgresStatus.Endpoint(identifier: identifier, kind: kind, isAlive: alive))
+                } catch {
+                    throw WormholeError(.serverRejected, "Unexpected columns while \(what): \(error).")
+                }
+            }
+            groups.append(
+                PostgresStatus.Group(
+                    name: name,
+                    mailboxes: Int(mailboxes),
+                    suites: Int(suites),
+                    stagedTransfers: Int(transfers),
+                    queues: queues,
+                    liveEndpoints: endpoints
+                )
+            )
+        }
+        return PostgresStatus(schemaVersion: version, groups: groups)
+    }
+
+    /// Closes the connections.
+    public func close() { connections.close() }
+
+    deinit { close() }
+}
+
+/// What ``PostgresAdministration/status(group:)`` reports.
+public struct PostgresStatus: Sendable, Codable, Equatable {
+    /// A live endpoint: a process listening for live messages or answering requests.
+    public struct Endpoint: Sendable, Codable, Equatable {
+        /// Its identifier.
+        public var identifier: String
+        /// `listen` or `respond`.
+        public var kind: String
+        /// Whether its process's connection is alive (a row of a process that died stays until it is swept).
+        public var isAlive: Bool
+    }
+
+    /// A group.
+    public struct Group: Sendable, Codable, Equatable {
+        /// Its name.
+        public var name: String
+        /// How many mailboxes hold a message.
+        public var mailboxes: Int
+        /// How many suites it has.
+        public var suites: Int
+        /// How many files are sent and not yet received.
+        public var stagedTransfers: Int
+        /// Its queues, each with its consumers' lag.
+        public var queues: [QueueStatus]
+        /// Its live endpoints.
+        public var liveEndpoints: [Endpoint]
+    }
+
+    /// The schema's version: 0 when it was never set up.
+    public var schemaVersion: Int
+    /// The groups the role sees.
+    public var groups: [Group]
+}

@@ -1,0 +1,213 @@
+import Foundation
+import Logging
+import PostgresNIO
+import ServiceLifecycle
+import WormholeKit
+
+/// An engine that keeps every delivery mode in a PostgreSQL database, so that the processes of a wormhole may run
+/// on several hosts: mailboxes, durable queues, live messages and requests, suites and file transfers.
+///
+/// ```swift
+/// let engine = try PostgresEngine(url: "postgres://app@db.example.com/app", group: "group.com.example.app")
+/// let wormhole = Wormhole(engine: engine, sender: "worker-1")
+/// try wormhole.queue("jobs").enqueue("first job")
+/// ```
+///
+/// The tables hold the data: every write is one transaction, and one `pg_notify` per write wakes the other
+/// processes of the group, which then read from their stored positions. Notifications are only hints: a process
+/// whose connection drops reconnects with back-off and reads again, so it misses nothing its mode promises.
+///
+/// Each call blocks its thread for a round trip to the server (a few hundred microseconds on one host), as a file
+/// call does on the directory engine; the wormhole's `async` calls and sequences do their waiting on threads of
+/// their own. The engine is a `Service` of swift-service-lifecycle: run it in a `ServiceGroup` to close its
+/// connections on shutdown, or call ``close()``.
+///
+/// Groups share a database safely: rows carry their group, a role that does not own the tables sees only the
+/// groups granted to it (row-level security), and each group's notification channel has a random name that only
+/// its members can read. See the article "Across hosts".
+public final class PostgresEngine: WormholeEngine, Service, CustomStringConvertible {
+    /// The group whose data this engine reads and writes.
+    public let group: String
+    let core: PostgresCore
+
+    public let transiting: any Transiting
+    public let notifier: any Notifier
+
+    public var description: String { "PostgreSQL \(core.connections.location) group \(group)" }
+
+    /// Connects to the server at `url` and opens `group`, setting up the schema first when `setsUpSchema` is true.
+    ///
+    /// - Parameters:
+    ///   - url: `postgres://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=MODE` (see ``PostgresLocation``).
+    ///   - group: The group, as an App Group identifier: processes that give the same group share everything.
+    ///   - setsUpSchema: Whether to run the schema's migrations when the database lacks them (the role must be
+    ///     allowed to create the schema `wormhole`); when false, ``WormholeKit/WormholeError/Code/serverRejected``
+    ///     tells to run `wormhole postgres setup`.
+    ///   - timeout: How long one statement may take before the call fails with
+    ///     ``WormholeKit/WormholeError/Code/serverUnavailable``.
+    ///   - logger: Where the engine logs reconnections and lost notifications; never a password.
+    /// - Throws: ``WormholeKit/WormholeError`` with ``WormholeKit/WormholeError/Code/serverUnavailable`` when the
+    ///   server cannot be reached, ``WormholeKit/WormholeError/Code/serverRejected`` when it refuses the role or the
+    ///   group, ``WormholeKit/WormholeError/Code/invalidIdentifier`` for a bad group.
+    public convenience init(
+        url: String,
+        group: String,
+        setsUpSchema: Bool = true,
+        timeout: Duration = .seconds(30),
+        logger: Logger = Logger(label: "wormhole.postgres")
+    ) throws(WormholeError) {
+        try self.init(
+            location: PostgresLocation(url: url),
+            group: group,
+            setsUpSchema: setsUpSchema,
+            timeout: timeout,
+            logger: logger
+        )
+    }
+
+    /// Connects with a configuration of postgres-nio (the one a `PostgresClient` of yours uses, say) and opens
+    /// `group`; the other parameters are as in ``init(url:group:setsUpSchema:timeout:logger:)``.
+    public convenience init(
+        configuration: PostgresConnection.Configuration,
+        group: String,
+        setsUpSchema: Bool = true,
+        timeout: Duration = .seconds(30),
+        logger: Logger = Logger(label: "wormhole.postgres")
+    ) throws(WormholeError) {
+        try self.init(
+            location: PostgresLocation(configuration: configuration),
+            group: group,
+            setsUpSchema: setsUpSchema,
+            timeout: timeout,
+            logger: logger
+        )
+    }
+
+    init(
+        location: PostgresLocation,
+        group: String,
+        setsUpSchema: Bool,
+        timeout: Duration,
+        logger: Logger
+    ) throws(WormholeError) {
+        try GroupName.validate(group)
+        self.group = group
+        let connections = Connections(location: location, timeout: timeout, logger: logger)
+        do throws(WormholeError) {
+            if setsUpSchema {
+                if try Schema.currentVersion(connections) < Schema.version { try Schema.migrate(connections) }
+            } else {
+                let version = try Schema.currentVersion(connections)
+                guard version == Schema.version else {
+                    throw WormholeError(
+                        .serverRejected,
+                        "The database \(location) has the wormhole schema at version \(version), this build needs "
+                            + "\(Schema.version): run `wormhole postgres setup --postgres URL`."
+                    )
+                }
+            }
+            let channel = try Self.openGroup(group, connections)
+            core = PostgresCore(connections: connections, group: group, channel: channel, logger: logger)
+        } catch {
+            connections.close()
+            throw error
+        }
+        transiting = PostgresTransiting(engine: core)
+        notifier = PostgresNotifier(engine: core)
+    }
+
+    /// Registers the group if it is new, and reads its notification channel.
+    private static func openGroup(_ group: String, _ connections: Connections) throws(WormholeError) -> String {
+        let rows = try connections.query(
+            """
+            WITH made AS (
+                INSERT INTO wormhole.groups (grp, channel)
+                VALUES (\(group), 'wormhole_' || md5(gen_random_uuid()::text || clock_timestamp()::text))
+                ON CONFLICT (grp) DO NOTHING RETURNING channel)
+            SELECT channel FROM made UNION ALL SELECT channel FROM wormhole.groups WHERE grp = \(group)
+            """,
+            doing: "opening the group \(group)"
+        )
+        return try decode(String.self, rows.first, doing: "opening the group \(group)")
+    }
+
+    public func queueLog(
+        _ identifier: String,
+        sender: String,
+        retention: Duration
+    ) throws(WormholeError)
+        -> any QueueLog
+    {
+        try MessageIdentifier.validate(identifier)
+        return PostgresQueueLog(engine: core, identifier: identifier, sender: sender, retention: retention)
+    }
+
+    public func suiteStore(_ name: String) throws(WormholeError) -> any SuiteStore {
+        try MessageIdentifier.validate(name)
+        return PostgresSuiteStore(engine: core, name: name)
+    }
+
+    public func liveTransport(sender: String) throws(WormholeError) -> any LiveTransport {
+        PostgresLiveTransport(engine: core, sender: sender)
+    }
+
+    public func transferStaging(_ identifier: String) throws(WormholeError) -> any TransferStaging {
+        try MessageIdentifier.validate(identifier)
+        return PostgresTransferStaging(engine: core, channel: identifier)
+    }
+
+    /// Waits for the service group's graceful shutdown, then closes the engine.
+    public func run() async throws {
+        try? await gracefulShutdown()
+        close()
+    }
+
+    /// Stops listening and closes every connection; calls made afterwards fail with
+    /// ``WormholeKit/WormholeError/Code/serverUnavailable``.
+    public func close() {
+        core.hub.close()
+        core.connections.close()
+    }
+
+    deinit { close() }
+}
+
+/// What every mode of one engine shares: its connections, its listening hub, its group and channel.
+final class PostgresCore: Sendable {
+    let connections: Connections
+    let hub: NotificationHub
+    let group: String
+    let channel: String
+    let logger: Logger
+
+    init(connections: Connections, group: String, channel: String, logger: Logger) {
+        self.connections = connections
+        self.group = group
+        self.channel = channel
+        self.logger = logger
+        hub = NotificationHub(
+            connections: connections,
+            group: group,
+            channel: channel,
+            safetyPollInterval: .seconds(10),
+            logger: logger
+        )
+    }
+}
+
+/// A group's name: what an App Group identifier may hold.
+enum GroupName {
+    static func validate(_ group: String) throws(WormholeError) {
+        guard !group.isEmpty, group.utf8.count <= 255,
+            group.unicodeScalars.allSatisfy({
+                $0.isASCII && ($0.properties.isAlphabetic || "0123456789.-_".unicodeScalars.contains($0))
+            })
+        else {
+            throw WormholeError(
+                .invalidIdentifier,
+                "\"\(group)\" is not a group name: use 1 to 255 ASCII letters, digits, '.', '-' and '_', as in "
+                    + "group.com.example.app."
+            )
+        }
+    }
+}
