@@ -32,9 +32,10 @@ struct Demo: ParsableCommand {
             the widget's replies, then a third process, started after both have exited, that reads what was \
             left in the mailbox. Runs on the default group root ($WORMHOLE_APP_GROUPS or \
             ~/.local/share/app-groups), in the group \(DemoDefaults.group). `wormhole demo store` shows a \
-            shared SQLite store instead.
+            shared SQLite store instead; `wormhole demo hosts` shows the app and the widget on two hosts, through \
+            PostgreSQL.
             """,
-        subcommands: [DemoStore.self]
+        subcommands: [DemoStore.self, DemoHosts.self]
     )
 
     @Option(help: "How many taps the app passes.")
@@ -58,34 +59,72 @@ struct Demo: ParsableCommand {
         Output.line("Shared directory: \(wormhole.directory ?? "?")")
         Output.line("")
 
-        let latencies = Locked<[Double]>([])
-        let widget = try ChildProcess(
-            arguments: ["demo-role", "widget", "--taps", String(taps)] + location,
-            readyLine: "ready"
-        ) { line in Output.line("  [widget] " + line) }
-        guard widget.waitUntilReady(timeout: 10) else {
-            widget.terminate()
-            throw Output.fail("the widget process did not start listening within 10 s")
+        try Self.runProcesses(taps: taps, location: location)
+    }
+
+    /// Where a process of the demo runs: a launcher prefix (`ip netns exec HOST`) and variables of its own.
+    struct Placement {
+        var launcher: [String] = []
+        var environment: [String: String] = [:]
+        var label: String = ""
+    }
+
+    /// Runs the widget, then the app, then the late reader, each in its own process (placed as given), and prints
+    /// what they say and the round trips measured.
+    static func runProcesses(
+        taps: Int,
+        location: [String],
+        widgetPlacement: Placement = Placement(),
+        appPlacement: Placement = Placement(),
+        readerPlacement: Placement = Placement()
+    ) throws {
+        func child(
+            _ arguments: [String],
+            _ placement: Placement,
+            readyLine: String? = nil,
+            onLine: @escaping @Sendable (String) -> Void
+        ) throws -> ChildProcess {
+            try ChildProcess(
+                executable: placement.launcher.first ?? ChildProcess.executablePath,
+                arguments: placement.launcher.isEmpty
+                    ? arguments : Array(placement.launcher.dropFirst()) + [ChildProcess.executablePath] + arguments,
+                environment: placement.environment,
+                readyLine: readyLine,
+                onLine: onLine
+            )
         }
-        let app = try ChildProcess(arguments: ["demo-role", "app", "--taps", String(taps)] + location) { line in
+        let latencies = Locked<[Double]>([])
+        let widgetLabel = "  [widget\(widgetPlacement.label)] "
+        let widget = try child(
+            ["demo-role", "widget", "--taps", String(taps)] + location,
+            widgetPlacement,
+            readyLine: "ready"
+        ) { line in Output.line(widgetLabel + line) }
+        guard widget.waitUntilReady(timeout: 20) else {
+            widget.terminate()
+            throw Output.fail("the widget process did not start listening within 20 s")
+        }
+        let appLabel = "  [app\(appPlacement.label)]    "
+        let app = try child(["demo-role", "app", "--taps", String(taps)] + location, appPlacement) { line in
             if line.hasPrefix("latency ") {
                 if let value = Double(line.dropFirst("latency ".count)) { latencies.withLock { $0.append(value) } }
             } else {
-                Output.line("  [app]    " + line)
+                Output.line(appLabel + line)
             }
         }
-        let appStatus = app.wait(timeout: 30)
-        let widgetStatus = widget.wait(timeout: 10)
+        let appStatus = app.wait(timeout: 60)
+        let widgetStatus = widget.wait(timeout: 20)
         guard appStatus == 0, widgetStatus == 0 else {
             throw Output.fail("the app exited with \(appStatus) and the widget with \(widgetStatus)")
         }
 
         Output.line("")
         Output.line("Both have exited. A process started now finds what they left in the mailboxes:")
-        let reader = try ChildProcess(arguments: ["demo-role", "late-reader"] + location) { line in
-            Output.line("  [reader] " + line)
+        let readerLabel = "  [reader\(readerPlacement.label)] "
+        let reader = try child(["demo-role", "late-reader"] + location, readerPlacement) { line in
+            Output.line(readerLabel + line)
         }
-        guard reader.wait(timeout: 10) == 0 else { throw Output.fail("the late reader failed") }
+        guard reader.wait(timeout: 20) == 0 else { throw Output.fail("the late reader failed") }
 
         let measured = latencies.withLock { $0 }.sorted()
         if !measured.isEmpty {

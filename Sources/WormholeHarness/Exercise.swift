@@ -26,6 +26,10 @@ struct Exercise: ParsableCommand {
         /// Consume the queue --identifier as consumer --tag: print "handled INDEX" for the first message, then die
         /// (SIGKILL) while handling the second.
         case consumeThenCrash = "consume-then-crash"
+        /// Enqueue count messages {"writer": tag, "index": i} to the queue --identifier, one every --interval ms,
+        /// retrying each failed enqueue every 100 ms for up to 120 s (a server restarting, a link cut); print
+        /// "retried N" at the end, N the enqueues that failed at least once (each may have been stored twice).
+        case enqueueThroughFaults = "enqueue-through-faults"
         /// Receive files on the channel --identifier as consumer --tag into --into, and die (SIGKILL) in the handler of
         /// the first file, after it was moved.
         case transferReceiveThenCrash = "transfer-receive-then-crash"
@@ -53,6 +57,8 @@ struct Exercise: ParsableCommand {
     @Option var identifier = "counter"
     @Option var tag = "w"
     @Option var into: String?
+    /// enqueue-through-faults: milliseconds between two messages.
+    @Option var interval = 0
     @OptionGroup var location: LocationOptions
 
     func run() throws {
@@ -83,6 +89,27 @@ struct Exercise: ParsableCommand {
             } else {
                 for index in 0..<count { try queue.enqueue(QueueExerciseMessage(writer: tag, index: index)) }
             }
+        case .enqueueThroughFaults:
+            let queue = try wormhole.queue(identifier)
+            var retried = 0
+            for index in 0..<count {
+                let deadline = Date().addingTimeInterval(120)
+                var failed = false
+                while true {
+                    do {
+                        try queue.enqueue(QueueExerciseMessage(writer: tag, index: index))
+                        break
+                    } catch {
+                        guard Date() < deadline else { throw error }
+                        if !failed { FileHandle.standardError.write(Data("retrying \(index): \(error)\n".utf8)) }
+                        failed = true
+                        usleep(100_000)
+                    }
+                }
+                if failed { retried += 1 }
+                if interval > 0 { usleep(useconds_t(interval * 1000)) }
+            }
+            Output.line("retried \(retried)")
         case .transferReceiveThenCrash:
             let receiver = try wormhole.transfers(identifier).receive(consumer: tag, into: into ?? ".") { file in
                 Output.line("moved \(file.path)")

@@ -108,7 +108,13 @@ public final class PostgresAdministration: Sendable {
             do { (mailboxes, suites, transfers) = try counts.first!.decode((Int64, Int64, Int64).self) } catch {
                 throw WormholeError(.serverRejected, "Unexpected columns while \(what): \(error).")
             }
-            let core = PostgresCore(connections: connections, group: name, channel: "", logger: connections.logger)
+            let core = PostgresCore(
+                connections: connections,
+                group: name,
+                channel: "",
+                logger: connections.logger,
+                ownsConnections: false
+            )
             var queues: [QueueStatus] = []
             for queueRow in try connections.query(
                 "SELECT queue FROM wormhole.queues WHERE grp = \(name) ORDER BY queue COLLATE \"C\"",

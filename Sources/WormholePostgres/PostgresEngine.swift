@@ -164,12 +164,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
 
     /// Stops listening and closes every connection; calls made afterwards fail with
     /// ``WormholeKit/WormholeError/Code/serverUnavailable``.
-    public func close() {
-        core.hub.close()
-        core.connections.close()
-    }
-
-    deinit { close() }
+    public func close() { core.close() }
 }
 
 /// What every mode of one engine shares: its connections, its listening hub, its group and channel.
@@ -179,8 +174,11 @@ final class PostgresCore: Sendable {
     let group: String
     let channel: String
     let logger: Logger
+    /// Whether releasing the core closes its connections (not when it borrows another's, as the administration's).
+    private let ownsConnections: Bool
 
-    init(connections: Connections, group: String, channel: String, logger: Logger) {
+    init(connections: Connections, group: String, channel: String, logger: Logger, ownsConnections: Bool = true) {
+        self.ownsConnections = ownsConnections
         self.connections = connections
         self.group = group
         self.channel = channel
@@ -192,6 +190,17 @@ final class PostgresCore: Sendable {
             safetyPollInterval: .seconds(10),
             logger: logger
         )
+    }
+
+    func close() {
+        hub.close()
+        connections.close()
+    }
+
+    // When the last object of any mode goes: a queue or a suite may outlive the engine and wormhole it came from.
+    deinit {
+        hub.close()
+        if ownsConnections { connections.close() }
     }
 }
 
