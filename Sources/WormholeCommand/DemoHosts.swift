@@ -11,7 +11,7 @@ struct DemoHosts: ParsableCommand {
         abstract: "Show the app and its widget on two hosts, talking through a PostgreSQL server.",
         discussion: """
             Where this machine allows it (root, `ip netns`, PostgreSQL installed), the demo makes two network \
-            namespaces as the two hosts, each joined to a PostgreSQL server of its own by a link of its own, and \
+            namespaces as the two hosts, each joined by a link of its own to a PostgreSQL server the demo starts, and \
             removes them all at the end. Elsewhere it says why, and uses the server given by --postgres (or \
             $WORMHOLE_POSTGRES_URL), with both processes on this host.
             """

@@ -36,8 +36,7 @@ public final class PostgresAdministration: Sendable {
     /// Lets `role` (and its members) use `group`, and only the groups granted to it: row-level security hides the
     /// rows of every other group from a role that does not own the tables.
     ///
-    /// - Throws: ``WormholeKit/WormholeError/Code/serverRejected`` when the role does not exist or this user may not
-    ///   grant.
+    /// - Throws: `WormholeError.Code.serverRejected` when the role does not exist or this user may not grant.
     public func grant(group: String, to role: String) throws(WormholeError) {
         try GroupName.validate(group)
         let what = "granting \(group) to \(role)"
@@ -128,7 +127,7 @@ public final class PostgresAdministration: Sendable {
             var endpoints: [PostgresStatus.Endpoint] = []
             for endpointRow in try connections.query(
                 """
-                SELECT e.identifier, e.kind, EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid)
+                SELECT e.identifier, e.kind, EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid AND a.backend_start = e.backend_start)
                 FROM wormhole.live_endpoints e WHERE e.grp = \(name) ORDER BY e.identifier COLLATE "C", e.kind
                 """,
                 doing: what

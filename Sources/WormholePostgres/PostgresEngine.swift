@@ -41,14 +41,13 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     ///   - url: `postgres://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=MODE` (see ``PostgresLocation``).
     ///   - group: The group, as an App Group identifier: processes that give the same group share everything.
     ///   - setsUpSchema: Whether to run the schema's migrations when the database lacks them (the role must be
-    ///     allowed to create the schema `wormhole`); when false, ``WormholeKit/WormholeError/Code/serverRejected``
-    ///     tells to run `wormhole postgres setup`.
-    ///   - timeout: How long one statement may take before the call fails with
-    ///     ``WormholeKit/WormholeError/Code/serverUnavailable``.
+    ///     allowed to create the schema `wormhole`); when false, `WormholeError.Code.serverRejected` tells to run
+    ///     `wormhole postgres setup`.
+    ///   - timeout: How long one statement may take before the call fails with `WormholeError.Code.serverUnavailable`.
     ///   - logger: Where the engine logs reconnections and lost notifications; never a password.
-    /// - Throws: ``WormholeKit/WormholeError`` with ``WormholeKit/WormholeError/Code/serverUnavailable`` when the
-    ///   server cannot be reached, ``WormholeKit/WormholeError/Code/serverRejected`` when it refuses the role or the
-    ///   group, ``WormholeKit/WormholeError/Code/invalidIdentifier`` for a bad group.
+    /// - Throws: `WormholeError` with `WormholeError.Code.serverUnavailable` when the server cannot be reached,
+    ///   `WormholeError.Code.serverRejected` when it refuses the role or the group,
+    ///   `WormholeError.Code.invalidIdentifier` for a bad group.
     public convenience init(
         url: String,
         group: String,
@@ -65,7 +64,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
         )
     }
 
-    /// Connects with a configuration of postgres-nio (the one a `PostgresClient` of yours uses, say) and opens
+    /// Connects with a configuration of postgres-nio (one you already build for postgres-nio) and opens
     /// `group`; the other parameters are as in ``init(url:group:setsUpSchema:timeout:logger:)``.
     public convenience init(
         configuration: PostgresConnection.Configuration,
@@ -95,7 +94,8 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
         let connections = Connections(location: location, timeout: timeout, logger: logger)
         do throws(WormholeError) {
             if setsUpSchema {
-                if try Schema.currentVersion(connections) < Schema.version { try Schema.migrate(connections) }
+                // Migrating also refuses a schema newer than this build's.
+                if try Schema.currentVersion(connections) != Schema.version { try Schema.migrate(connections) }
             } else {
                 let version = try Schema.currentVersion(connections)
                 guard version == Schema.version else {
@@ -163,7 +163,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     }
 
     /// Stops listening and closes every connection; calls made afterwards fail with
-    /// ``WormholeKit/WormholeError/Code/serverUnavailable``.
+    /// `WormholeError.Code.serverUnavailable`.
     public func close() { core.close() }
 }
 

@@ -112,8 +112,9 @@ final class NotificationHub: Sendable {
         do {
             try connections.query(
                 """
-                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid)
-                VALUES (\(group), \(id), \(endpoint.identifier), \(endpoint.kind), \(pid))
+                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid, backend_start)
+                SELECT \(group), \(id), \(endpoint.identifier), \(endpoint.kind), a.pid, a.backend_start
+                FROM pg_stat_activity a WHERE a.pid = \(pid)
                 """,
                 doing: "registering a live endpoint"
             )
@@ -203,7 +204,8 @@ final class NotificationHub: Sendable {
     /// Connects, listens, re-registers this process's endpoints, wakes every observer, then pings until the
     /// connection fails.
     private func listenOnce(resetBackOff: () -> Void) throws(WormholeError) {
-        // Keep-alives find a peer that vanished (a cut link) within seconds instead of hours, on both sides.
+        // The server's keep-alives find a client that vanished (a cut link) within seconds instead of hours, so that
+        // its endpoints stop counting; this side finds a dead server by its pings, which time out.
         let connection = try connections.connect(parameters: [
             ("tcp_keepalives_idle", "5"), ("tcp_keepalives_interval", "2"), ("tcp_keepalives_count", "3"),
         ])
@@ -222,15 +224,25 @@ final class NotificationHub: Sendable {
             connections.run("SELECT pg_backend_pid()", on: connection, doing: "reading the backend").first,
             doing: "reading the backend"
         )
+        // Rows of processes whose listening connection ended (killed, cut off): gone, so `send` counts only the living.
+        try connections.run(
+            """
+            DELETE FROM wormhole.live_endpoints e WHERE e.grp = \(group) AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                WHERE a.pid = e.backend_pid AND a.backend_start = e.backend_start)
+            """,
+            on: connection,
+            doing: "sweeping live endpoints of processes gone"
+        )
         let endpoints = state.withLock { Array($0.endpoints) }
         if !endpoints.isEmpty {
             try connections.run(
                 """
-                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid)
-                SELECT \(group), e, i, k, \(pid)
+                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid, backend_start)
+                SELECT \(group), e, i, k, \(pid), (SELECT backend_start FROM pg_stat_activity WHERE pid = \(pid))
                 FROM unnest(\(endpoints.map(\.key))::text[], \(endpoints.map(\.value.identifier))::text[],
                     \(endpoints.map(\.value.kind))::text[]) AS t(e, i, k)
-                ON CONFLICT (grp, endpoint) DO UPDATE SET backend_pid = EXCLUDED.backend_pid
+                ON CONFLICT (grp, endpoint) DO UPDATE
+                SET backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start
                 """,
                 on: connection,
                 doing: "registering live endpoints again"

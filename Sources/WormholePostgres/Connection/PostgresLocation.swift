@@ -18,8 +18,8 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
 
     /// Reads a URL.
     ///
-    /// - Throws: ``WormholeKit/WormholeError/Code/serverUnavailable`` when the URL is not a PostgreSQL URL or names
-    ///   an unknown `sslmode`, or the TLS configuration cannot be made.
+    /// - Throws: `WormholeError.Code.serverUnavailable` when the URL is not a PostgreSQL URL or names an unknown
+    ///   `sslmode`, or the TLS configuration cannot be made.
     public init(url text: String) throws(WormholeError) {
         guard let components = URLComponents(string: text),
             let scheme = components.scheme, scheme == "postgres" || scheme == "postgresql"
@@ -71,9 +71,15 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
 
     /// The URL with its password replaced by `***`.
     static func redacting(_ text: String) -> String {
-        guard var components = URLComponents(string: text), components.password != nil else { return text }
-        components.password = "***"
-        return components.string ?? "postgres://***"
+        if var components = URLComponents(string: text) {
+            guard components.password != nil else { return text }
+            components.password = "***"
+            if let redacted = components.string { return redacted }
+        }
+        // Not a URL that parses: everything between the scheme and the last `@` may be a password.
+        guard let scheme = text.range(of: "://") else { return "(a URL that does not parse)" }
+        guard let at = text.range(of: "@", options: .backwards), at.lowerBound > scheme.upperBound else { return text }
+        return String(text[..<scheme.upperBound]) + "***" + String(text[at.lowerBound...])
     }
 
     private static func tls(

@@ -111,6 +111,7 @@ enum Schema {
                 identifier text NOT NULL,
                 kind text NOT NULL CHECK (kind IN ('listen', 'respond')),
                 backend_pid integer NOT NULL,
+                backend_start timestamptz NOT NULL,
                 PRIMARY KEY (grp, endpoint)
             )
             """,
@@ -172,8 +173,8 @@ enum Schema {
 
     /// Runs the migrations this database lacks; returns the version it is at now.
     ///
-    /// - Throws: ``WormholeKit/WormholeError/Code/serverRejected`` when the role may not create the schema, or when
-    ///   the database was migrated by a newer build.
+    /// - Throws: `WormholeError.Code.serverRejected` when the role may not create the schema, or when the database
+    ///   was migrated by a newer build.
     @discardableResult
     static func migrate(_ connections: Connections) throws(WormholeError) -> Int {
         try connections.transaction(doing: "setting up the wormhole schema") { (connection) throws(WormholeError) in

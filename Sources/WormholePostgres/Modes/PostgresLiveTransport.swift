@@ -50,9 +50,16 @@ struct LiveEnvelope: Codable, Sendable {
         self = decoded
     }
 
+    /// Base64's slashes stay as they are: escaped, they would double in size.
+    private static let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .withoutEscapingSlashes
+        return encoder
+    }()
+
     var notification: String {
         // Encoding strings and booleans cannot fail.
-        "l" + String(decoding: (try? JSONEncoder().encode(self)) ?? Data(), as: UTF8.self)
+        "l" + String(decoding: (try? Self.encoder.encode(self)) ?? Data(), as: UTF8.self)
     }
 }
 
@@ -68,6 +75,9 @@ final class PostgresLiveTransport: LiveTransport {
     /// The largest body sent inside a notification (PostgreSQL's payloads stop under 8,000 bytes; Base64 grows by
     /// a third).
     static let inlineLimit = 5_000
+    /// The largest notification sent: PostgreSQL refuses 8,000 bytes, and a request's gains its responder's id
+    /// and jsonb's spacing on the way.
+    static let notificationLimit = 7_500
 
     init(engine: PostgresCore, sender: String) {
         self.engine = engine
@@ -82,11 +92,15 @@ final class PostgresLiveTransport: LiveTransport {
         )
     }
 
-    /// Puts the body in the envelope, or in a row when it is too large for a notification.
+    /// Puts the body in the envelope, or in a row when the notification would be too large.
     private func attach(_ payload: Data, to envelope: inout LiveEnvelope) throws(WormholeError) {
-        guard payload.count > Self.inlineLimit else {
-            envelope.body = payload.base64EncodedString()
-            return
+        if payload.count <= Self.inlineLimit {
+            var inline = envelope
+            inline.body = payload.base64EncodedString()
+            if inline.notification.utf8.count <= Self.notificationLimit {
+                envelope = inline
+                return
+            }
         }
         let id = NotificationHub.randomID()
         try engine.connections.query(
@@ -133,7 +147,7 @@ final class PostgresLiveTransport: LiveTransport {
             SELECT t.n, (SELECT pg_notify(\(engine.channel), \(envelope.notification)) WHERE t.n > 0) IS NULL
             FROM (SELECT count(*) AS n FROM wormhole.live_endpoints e
                 WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'listen'
-                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid)) t
+                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid AND a.backend_start = e.backend_start)) t
             """,
             doing: "sending a live message"
         )
@@ -196,18 +210,24 @@ final class PostgresLiveTransport: LiveTransport {
         let rows = try engine.connections.query(
             """
             WITH chosen AS (
-                SELECT e.endpoint, e.backend_pid FROM wormhole.live_endpoints e
+                SELECT e.endpoint, e.backend_pid, e.backend_start FROM wormhole.live_endpoints e
                 WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'respond'
-                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid)
+                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid AND a.backend_start = e.backend_start)
                 ORDER BY random() LIMIT 1)
-            SELECT c.backend_pid, (SELECT pg_notify(\(engine.channel),
+            SELECT c.backend_pid, c.backend_start::text, (SELECT pg_notify(\(engine.channel),
                 'l' || jsonb_set(\(json)::jsonb, '{t}', to_jsonb(c.endpoint))::text
             )) IS NULL FROM chosen c
             """,
             doing: "sending a request"
         )
         guard let row = rows.first else { throw notReachable(identifier, "answers") }
-        let responder = try decode(Int32.self, row, doing: "sending a request")
+        let responder: (pid: Int32, start: String)
+        do {
+            let (pid, start, _) = try row.decode((Int32, String, Bool?).self)
+            responder = (pid, start)
+        } catch {
+            throw WormholeError(.serverRejected, "Unexpected columns while sending a request: \(error).")
+        }
         let deadline = ContinuousClock.now + timeout
         while true {
             let remaining = deadline - .now
@@ -221,7 +241,10 @@ final class PostgresLiveTransport: LiveTransport {
             if answered.wait(timeout: wait) == .success { break }
             // A responder whose process went away never answers: say so instead of waiting for the time-out.
             let alive = try engine.connections.query(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = \(responder))",
+                """
+                SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                    WHERE pid = \(responder.pid) AND backend_start::text = \(responder.start))
+                """,
                 doing: "checking the responder"
             )
             if try !decode(Bool.self, alive.first, doing: "checking the responder") {
@@ -287,8 +310,10 @@ final class PostgresLiveTransport: LiveTransport {
         reply.target = request.replyTo
         reply.requestID = request.requestID
         reply.failed = failed
-        if bytes.count <= inlineLimit {
-            reply.body = bytes.base64EncodedString()
+        var inline = reply
+        inline.body = bytes.base64EncodedString()
+        if bytes.count <= inlineLimit, inline.notification.utf8.count <= notificationLimit {
+            reply = inline
             engine.connections.submit(
                 "SELECT pg_notify(\(engine.channel), \(reply.notification))",
                 doing: "replying to a request"

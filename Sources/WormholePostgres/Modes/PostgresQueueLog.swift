@@ -158,6 +158,9 @@ final class PostgresQueueCursor: QueueCursor {
     let log: PostgresQueueLog
     let consumer: String
     private let stored: Locked<UInt64>
+    /// When this cursor last reclaimed space: it does every ``reclaimInterval`` as it acknowledges.
+    private let lastReclaim = Locked(ContinuousClock.now)
+    static let reclaimInterval = Duration.seconds(10)
 
     init(log: PostgresQueueLog, consumer: String, position: UInt64) {
         self.log = log
@@ -231,6 +234,17 @@ final class PostgresQueueCursor: QueueCursor {
         }
         let position = try decode(Int64.self, row, doing: "acknowledging")
         stored.withLock { $0 = UInt64(position) }
+        // Records every consumer has passed are deleted as consumers move on, not only when someone asks.
+        let due = lastReclaim.withLock { last in
+            guard ContinuousClock.now - last >= Self.reclaimInterval else { return false }
+            last = .now
+            return true
+        }
+        if due {
+            do { try log.reclaimSpace() } catch {
+                engine.logger.debug("PostgreSQL engine: reclaiming space in \(log.identifier) failed: \(error)")
+            }
+        }
     }
 
     func observeAppends(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {

@@ -43,3 +43,12 @@ func permissions(_ path: String) -> Int {
     guard lstat(path, &status) == 0 else { return -1 }
     return Int(status.st_mode & 0o7777)
 }
+
+/// Runs a blocking call (waiting for a process, starting a server) on a thread of its own and suspends until it
+/// returns, so that long tests never hold one of the few threads of Swift's cooperative pool, which every async test
+/// and time limit needs. `body` must not record issues (`#expect` needs the test's task): return what to check.
+func blocking<Value: Sendable>(_ body: @escaping @Sendable () throws -> Value) async throws -> Value {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread { continuation.resume(with: Result { try body() }) }.start()
+    }
+}

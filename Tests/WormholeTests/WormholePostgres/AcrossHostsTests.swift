@@ -12,10 +12,15 @@ final class HostsFixture: Sendable {
     let group = uniqueGroup("hosts")
     let temporary = TemporaryDirectory()
 
-    /// Skips the test (cancelled, with the reason) where this machine cannot make hosts or run a server.
-    init(hosts count: Int) throws {
+    /// Makes `count` hosts and the server, off the cooperative pool; skips the test (cancelled, with the reason)
+    /// where this machine cannot make hosts or run a server.
+    static func make(hosts count: Int) async throws -> HostsFixture {
         if let reason = NetworkHosts.unavailableReason() { try Test.cancel("No network namespaces here: \(reason)") }
         if let reason = LocalPostgresServer.unavailableReason() { try Test.cancel("No PostgreSQL here: \(reason)") }
+        return try await blocking { try HostsFixture(hosts: count) }
+    }
+
+    private init(hosts count: Int) throws {
         hosts = try NetworkHosts(count: count)
         server = try LocalPostgresServer(listenAddresses: ["127.0.0.1"] + hosts.serverAddresses)
     }
@@ -36,10 +41,11 @@ final class HostsFixture: Sendable {
         )
     }
 
-    /// Runs a command to its end inside host `index`; records an issue when it fails.
+    /// Runs a command to its end inside host `index`, off the cooperative pool; records an issue when it fails.
     @discardableResult
-    func finish(_ index: Int, _ arguments: [String], timeout: Double = 60) throws -> WormholeTool.Result {
-        let result = try run(index, arguments).finish(timeout: timeout)
+    func finish(_ index: Int, _ arguments: [String], timeout: Double = 60) async throws -> WormholeTool.Result {
+        let process = try run(index, arguments)
+        let result = try await blocking { process.finish(timeout: timeout) }
         #expect(result.status == 0, "\(arguments) on host \(index) failed: \(result.error)")
         return result
     }
@@ -58,18 +64,18 @@ struct AcrossHostsTests {
         "Processes on two hosts pass, enqueue and consume, request and respond, watch a suite, transfer 100 MiB",
         .timeLimit(.minutes(5))
     )
-    func everyModeAcrossHosts() throws {
-        let fixture = try HostsFixture(hosts: 2)
+    func everyModeAcrossHosts() async throws {
+        let fixture = try await HostsFixture.make(hosts: 2)
 
         // Mailbox: a listener on host 0, messages passed on host 1.
         let listener = try fixture.run(0, ["listen", "status", "--count", "1", "--timeout", "60"])
-        #expect(listener.waitUntilListening())
-        try fixture.finish(1, ["send", "status", #"{"from":"host 1"}"#])
-        #expect(listener.finish(timeout: 60).output.contains("host 1"))
+        #expect(try await blocking { listener.waitUntilListening() })
+        try await fixture.finish(1, ["send", "status", #"{"from":"host 1"}"#])
+        #expect((try await blocking { listener.finish(timeout: 60) }).output.contains("host 1"))
 
         // Queue: ten messages enqueued on host 1, consumed in order on host 0.
-        for index in 0..<10 { try fixture.finish(1, ["enqueue", "jobs", #"{"index":\#(index)}"#]) }
-        let consumed = try fixture.finish(
+        for index in 0..<10 { try await fixture.finish(1, ["enqueue", "jobs", #"{"index":\#(index)}"#]) }
+        let consumed = try await fixture.finish(
             0,
             ["consume", "jobs", "--consumer", "worker", "--count", "10", "--timeout", "60"]
         )
@@ -77,16 +83,16 @@ struct AcrossHostsTests {
 
         // Request and reply: a responder on host 0 answers with `cat`, a request from host 1.
         let responder = try fixture.run(0, ["respond", "echo", "--exec", "cat", "--count", "1"])
-        #expect(responder.waitForError(containing: "responding to echo"))
-        let reply = try fixture.finish(1, ["request", "echo", #"{"question":42}"#])
+        #expect(try await blocking { responder.waitForError(containing: "responding to echo") })
+        let reply = try await fixture.finish(1, ["request", "echo", #"{"question":42}"#])
         #expect(reply.output.contains("42"))
-        _ = responder.finish(timeout: 30)
+        _ = (try await blocking { responder.finish(timeout: 30) })
 
         // Suite: a watcher on host 0 sees host 1's change, with its sender.
         let watcher = try fixture.run(0, ["defaults", "watch", "prefs", "--count", "1", "--timeout", "60"])
-        #expect(watcher.waitForError(containing: "watching prefs"))
-        try fixture.finish(1, ["defaults", "set", "prefs", "color", #""blue""#])
-        #expect(watcher.finish(timeout: 60).output.contains("blue"))
+        #expect(try await blocking { watcher.waitForError(containing: "watching prefs") })
+        try await fixture.finish(1, ["defaults", "set", "prefs", "color", #""blue""#])
+        #expect((try await blocking { watcher.finish(timeout: 60) }).output.contains("blue"))
 
         // Transfer: 100 MiB from host 1 to host 0, received whole, in chunks on both sides.
         let source = fixture.temporary("big.bin")
@@ -105,7 +111,7 @@ struct AcrossHostsTests {
         }
         try handle.close()
         let sent = try fixture.run(1, ["exercise", "transfer-send", "--identifier", "files", "--into", source])
-        let received = try fixture.finish(
+        let received = try await fixture.finish(
             0,
             [
                 "transfer", "receive", "files", "--consumer", "r", "--into", destination, "--count", "1", "--timeout",
@@ -113,7 +119,7 @@ struct AcrossHostsTests {
             ],
             timeout: 260
         )
-        let sender = sent.finish(timeout: 240)
+        let sender = (try await blocking { sent.finish(timeout: 240) })
         #expect(sender.status == 0, "\(sender.error)")
         let peak =
             Int(
@@ -131,14 +137,14 @@ struct AcrossHostsTests {
         "A queue across server restarts (fast, then immediate) and a cut link: nothing lost, duplicates only where a producer retried",
         .timeLimit(.minutes(5))
     )
-    func queueThroughFaults() throws {
-        let fixture = try HostsFixture(hosts: 2)
+    func queueThroughFaults() async throws {
+        let fixture = try await HostsFixture.make(hosts: 2)
         let total = 300
         let consumer = try fixture.run(
             0,
             ["consume", "jobs", "--consumer", "worker", "--count", String(total + 50), "--timeout", "200"]
         )
-        #expect(consumer.waitForError(containing: "consuming jobs"))
+        #expect(try await blocking { consumer.waitForError(containing: "consuming jobs") })
         let producer = try fixture.run(
             1,
             [
@@ -148,36 +154,36 @@ struct AcrossHostsTests {
         )
         var recoveries: [String] = []
         // Waits for the consumer to get `more` messages after a fault ended; records how long that took.
-        func recovered(after fault: String, from start: ContinuousClock.Instant) {
+        func recovered(after fault: String, from start: ContinuousClock.Instant) async {
             let before = consumer.outputLines.count
-            let back = eventually(timeout: 60) { consumer.outputLines.count > before }
+            let back = await eventuallyAwaiting(timeout: 60) { consumer.outputLines.count > before }
             #expect(back, "the consumer did not come back after \(fault)")
             recoveries.append("\(fault): \(ContinuousClock.now - start)")
         }
-        #expect(eventually(timeout: 30) { consumer.outputLines.count >= 30 })
-        fixture.server.stop(mode: .fast)
-        Thread.sleep(forTimeInterval: 1)
-        try fixture.server.start()
-        recovered(after: "server restart (fast)", from: .now)
+        #expect(await eventuallyAwaiting(timeout: 30) { consumer.outputLines.count >= 30 })
+        try await blocking { fixture.server.stop(mode: .fast) }
+        try await Task.sleep(for: .seconds(1))
+        try await blocking { try fixture.server.start() }
+        await recovered(after: "server restart (fast)", from: .now)
 
-        #expect(eventually(timeout: 30) { consumer.outputLines.count >= 120 })
-        fixture.server.stop(mode: .immediate)
-        Thread.sleep(forTimeInterval: 1)
-        try fixture.server.start()
-        recovered(after: "server restart (immediate)", from: .now)
+        #expect(await eventuallyAwaiting(timeout: 30) { consumer.outputLines.count >= 120 })
+        try await blocking { fixture.server.stop(mode: .immediate) }
+        try await Task.sleep(for: .seconds(1))
+        try await blocking { try fixture.server.start() }
+        await recovered(after: "server restart (immediate)", from: .now)
 
-        #expect(eventually(timeout: 30) { consumer.outputLines.count >= 200 })
+        #expect(await eventuallyAwaiting(timeout: 30) { consumer.outputLines.count >= 200 })
         try fixture.hosts.cutLink(0)
-        Thread.sleep(forTimeInterval: 5)
+        try await Task.sleep(for: .seconds(5))
         try fixture.hosts.restoreLink(0)
-        recovered(after: "consumer host's link cut for 5 s", from: .now)
+        await recovered(after: "consumer host's link cut for 5 s", from: .now)
 
-        let produced = producer.finish(timeout: 200)
+        let produced = (try await blocking { producer.finish(timeout: 200) })
         #expect(produced.status == 0, "\(produced.error)")
         let retried = Int(produced.lines.last?.split(separator: " ").last ?? "") ?? -1
-        #expect(eventually(timeout: 60) { Set(consumedIndexes(consumer.outputLines)).count == total })
-        consumer.kill(signal: SIGTERM)
-        let indexes = consumedIndexes(consumer.finish(timeout: 30).lines)
+        #expect(await eventuallyAwaiting(timeout: 60) { Set(consumedIndexes(consumer.outputLines)).count == total })
+        consumer.kill()
+        let indexes = consumedIndexes((try await blocking { consumer.finish(timeout: 30) }).lines)
         #expect(Set(indexes) == Set(0..<total), "every message acknowledged by the producer arrives")
         #expect(indexes.count - total <= retried, "a duplicate only where the producer retried (\(retried) retries)")
         #expect(indexes == indexes.sorted() || indexes.count > total, "in commit order")
@@ -188,15 +194,15 @@ struct AcrossHostsTests {
         "A consumer host killed mid-stream: its successor gets every message, at most the one in flight again",
         .timeLimit(.minutes(3))
     )
-    func consumerHostKilled() throws {
-        let fixture = try HostsFixture(hosts: 3)
-        try fixture.finish(1, ["exercise", "enqueue", "--identifier", "jobs", "--count", "200"])
+    func consumerHostKilled() async throws {
+        let fixture = try await HostsFixture.make(hosts: 3)
+        try await fixture.finish(1, ["exercise", "enqueue", "--identifier", "jobs", "--count", "200"])
         // On host 0, a consumer that dies (SIGKILL) while handling its second message.
         let victim = try fixture.run(0, ["exercise", "consume-then-crash", "--identifier", "jobs", "--tag", "worker"])
-        _ = victim.finish(timeout: 60)
+        _ = (try await blocking { victim.finish(timeout: 60) })
         #expect(victim.outputLines == ["handled 0", "handled 1"])
         // On host 2, the same durable consumer takes over.
-        let successor = try fixture.finish(
+        let successor = try await fixture.finish(
             2,
             ["consume", "jobs", "--consumer", "worker", "--count", "199", "--timeout", "60"]
         )
