@@ -12,7 +12,8 @@ struct WormholeCommand: ParsableCommand {
         discussion: """
             Each command works on a wormhole directory, named either by an application group and an optional \
             subdirectory (--group, --optional-directory), under $WORMHOLE_APP_GROUPS or \
-            ~/.local/share/app-groups, or by a path (--directory). Messages are JSON, so what the tool sends a \
+            ~/.local/share/app-groups, or by a path (--directory), or on a PostgreSQL server shared across hosts \
+            (--postgres URL with --group; see `wormhole postgres`). Messages are JSON, so what the tool sends a \
             Swift program reads, and the reverse.
 
             Start with `wormhole demo`.
