@@ -27,16 +27,22 @@ final class PostgresTransiting: Transiting {
             )
         }
         let now = Int64(Date().timeIntervalSince1970 * 1e9)
+        let name = "mailbox." + identifier
+        // The notification rides the write's statement: one round trip. The wormhole's post of the same name, next
+        // on this thread, then has nothing left to do (see `PostgresNotifier.post`).
         let rows = try engine.connections.query(
             """
-            INSERT INTO wormhole.mailboxes AS m (grp, identifier, sequence, sender, time_ns, payload)
-            VALUES (\(engine.group), \(identifier), 1, \(sender), \(now), \(ByteBuffer(data: payload)))
-            ON CONFLICT (grp, identifier) DO UPDATE SET sequence = m.sequence + 1, sender = EXCLUDED.sender,
-                time_ns = EXCLUDED.time_ns, payload = EXCLUDED.payload
-            RETURNING sequence
+            WITH written AS (
+                INSERT INTO wormhole.mailboxes AS m (grp, identifier, sequence, sender, time_ns, payload)
+                VALUES (\(engine.group), \(identifier), 1, \(sender), \(now), \(ByteBuffer(data: payload)))
+                ON CONFLICT (grp, identifier) DO UPDATE SET sequence = m.sequence + 1, sender = EXCLUDED.sender,
+                    time_ns = EXCLUDED.time_ns, payload = EXCLUDED.payload
+                RETURNING sequence)
+            SELECT sequence, pg_notify(\(engine.channel), \("n" + name)) IS NULL FROM written
             """,
             doing: "writing the mailbox \(identifier)"
         )
+        NotifiedByWrite.record(name)
         let sequence = try decode(Int64.self, rows.first, doing: "writing the mailbox \(identifier)")
         return Envelope(
             sequence: UInt64(sequence),
@@ -77,6 +83,7 @@ final class PostgresTransiting: Transiting {
     }
 
     func deleteMessage(identifier: String) throws(WormholeError) {
+        NotifiedByWrite.forget()
         try MessageIdentifier.validate(identifier)
         try engine.connections.query(
             """
@@ -88,6 +95,7 @@ final class PostgresTransiting: Transiting {
     }
 
     func deleteAllMessages() throws(WormholeError) {
+        NotifiedByWrite.forget()
         try engine.connections.query(
             "UPDATE wormhole.mailboxes SET payload = NULL WHERE grp = \(engine.group) AND payload IS NOT NULL",
             doing: "emptying every mailbox"
@@ -117,6 +125,8 @@ final class PostgresNotifier: Notifier {
     }
 
     func post(_ name: String) throws(WormholeError) {
+        // The write just made on this thread notified this name already.
+        if NotifiedByWrite.take(name) { return }
         try engine.connections.query(
             "SELECT pg_notify(\(engine.channel), \("n" + name))",
             doing: "notifying \(name)"
@@ -125,5 +135,21 @@ final class PostgresNotifier: Notifier {
 
     func observe(_ name: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
         try engine.hub.observe(name, handler: handler)
+    }
+}
+
+/// The name a mailbox write on this thread notified in its own statement, until the wormhole's post of it.
+enum NotifiedByWrite {
+    private static let key = "wormhole.postgres.notified"
+
+    static func record(_ name: String) { Thread.current.threadDictionary[key] = name }
+
+    static func forget() { Thread.current.threadDictionary.removeObject(forKey: key) }
+
+    /// Whether `name` was notified by this thread's last write; forgets it either way.
+    static func take(_ name: String) -> Bool {
+        let dictionary = Thread.current.threadDictionary
+        defer { dictionary.removeObject(forKey: key) }
+        return dictionary[key] as? String == name
     }
 }
