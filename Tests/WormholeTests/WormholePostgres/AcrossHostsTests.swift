@@ -22,7 +22,9 @@ final class HostsFixture: Sendable {
 
     private init(hosts count: Int) throws {
         hosts = try NetworkHosts(count: count)
-        server = try LocalPostgresServer(listenAddresses: ["127.0.0.1"] + hosts.serverAddresses)
+        // Durable (synchronous commits): an immediate shutdown is a crash, and a commit acknowledged before its WAL
+        // reached the disk would be lost by the server, not by the engine.
+        server = try LocalPostgresServer(listenAddresses: ["127.0.0.1"] + hosts.serverAddresses, durable: true)
     }
 
     deinit {
