@@ -38,6 +38,10 @@ package final class LocalPostgresServer: Sendable {
     /// The server's log.
     package let logPath: String
 
+    /// The server's self-signed certificate, for `localhost`, when it was made with `tls`: what a client trusts with
+    /// `sslrootcert` to verify the server. Nil otherwise.
+    package let certificatePath: String?
+
     /// The password of the `wormhole` role, if it has one.
     private let password: String?
 
@@ -69,12 +73,17 @@ package final class LocalPostgresServer: Sendable {
     ///   - password: The `wormhole` role's password; when given, TCP clients must give it (SCRAM-SHA-256), when nil
     ///     every TCP client is trusted.
     ///   - durable: Whether the server syncs its writes to disk, as a production server does.
-    /// - Throws: ``LocalPostgresServerError`` when PostgreSQL is not installed or a step fails; nothing is left behind.
+    ///   - tls: Whether TCP clients must use TLS: the server gets a self-signed certificate for `localhost`
+    ///     (``certificatePath``, made with `openssl`) and refuses unencrypted TCP connections. The Unix socket, which
+    ///     ``psql(_:database:user:)`` uses, stays unencrypted.
+    /// - Throws: ``LocalPostgresServerError`` when PostgreSQL (or, with `tls`, openssl) is not installed or a step
+    ///   fails; nothing is left behind.
     package init(
         listenAddresses: [String] = ["127.0.0.1"],
         port: Int? = nil,
         password: String? = nil,
-        durable: Bool = false
+        durable: Bool = false,
+        tls: Bool = false
     ) throws {
         guard let first = listenAddresses.first else {
             throw LocalPostgresServerError("A local PostgreSQL server needs at least one address to listen on.")
@@ -88,6 +97,7 @@ package final class LocalPostgresServer: Sendable {
         let directory = String(cString: created)
         self.directory = directory
         self.logPath = directory + "/server.log"
+        self.certificatePath = tls ? directory + "/server.crt" : nil
         self.tools = tools
         self.password = password
         // A wildcard is no address to connect to: its clients use the loopback address of the same family.
@@ -99,11 +109,13 @@ package final class LocalPostgresServer: Sendable {
                 throw LocalPostgresServerError("chown \(directory) failed: \(String(cString: strerror(errno)))")
             }
             try Self.initializeCluster(in: directory, tools: tools)
+            if tls { try Self.makeCertificate(in: directory, tools: tools) }
             try Self.configure(
                 directory: directory,
                 listenAddresses: listenAddresses,
                 trusted: password == nil,
-                durable: durable
+                durable: durable,
+                tls: tls
             )
             self.port = try Self.start(directory: directory, tools: tools, port: port)
             self.state = Mutex(State(processIdentifier: try Self.postmasterIdentifier(in: directory), isRunning: true))
@@ -303,12 +315,37 @@ extension LocalPostgresServer {
         guard result.succeeded else { throw LocalPostgresServerError("initdb failed. " + result.summary) }
     }
 
-    /// Adds the settings to `postgresql.conf` (later lines win) and replaces `pg_hba.conf`.
+    /// Makes a self-signed certificate for `localhost` and its key, `server.crt` and `server.key` in `directory`, owned
+    /// by the user who runs the server, the key readable by that user alone (the server refuses it otherwise).
+    private static func makeCertificate(in directory: String, tools: Tools) throws {
+        guard let openssl = FinishedCommand.executablePath(named: "openssl") else {
+            throw LocalPostgresServerError(
+                "openssl, to make the TLS server's certificate, is not on PATH: install it (apt-get install openssl)."
+            )
+        }
+        let arguments = [
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+            "-keyout", directory + "/server.key", "-out", directory + "/server.crt",
+        ]
+        let result = FinishedCommand.run(
+            tools.prefix + [openssl] + arguments,
+            timeout: commandTimeout,
+            directory: directory
+        )
+        guard result.succeeded else { throw LocalPostgresServerError("openssl failed. " + result.summary) }
+        guard chmod(directory + "/server.key", 0o600) == 0 else {
+            throw LocalPostgresServerError("chmod \(directory)/server.key failed: \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// Adds the settings to `postgresql.conf` (later lines win) and replaces `pg_hba.conf`; with `tls`, TCP clients
+    /// must use TLS (`hostssl` lines only), with the certificate `makeCertificate` made.
     private static func configure(
         directory: String,
         listenAddresses: [String],
         trusted: Bool,
-        durable: Bool
+        durable: Bool,
+        tls: Bool
     ) throws {
         var settings = """
 
@@ -319,12 +356,22 @@ extension LocalPostgresServer {
 
             """
         if !durable { settings += "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n" }
+        if tls {
+            settings += """
+                ssl = on
+                ssl_cert_file = '\(directory)/server.crt'
+                ssl_key_file = '\(directory)/server.key'
+
+                """
+        }
         try append(settings, to: directory + "/data/postgresql.conf")
         let method = trusted ? "trust" : "scram-sha-256"
+        // `hostssl` lines match TLS connections only: with no `host` line, the server refuses the others.
+        let kind = tls ? "hostssl" : "host"
         let access = """
             local all all trust
-            host all all 0.0.0.0/0 \(method)
-            host all all ::/0 \(method)
+            \(kind) all all 0.0.0.0/0 \(method)
+            \(kind) all all ::/0 \(method)
 
             """
         // Rewritten in place, so that the file keeps its owner, the `postgres` user.

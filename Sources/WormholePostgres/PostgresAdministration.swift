@@ -60,7 +60,7 @@ public final class PostgresAdministration: Sendable {
                     TO \(quoted)
                 """,
                 "GRANT SELECT, INSERT ON wormhole.groups TO \(quoted)",
-                "GRANT SELECT ON wormhole.schema_migrations TO \(quoted)",
+                "GRANT SELECT ON wormhole.schema_migrations, wormhole.group_roles TO \(quoted)",
             ] {
                 try connections.run(PostgresQuery(unsafeSQL: statement), on: connection, doing: what)
             }

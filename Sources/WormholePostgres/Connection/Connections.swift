@@ -187,7 +187,9 @@ final class Connections: Sendable {
             case "42P01", "3F000", "42883": advice = " Set up the schema with `wormhole postgres setup --postgres URL`."
             case "42501":
                 advice = " This role may not use the group: grant it with `wormhole postgres grant --group G --role R`."
-            case "28P01", "28000": advice = " Check the user and password of the URL."
+            case "28P01": advice = " Check the user and password of the URL."
+            case "28000":
+                advice = " The server's pg_hba.conf refuses this connection: check the user, the host and sslmode."
             default: break
             }
             let code: WormholeError.Code =
@@ -199,9 +201,11 @@ final class Connections: Sendable {
                 underlyingError: SendableDescription(error)
             )
         }
+        // The cause underneath (a refused connection, a certificate that does not verify) says what to fix.
+        let cause = error.underlying.map { ": \($0)" } ?? ""
         return WormholeError(
             .serverUnavailable,
-            "The connection to the PostgreSQL server \(location) failed while \(what): \(error.code).",
+            "The connection to the PostgreSQL server failed while \(what) (\(error.code)\(cause)).",
             underlyingError: SendableDescription(error)
         )
     }

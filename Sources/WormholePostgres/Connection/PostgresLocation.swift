@@ -36,7 +36,8 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
         let user =
             components.user.flatMap { $0.removingPercentEncoding } ?? ProcessInfo.processInfo.environment["USER"]
             ?? "postgres"
-        let password = components.password.flatMap { $0.removingPercentEncoding }
+        // libpq reads `?password=` too; so do we, and it is redacted as the other.
+        let password = components.password.flatMap { $0.removingPercentEncoding } ?? items["password"]
         var database = String(components.path.drop(while: { $0 == "/" }))
         if database.isEmpty { database = user }
         let mode = items["sslmode"] ?? "prefer"
@@ -72,8 +73,12 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
     /// The URL with its password replaced by `***`.
     static func redacting(_ text: String) -> String {
         if var components = URLComponents(string: text) {
-            guard components.password != nil else { return text }
-            components.password = "***"
+            let inQuery = components.queryItems?.contains { $0.name == "password" } ?? false
+            guard components.password != nil || inQuery else { return text }
+            if components.password != nil { components.password = "***" }
+            components.queryItems = components.queryItems?.map {
+                $0.name == "password" ? URLQueryItem(name: "password", value: "***") : $0
+            }
             if let redacted = components.string { return redacted }
         }
         // Not a URL that parses: everything between the scheme and the last `@` may be a password.

@@ -148,19 +148,24 @@ enum Schema {
             )
             """,
             // Row-level security: a role that does not own the tables sees the rows of the groups granted to it
-            // (`wormhole.group_roles`) and nothing else. The owner, who ran the migrations, sees every group.
+            // (`wormhole.group_roles`) and nothing else. The owner, who ran the migrations, sees every group. The
+            // check runs as the caller (SECURITY INVOKER): as the owner, `current_user` would be the owner.
             """
             CREATE FUNCTION wormhole.may_use(group_name text) RETURNS boolean
-            LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, wormhole AS $$
+            LANGUAGE sql STABLE SECURITY INVOKER SET search_path = pg_catalog, wormhole AS $$
                 SELECT EXISTS (
                     SELECT 1 FROM wormhole.group_roles r
                     WHERE r.grp = group_name AND pg_has_role(current_user, r.role, 'MEMBER')
                 )
             $$
             """,
+            // The grants themselves: a role sees the rows naming a role it is a member of, and no other. (Its own
+            // policy, not may_use, which reads this table: the check runs as the caller, so it must not recurse.)
+            "ALTER TABLE wormhole.group_roles ENABLE ROW LEVEL SECURITY",
+            "CREATE POLICY own_grants ON wormhole.group_roles USING (pg_has_role(current_user, role, 'MEMBER'))",
         ]
             + [
-                "groups", "group_roles", "mailboxes", "queues", "queue_records", "queue_consumers", "suites",
+                "groups", "mailboxes", "queues", "queue_records", "queue_consumers", "suites",
                 "suite_values", "suite_changes", "live_endpoints", "live_bodies", "transfers", "transfer_chunks",
             ].flatMap { table in
                 [

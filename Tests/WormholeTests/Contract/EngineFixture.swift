@@ -32,7 +32,9 @@ let testServer: Result<LocalPostgresServer, any Error> = {
         return .failure(TestServerUnavailable(description: reason))
     }
     do {
+        let started = ContinuousClock.now
         let server = try LocalPostgresServer()
+        print("The test run's PostgreSQL server started in \(ContinuousClock.now - started), at \(server.url)")
         atexit { if case .success(let server) = testServer { server.close() } }
         return .success(server)
     } catch {
