@@ -52,3 +52,21 @@ func blocking<Value: Sendable>(_ body: @escaping @Sendable () throws -> Value) a
         Thread { continuation.resume(with: Result { try body() }) }.start()
     }
 }
+
+/// Runs a synchronous test body that blocks for seconds (servers starting, processes waited for) on a thread of its
+/// own, in the test's own task: `#expect` works as anywhere in the test, and none of the few threads of Swift's
+/// cooperative pool, which every async test and time limit needs, is held meanwhile.
+func offThePool<Value: Sendable>(_ body: () throws -> Value) async throws -> Value {
+    try await withTaskExecutorPreference(DedicatedThreadExecutor()) { try body() }
+}
+
+/// A task executor whose jobs run on a serial dispatch queue: dispatch's own threads, not the cooperative pool.
+final class DedicatedThreadExecutor: TaskExecutor {
+    private let queue = DispatchQueue(label: "wormhole.tests.dedicated")
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let executor = asUnownedTaskExecutor()
+        queue.async { job.runSynchronously(on: executor) }
+    }
+}

@@ -15,7 +15,9 @@ struct LocalServerTests {
         "A server answers, answers again after a crash and restart, and leaves nothing behind",
         .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed")
     )
-    func serverRestartsAndCloses() throws {
+    func serverRestartsAndCloses() async throws { try await offThePool { try serverRestartsAndClosesBody() } }
+
+    func serverRestartsAndClosesBody() throws {
         let server = try LocalPostgresServer()
         #expect(try server.psql("SELECT 1") == "1")
         #expect(try server.psql("SELECT current_user", user: "wormhole") == "wormhole")
@@ -37,7 +39,9 @@ struct LocalServerTests {
         .enabled(if: NetworkHosts.unavailableReason() == nil, "network namespaces need root and iproute2"),
         .enabled(if: ping != nil || LocalPostgresServer.unavailableReason() == nil, "neither ping nor PostgreSQL")
     )
-    func hostsLoseAndRegainTheServer() throws {
+    func hostsLoseAndRegainTheServer() async throws { try await offThePool { try hostsLoseAndRegainTheServerBody() } }
+
+    func hostsLoseAndRegainTheServerBody() throws {
         let hosts = try NetworkHosts(count: 2)
         defer { hosts.close() }
         #expect(hosts.serverAddresses == [hosts.serverAddress(0), hosts.serverAddress(1)])

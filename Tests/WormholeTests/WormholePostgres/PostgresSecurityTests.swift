@@ -20,7 +20,9 @@ struct PostgresSecurityTests {
     // MARK: Group isolation
 
     @Test("A role uses only the groups granted to it: another group's rows, channel and writes stay out of reach")
-    func groupIsolation() throws {
+    func groupIsolation() async throws { try await offThePool { try groupIsolationBody() } }
+
+    func groupIsolationBody() throws {
         let server = try requireTestServer()
         let (one, two) = (Self.uniqueRole(), Self.uniqueRole())
         try server.psql("CREATE ROLE \(one) LOGIN PASSWORD 'one-\(one)'", database: "postgres")
@@ -100,7 +102,9 @@ struct PostgresSecurityTests {
     // MARK: SQL injection
 
     @Test("Text that looks like SQL round-trips unchanged in payloads, senders, suite keys and values")
-    func injectionIsText() throws {
+    func injectionIsText() async throws { try await offThePool { try injectionIsTextBody() } }
+
+    func injectionIsTextBody() throws {
         let server = try requireTestServer()
         let attack = Self.injection
         let group = uniqueGroup("injection")
@@ -160,7 +164,9 @@ struct PostgresSecurityTests {
     // MARK: Passwords
 
     @Test("A password never appears in descriptions, errors, the engine's logs across a restart, or the tool's output")
-    func passwordsNeverPrinted() throws {
+    func passwordsNeverPrinted() async throws { try await offThePool { try passwordsNeverPrintedBody() } }
+
+    func passwordsNeverPrintedBody() throws {
         if let reason = LocalPostgresServer.unavailableReason() { try Test.cancel(Comment(rawValue: reason)) }
         let password = "s3cret-Pa55"
         // Durable: an immediate stop of a server without fsync and synchronous commits loses its last commits.
@@ -256,7 +262,9 @@ struct PostgresSecurityTests {
     }
 
     @Test("A password given as libpq's query item `password` is not echoed in the description nor in errors")
-    func passwordQueryItem() throws {
+    func passwordQueryItem() async throws { try await offThePool { try passwordQueryItemBody() } }
+
+    func passwordQueryItemBody() throws {
         // Port 1: nothing listens there, so the connection is refused at once and no server is needed.
         let url = "postgres://wormhole@127.0.0.1:1/wormhole?sslmode=disable&password=s3cret-Pa55"
         let location = try PostgresLocation(url: url)
@@ -269,7 +277,9 @@ struct PostgresSecurityTests {
     // MARK: TLS
 
     @Test("On a server that requires TLS: disable is refused, require and verify-full work, a wrong trust fails")
-    func tls() throws {
+    func tls() async throws { try await offThePool { try tlsBody() } }
+
+    func tlsBody() throws {
         if let reason = LocalPostgresServer.unavailableReason() { try Test.cancel(Comment(rawValue: reason)) }
         if Self.program("openssl") == nil { try Test.cancel("openssl is not installed") }
         let server = try LocalPostgresServer(tls: true)
