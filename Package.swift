@@ -92,7 +92,9 @@ let package = Package(
                 "WormholeKit",
                 "WormholeStore",
                 "WormholeCLI",
+                "WormholePostgres",
                 .target(name: "CWormholeHarness", condition: .when(platforms: [.linux, .android])),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -16,7 +16,8 @@ struct WormholeHarness: ParsableCommand {
             """,
         subcommands: [
             Bench.self, BenchCase.self, CrashTest.self, Exercise.self, ExerciseStore.self,
-            CrashVictim.self, BenchPeer.self, BenchPeerStore.self, BenchCasePeer.self,
+            CrashVictim.self, BenchPeer.self, BenchPeerStore.self, BenchCasePeer.self, PostgresServerCommand.self,
+            PostgresBenchCase.self, PostgresBenchCasePeer.self,
         ]
     )
 }

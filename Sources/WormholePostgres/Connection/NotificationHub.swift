@@ -227,8 +227,9 @@ final class NotificationHub: Sendable {
         // Rows of processes whose listening connection ended (killed, cut off): gone, so `send` counts only the living.
         try connections.run(
             """
-            DELETE FROM wormhole.live_endpoints e WHERE e.grp = \(group) AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                WHERE a.pid = e.backend_pid AND a.backend_start = e.backend_start)
+            DELETE FROM wormhole.live_endpoints e WHERE e.grp = \(group) AND NOT EXISTS (
+                SELECT 1 FROM pg_stat_get_activity(e.backend_pid) a
+                WHERE a.backend_start IS NULL OR a.backend_start = e.backend_start)
             """,
             on: connection,
             doing: "sweeping live endpoints of processes gone"

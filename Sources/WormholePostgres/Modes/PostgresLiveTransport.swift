@@ -66,7 +66,8 @@ struct LiveEnvelope: Codable, Sendable {
 /// Live messages and requests over `NOTIFY`: to whoever listens now, nothing kept.
 ///
 /// Each listening or responding endpoint is a row of `wormhole.live_endpoints` naming the backend of its
-/// process's listening connection; a send counts the endpoints whose backend is alive, in the statement that
+/// process's listening connection (its pid and start time; the server hides the start time of another role's
+/// backends, and then the pid alone is checked); a send counts the endpoints whose backend is alive, in the statement that
 /// notifies, so that nobody listening is `notReachable` at once. Bodies up to ``inlineLimit`` bytes ride the
 /// notification; larger ones wait in `wormhole.live_bodies` for a minute.
 final class PostgresLiveTransport: LiveTransport {
@@ -147,7 +148,8 @@ final class PostgresLiveTransport: LiveTransport {
             SELECT t.n, (SELECT pg_notify(\(engine.channel), \(envelope.notification)) WHERE t.n > 0) IS NULL
             FROM (SELECT count(*) AS n FROM wormhole.live_endpoints e
                 WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'listen'
-                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid AND a.backend_start = e.backend_start)) t
+                    AND EXISTS (SELECT 1 FROM pg_stat_get_activity(e.backend_pid) a
+                        WHERE a.backend_start IS NULL OR a.backend_start = e.backend_start)) t
             """,
             doing: "sending a live message"
         )
@@ -212,7 +214,8 @@ final class PostgresLiveTransport: LiveTransport {
             WITH chosen AS (
                 SELECT e.endpoint, e.backend_pid, e.backend_start FROM wormhole.live_endpoints e
                 WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'respond'
-                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = e.backend_pid AND a.backend_start = e.backend_start)
+                    AND EXISTS (SELECT 1 FROM pg_stat_get_activity(e.backend_pid) a
+                        WHERE a.backend_start IS NULL OR a.backend_start = e.backend_start)
                 ORDER BY random() LIMIT 1)
             SELECT c.backend_pid, c.backend_start::text, (SELECT pg_notify(\(engine.channel),
                 'l' || jsonb_set(\(json)::jsonb, '{t}', to_jsonb(c.endpoint))::text
@@ -242,8 +245,8 @@ final class PostgresLiveTransport: LiveTransport {
             // A responder whose process went away never answers: say so instead of waiting for the time-out.
             let alive = try engine.connections.query(
                 """
-                SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                    WHERE pid = \(responder.pid) AND backend_start::text = \(responder.start))
+                SELECT EXISTS (SELECT 1 FROM pg_stat_get_activity(\(responder.pid))
+                    WHERE backend_start IS NULL OR backend_start::text = \(responder.start))
                 """,
                 doing: "checking the responder"
             )
