@@ -452,14 +452,7 @@ final class InMemoryTransferStaging: TransferStaging {
         }
         guard let bytes = state.withLock({ $0.staged[transfer.id] }) else { return nil }
         let files = FileManager.default
-        var name = transfer.name
-        var attempt = 1
-        while files.fileExists(atPath: destination + "/" + name) {
-            attempt += 1
-            let base = (transfer.name as NSString).deletingPathExtension
-            let suffix = (transfer.name as NSString).pathExtension
-            name = "\(base) (\(attempt))" + (suffix.isEmpty ? "" : "." + suffix)
-        }
+        let name = transfer.deliveryName { files.fileExists(atPath: destination + "/" + $0) }
         let path = destination + "/" + name
         guard files.createFile(atPath: path, contents: bytes, attributes: [.posixPermissions: 0o600]) else {
             throw WormholeError(.ioFailure, "Could not write the received file.", path: path)

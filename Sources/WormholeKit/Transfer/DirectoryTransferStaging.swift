@@ -92,14 +92,7 @@ final class DirectoryTransferStaging: TransferStaging {
         }
         let staged = transfer.id + ".file"
         guard staging.hasEntry(staged) else { return nil }
-        var name = transfer.name
-        var attempt = 1
-        while target.hasEntry(name) {
-            attempt += 1
-            let base = (transfer.name as NSString).deletingPathExtension
-            let suffix = (transfer.name as NSString).pathExtension
-            name = "\(base) (\(attempt))" + (suffix.isEmpty ? "" : "." + suffix)
-        }
+        let name = transfer.deliveryName { target.hasEntry($0) }
         let path = target.filePath(name)
         // Record where the file goes before it moves, so that a restart finds it there.
         do {

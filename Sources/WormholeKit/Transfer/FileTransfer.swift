@@ -52,3 +52,19 @@ public struct TransferProgress: Sendable, Equatable {
     /// From 0 to 1.
     public var fraction: Double { totalBytes == 0 ? 1 : Double(bytesCopied) / Double(totalBytes) }
 }
+
+extension FileTransfer {
+    /// The first name, among the transfer's own and `NAME (2).EXT`, `NAME (3).EXT`…, that `isTaken` refuses: where every
+    /// engine's staging puts a received file, never over another.
+    package func deliveryName(where isTaken: (String) -> Bool) -> String {
+        var candidate = name
+        var attempt = 1
+        while isTaken(candidate) {
+            attempt += 1
+            let base = (name as NSString).deletingPathExtension
+            let suffix = (name as NSString).pathExtension
+            candidate = "\(base) (\(attempt))" + (suffix.isEmpty ? "" : "." + suffix)
+        }
+        return candidate
+    }
+}

@@ -145,14 +145,7 @@ final class PostgresTransferStaging: TransferStaging {
         } catch {
             throw WormholeError(.directoryUnavailable, "Could not create the destination: \(error).", path: destination)
         }
-        var name = transfer.name
-        var attempt = 1
-        while files.fileExists(atPath: destination + "/" + name) {
-            attempt += 1
-            let base = (transfer.name as NSString).deletingPathExtension
-            let suffix = (transfer.name as NSString).pathExtension
-            name = "\(base) (\(attempt))" + (suffix.isEmpty ? "" : "." + suffix)
-        }
+        let name = transfer.deliveryName { files.fileExists(atPath: destination + "/" + $0) }
         let path = destination + "/" + name
         // Where the file goes, recorded before it goes there.
         try engine.connections.query(
