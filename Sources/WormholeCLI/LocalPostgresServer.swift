@@ -12,7 +12,7 @@ import Synchronization
 /// ```swift
 /// let server = try LocalPostgresServer()
 /// defer { server.close() }
-/// let client = PostgresClient(url: server.url)
+/// let engine = try PostgresEngine(url: server.url, group: "group.example")
 /// _ = try server.psql("SELECT count(*) FROM pg_stat_activity")
 /// ```
 package final class LocalPostgresServer: Sendable {

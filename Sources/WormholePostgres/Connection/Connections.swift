@@ -153,10 +153,7 @@ final class Connections: Sendable {
             outcome.withLock { $0 = result }
             done.signal()
         }
-        let (seconds, attoseconds) = timeout.components
-        let deadline =
-            DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
-        if done.wait(timeout: deadline) == .timedOut {
+        if done.wait(timeout: .now() + timeout.dispatchInterval) == .timedOut {
             connection?.closeQuietly()
             throw WormholeError(
                 .serverUnavailable,
@@ -234,4 +231,14 @@ extension PostgresConnection {
         let closing: EventLoopFuture<Void> = close()
         closing.whenComplete { _ in withExtendedLifetime(self) {} }
     }
+}
+
+extension Duration {
+    /// The duration for Dispatch's waits, to the nanosecond.
+    var dispatchInterval: DispatchTimeInterval {
+        .nanoseconds(Int(components.seconds) * 1_000_000_000 + Int(components.attoseconds / 1_000_000_000))
+    }
+
+    /// The duration in seconds, for SQL's intervals and Foundation's sleeps.
+    var secondsValue: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }

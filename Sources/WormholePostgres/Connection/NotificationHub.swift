@@ -193,9 +193,7 @@ final class NotificationHub: Sendable {
                 state.connection = nil
             }
             guard !state.withLock({ $0.closed }) else { break }
-            Thread.sleep(
-                forTimeInterval: Double(backOff.components.attoseconds) / 1e18 + Double(backOff.components.seconds)
-            )
+            Thread.sleep(forTimeInterval: backOff.secondsValue)
             backOff = min(backOff * 2, .seconds(2))
         }
         listening.broadcast()

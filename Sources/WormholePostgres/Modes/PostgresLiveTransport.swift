@@ -162,17 +162,29 @@ final class PostgresLiveTransport: LiveTransport {
         identifier: String,
         handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        let queue = DispatchQueue(label: "wormhole.postgres.live")
-        let cancelled = Atomic<Bool>(false)
         let logger = engine.logger
-        let endpoint = NotificationHub.Endpoint(identifier: identifier, kind: "listen") { [self] envelope in
+        return try endpoint(identifier: identifier, kind: "listen") { envelope in
+            do {
+                handler(LiveMessage(sender: envelope.sender, payload: try self.body(of: envelope)))
+            } catch {
+                logger.warning("PostgreSQL engine: a live message for \(identifier) was lost: \(error)")
+            }
+        }
+    }
+
+    /// Registers an endpoint whose envelopes are handled one at a time on a serial queue of its own, until the
+    /// returned observation is cancelled or released.
+    private func endpoint(
+        identifier: String,
+        kind: String,
+        handle: @escaping @Sendable (LiveEnvelope) -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        let queue = DispatchQueue(label: "wormhole.postgres.\(kind)")
+        let cancelled = Atomic<Bool>(false)
+        let endpoint = NotificationHub.Endpoint(identifier: identifier, kind: kind) { envelope in
             queue.async {
                 guard !cancelled.load(ordering: .acquiring) else { return }
-                do {
-                    handler(LiveMessage(sender: envelope.sender, payload: try self.body(of: envelope)))
-                } catch {
-                    logger.warning("PostgreSQL engine: a live message for \(identifier) was lost: \(error)")
-                }
+                handle(envelope)
             }
         }
         let id = try engine.hub.register(endpoint)
@@ -237,11 +249,9 @@ final class PostgresLiveTransport: LiveTransport {
             if remaining <= .zero {
                 throw WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier)
             }
-            let slice = min(remaining, .milliseconds(500))
-            let (seconds, attoseconds) = slice.components
-            let wait =
-                DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
-            if answered.wait(timeout: wait) == .success { break }
+            if answered.wait(timeout: .now() + min(remaining, .milliseconds(500)).dispatchInterval) == .success {
+                break
+            }
             // A responder whose process went away never answers: say so instead of waiting for the time-out.
             let alive = try engine.connections.query(
                 """
@@ -276,34 +286,23 @@ final class PostgresLiveTransport: LiveTransport {
         identifier: String,
         handler: @escaping @Sendable (LiveRequest) -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        let queue = DispatchQueue(label: "wormhole.postgres.respond")
-        let cancelled = Atomic<Bool>(false)
         let engine = engine
-        let endpoint = NotificationHub.Endpoint(identifier: identifier, kind: "respond") { [self] envelope in
-            queue.async {
-                guard !cancelled.load(ordering: .acquiring) else { return }
-                let payload: Data
-                do {
-                    payload = try self.body(of: envelope)
-                } catch {
-                    Self.answer(envelope, failed: true, Data("the request's body was lost: \(error)".utf8), engine)
-                    return
-                }
-                handler(
-                    LiveRequest(sender: envelope.sender, payload: payload) { answer in
-                        switch answer {
-                        case .reply(let bytes): Self.answer(envelope, failed: false, bytes, engine)
-                        case .failure(let description):
-                            Self.answer(envelope, failed: true, Data(description.utf8), engine)
-                        }
-                    }
-                )
+        return try endpoint(identifier: identifier, kind: "respond") { envelope in
+            let payload: Data
+            do {
+                payload = try self.body(of: envelope)
+            } catch {
+                Self.answer(envelope, failed: true, Data("the request's body was lost: \(error)".utf8), engine)
+                return
             }
-        }
-        let id = try engine.hub.register(endpoint)
-        return NotifierObservation { [hub = engine.hub] in
-            cancelled.store(true, ordering: .releasing)
-            hub.unregister(id)
+            handler(
+                LiveRequest(sender: envelope.sender, payload: payload) { answer in
+                    switch answer {
+                    case .reply(let bytes): Self.answer(envelope, failed: false, bytes, engine)
+                    case .failure(let description): Self.answer(envelope, failed: true, Data(description.utf8), engine)
+                    }
+                }
+            )
         }
     }
 

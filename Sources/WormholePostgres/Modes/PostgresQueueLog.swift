@@ -121,7 +121,7 @@ final class PostgresQueueLog: QueueLog {
     }
 
     func reclaimSpace() throws(WormholeError) {
-        let seconds = Double(retention.components.seconds) + Double(retention.components.attoseconds) / 1e18
+        let seconds = retention.secondsValue
         try engine.connections.transaction(doing: "reclaiming space in \(identifier)") {
             (connection) throws(WormholeError) in
             let what = "reclaiming space in \(identifier)"

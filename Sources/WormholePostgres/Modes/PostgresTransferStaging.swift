@@ -218,7 +218,7 @@ final class PostgresTransferStaging: TransferStaging {
     }
 
     func removeAbandonedCopies(olderThan age: Duration) throws(WormholeError) {
-        let seconds = Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18
+        let seconds = age.secondsValue
         try engine.connections.query(
             """
             WITH old AS (DELETE FROM wormhole.transfers
