@@ -86,6 +86,9 @@ let package = Package(
         // The harness of the tests, scripts/crash-test and the benchmarks: crash tests, load exercises, benchmark
         // cases. No product names it, so nothing a user installs carries it.
         .target(name: "CWormholeHarness"),
+        // The power-loss explorer's model: a system-call trace read into file operations, and the states a power cut
+        // may leave of them. Used by the harness and the tests only.
+        .target(name: "WormholeCrashStates"),
         .executableTarget(
             name: "WormholeHarness",
             dependencies: [
@@ -93,6 +96,7 @@ let package = Package(
                 "WormholeStore",
                 "WormholeCLI",
                 "WormholePostgres",
+                "WormholeCrashStates",
                 .target(name: "CWormholeHarness", condition: .when(platforms: [.linux, .android])),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -110,7 +114,7 @@ let package = Package(
             name: "WormholeTests",
             dependencies: [
                 "WormholeKit", "WormholeTesting", "WormholeStore", "WormholeCLI", "WormholeFuzzing", "WormholeCommand",
-                "WormholeHarness", "WormholePostgres",
+                "WormholeHarness", "WormholePostgres", "WormholeCrashStates",
                 "CWormholeSystem",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]

@@ -34,9 +34,17 @@ public protocol QueueLog: Sendable {
 
     /// Frees what every registered consumer has passed; consumers not seen within the retention are dropped first.
     func reclaimSpace() throws(WormholeError)
+
+    /// Makes a consumer's stored position survive a power cut, for a caller about to forget something that only
+    /// that position makes unnecessary (a received file's delivery marker). Engines whose positions are durable once
+    /// stored need not implement it.
+    func synchronizePosition(of consumer: String) throws(WormholeError)
 }
 
 extension QueueLog {
+    /// Does nothing: the engine's positions are durable once stored.
+    public func synchronizePosition(of consumer: String) throws(WormholeError) {}
+
     /// Appends one payload as a batch of one.
     public func append(_ payload: Data) throws(WormholeError) {
         try append(contentsOf: CollectionOfOne(payload))

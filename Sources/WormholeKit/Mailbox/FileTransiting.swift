@@ -250,7 +250,8 @@ public final class FileTransiting: Transiting {
         sender: String,
         _ transform: (Data?) throws(WormholeError) -> Data
     ) throws(WormholeError) -> Envelope {
-        try store(identifier: identifier, fileName: fileName, sender: sender) { (current) throws(WormholeError) in
+        try store(identifier: identifier, fileName: fileName, sender: sender, replacesDamaged: false) {
+            (current) throws(WormholeError) in
             let payload = try transform(current.flatMap { $0.isCleared ? nil : Data($0.payload) })
             guard payload.count <= options.maximumMessageSize else {
                 throw WormholeError(
@@ -269,12 +270,18 @@ public final class FileTransiting: Transiting {
         identifier: String,
         fileName: String?,
         sender: String,
+        replacesDamaged: Bool = true,
         _ makePayload: (MailboxFormat.Record?) throws(WormholeError) -> Data
     ) throws(WormholeError) -> Envelope {
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
         let timestamp = ProcessFacts.wallClockNanoseconds()
         var payload = Data()
-        let stored = try update(identifier: identifier, fileName: fileName, createIfMissing: true) {
+        let stored = try update(
+            identifier: identifier,
+            fileName: fileName,
+            createIfMissing: true,
+            replacesDamaged: replacesDamaged
+        ) {
             (sequence, current) throws(WormholeError) in
             payload = try makePayload(current)
             return MailboxFormat.Record(
@@ -299,7 +306,25 @@ public final class FileTransiting: Transiting {
 
     /// Reads the file `fileName` (a suite), as ``readMessage(identifier:)`` reads a mailbox.
     func read(fileName: String, identifier: String) throws(WormholeError) -> Envelope? {
-        try readFile(name: fileName, identifier: identifier)
+        do {
+            return try readFile(name: fileName, identifier: identifier)
+        } catch  where error.code == .truncatedMessage || error.code == .corruptMessage {
+            throw damagedSuite(error, name: fileName, identifier: identifier)
+        }
+    }
+
+    /// A suite's damage, with a suite's way forward: unlike a mailbox's message, its values are not replaced by the
+    /// next write, which would lose every one of them without a word.
+    private func damagedSuite(_ error: WormholeError, name: String, identifier: String) -> WormholeError {
+        WormholeError(
+            error.code,
+            "The suite's file is damaged, so its values can be neither read nor updated (a power cut without "
+                + "synchronizesWrites can leave it so, as can another program). Remove \(handle.filePath(name)) to "
+                + "start the suite over, empty.",
+            identifier: identifier,
+            path: handle.filePath(name),
+            underlyingError: error
+        )
     }
 
     /// The identifiers that have a mailbox file, empty or not.
@@ -321,6 +346,7 @@ public final class FileTransiting: Transiting {
         identifier: String,
         fileName: String? = nil,
         createIfMissing: Bool,
+        replacesDamaged: Bool = true,
         makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
         let name = fileName ?? Self.fileName(identifier)
@@ -362,6 +388,7 @@ public final class FileTransiting: Transiting {
                                 name: name,
                                 identifier: identifier,
                                 createIfMissing: createIfMissing,
+                                replacesDamaged: replacesDamaged,
                                 makeRecord: makeRecord
                             )
                         )
@@ -426,6 +453,7 @@ public final class FileTransiting: Transiting {
         name: String,
         identifier: String,
         createIfMissing: Bool,
+        replacesDamaged: Bool,
         makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (stored: (MailboxFormat.Record, UInt64)?, replaced: Bool) {
         let contents: MailboxFormat.Contents
@@ -439,6 +467,12 @@ public final class FileTransiting: Transiting {
                 for: .header(.unsupportedVersion(version)),
                 identifier: identifier,
                 path: handle.filePath(name)
+            )
+        case .failure(let failure) where !replacesDamaged:
+            throw damagedSuite(
+                MailboxFormat.error(for: failure, identifier: identifier, path: handle.filePath(name)),
+                name: name,
+                identifier: identifier
             )
         case .failure:
             // A damaged file holds nothing to keep: replace it with a fresh mailbox of a new generation, so

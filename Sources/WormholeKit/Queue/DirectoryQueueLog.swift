@@ -75,6 +75,16 @@ final class DirectoryQueueLog: QueueLog {
         }
     }
 
+    func synchronizePosition(of consumer: String) throws(WormholeError) {
+        // The log first: a position on the disk must never point past the records on it.
+        let log = Descriptor(rawValue: try openForReading())
+        defer { log.close() }
+        if case .failure(let errno) = log.synchronize() {
+            throw WormholeError.fileSystem(errno, "flush the queue", identifier: identifier, path: logPath)
+        }
+        try QueueCursorFile(directory: consumers, name: consumer, create: false).synchronize()
+    }
+
     func append(_ payload: Data) throws(WormholeError) {
         // The batch path on this concrete type, which the compiler specialises for one payload: a producer of single
         // messages pays for no generic iteration through the existential.
@@ -94,7 +104,13 @@ final class DirectoryQueueLog: QueueLog {
     /// Appends whole records with one write, then wakes the consumers.
     private func append(_ records: [UInt8]) throws(WormholeError) {
         try appendDescriptor.withLock { (descriptor) throws(WormholeError) in
-            if descriptor < 0 { descriptor = try openForAppending() }
+            if descriptor < 0 {
+                descriptor = try openForAppending()
+                // The log's name, once, so that a power cut cannot take away a log whose records were flushed.
+                if directory.synchronizes, case .failure(let errno) = directory.synchronizeEntries() {
+                    throw WormholeError.fileSystem(errno, "flush the queue's directory", path: directory.path)
+                }
+            }
             // One write: with O_APPEND the kernel puts it at the end, whole, whatever other processes append
             // meanwhile.
             let result = records.withUnsafeBytes { Descriptor(rawValue: descriptor).writeOnce($0) }
@@ -109,6 +125,14 @@ final class DirectoryQueueLog: QueueLog {
                         + "messages before the cut are in the queue, the rest are not)"
                     : "append to the queue"
                 throw WormholeError.fileSystem(errno, action, identifier: identifier, path: logPath)
+            }
+            if directory.synchronizes, case .failure(let errno) = Descriptor(rawValue: descriptor).synchronize() {
+                throw WormholeError.fileSystem(
+                    errno,
+                    "flush the queue (the messages are appended, but may not survive a power cut)",
+                    identifier: identifier,
+                    path: logPath
+                )
             }
         }
         if case .notifier(let notifier) = wakeSource {
@@ -227,9 +251,53 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
         file = try QueueCursorFile(directory: log.consumers, name: name, create: true)
+        let synchronizes = log.directory.synchronizes
         let stored = try file.read()
-        if stored == nil { try file.write(0) }  // registered now: reclaiming waits for this consumer from here on
-        reader = QueueReader(descriptor: try log.openForReading(), position: stored ?? 0)
+        if stored == nil {
+            // Registered now: reclaiming waits for this consumer from here on.
+            try file.write(0, synchronize: synchronizes)
+            if synchronizes, case .failure(let errno) = log.consumers.synchronizeEntries() {
+                throw WormholeError.fileSystem(errno, "flush the consumers' directory", path: log.consumers.path)
+            }
+        }
+        let descriptor = try log.openForReading()
+        var position = stored ?? 0
+        if let recovered = Self.recoveredPosition(position, descriptor: descriptor) {
+            log.logger.warning(
+                Logger.Message(
+                    stringLiteral:
+                        "The stored position of a queue consumer does not start a record of the log: the log lost records "
+                        + "this consumer had acknowledged (after a power cut without synchronizesWrites). It goes on from "
+                        + "a safe position and may get messages again."
+                ),
+                metadata: [
+                    "queue": "\(log.identifier)", "consumer": "\(name)", "stored": "\(position)",
+                    "resumesAt": "\(recovered)",
+                ]
+            )
+            position = recovered
+            try file.write(position, synchronize: synchronizes)
+        }
+        reader = QueueReader(descriptor: descriptor, position: position)
+    }
+
+    /// Where a consumer must resume when its stored position cannot be trusted, or nil when it can.
+    ///
+    /// A position always ends a record that was read, so after a crash of the process it is at or before the end of
+    /// the log, at a record. A power cut without `synchronizesWrites` may keep the position and lose the log's tail,
+    /// and producers may have appended since: the position is then past the end, or inside a record. Which records
+    /// are new cannot be told (they start where the lost tail did), so the consumer starts over from the oldest
+    /// record kept. Repeats are possible then; a skipped message is not.
+    static func recoveredPosition(_ position: UInt64, descriptor: Int32) -> UInt64? {
+        guard position > 0, case .success(let status) = Descriptor(rawValue: descriptor).status() else { return nil }
+        let size = UInt64(status.size)
+        if position > size { return 0 }
+        guard position < size,
+            case .success(let header) = Descriptor(rawValue: descriptor).read(count: 4, at: Int(position))
+        else { return nil }
+        // A record starts with its magic number; a record being appended right now has it as well.
+        let magic = header.count == 4 ? header[...].load(at: 0) as UInt32 : 0
+        return magic == QueueFormat.magic ? nil : 0
     }
 
     deinit { Descriptor(rawValue: reader.descriptor).close() }
@@ -262,7 +330,12 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
 
     func acknowledge(through end: UInt64) throws(WormholeError) {
         let start = reader.position
-        try file.write(end)
+        let synchronizes = log.directory.synchronizes
+        // The records first: a position flushed before the records it passes could outlive them in a power cut.
+        if synchronizes, case .failure(let errno) = Descriptor(rawValue: reader.descriptor).synchronize() {
+            throw WormholeError.fileSystem(errno, "flush the queue before storing a position", path: log.logPath)
+        }
+        try file.write(end, synchronize: synchronizes)
         reader.advance(to: end)
         sinceReclaim += end - min(start, end)
         if sinceReclaim > 4 << 20 {

@@ -67,10 +67,21 @@ package final class QueueCursorFile: Sendable {
         return bytes
     }
 
-    package func write(_ offset: UInt64) throws(WormholeError) {
+    /// Stores an offset with one 16-byte write in place (within a sector, so a power cut keeps it whole or not at
+    /// all); with `synchronize`, flushed before it returns.
+    package func write(_ offset: UInt64, synchronize: Bool = false) throws(WormholeError) {
         let bytes = Self.encode(offset)
-        if case .failure(let errno) = Descriptor(rawValue: descriptor).write(bytes, at: 0) {
+        var result = Descriptor(rawValue: descriptor).write(bytes, at: 0)
+        if case .success = result, synchronize { result = Descriptor(rawValue: descriptor).synchronize() }
+        if case .failure(let errno) = result {
             throw WormholeError.fileSystem(errno, "store the position of consumer \(name)", path: path)
+        }
+    }
+
+    /// Flushes the stored position to the disk.
+    package func synchronize() throws(WormholeError) {
+        if case .failure(let errno) = Descriptor(rawValue: descriptor).synchronize() {
+            throw WormholeError.fileSystem(errno, "flush the position of consumer \(name)", path: path)
         }
     }
 

@@ -26,6 +26,10 @@ final class DirectoryHandle: Sendable {
     let group: gid_t?
     /// Whether files of another owner are accepted (a shared group directory), or refused as planted.
     let trustsOtherOwners: Bool
+    /// Whether what this handle creates, renames and writes through the wormhole's durable paths is flushed to the
+    /// disk before the call returns (``FileTransiting/Options/synchronizesWrites``): the files, and the directory
+    /// entries that name them.
+    let synchronizes: Bool
     private let descriptor: Int32
 
     private init(
@@ -34,8 +38,10 @@ final class DirectoryHandle: Sendable {
         filePermissions: mode_t,
         directoryPermissions: mode_t,
         group: gid_t?,
-        trustsOtherOwners: Bool
+        trustsOtherOwners: Bool,
+        synchronizes: Bool
     ) {
+        self.synchronizes = synchronizes
         self.path = path
         self.descriptor = descriptor
         self.filePermissions = filePermissions
@@ -59,7 +65,8 @@ final class DirectoryHandle: Sendable {
             directoryPermissions: mode_t(options.directoryPermissions),
             filePermissions: mode_t(options.filePermissions),
             group: options.group.map { gid_t($0) },
-            trustsOtherOwners: options.trustsOtherOwners
+            trustsOtherOwners: options.trustsOtherOwners,
+            synchronizes: options.synchronizesWrites
         )
     }
 
@@ -76,12 +83,15 @@ final class DirectoryHandle: Sendable {
         directoryPermissions: mode_t = 0o700,
         filePermissions: mode_t = 0o600,
         group: gid_t? = nil,
-        trustsOtherOwners: Bool = false
+        trustsOtherOwners: Bool = false,
+        synchronizes: Bool = false
     ) throws(WormholeError) -> DirectoryHandle {
         guard !path.isEmpty else {
             throw WormholeError(.directoryUnavailable, "The directory path is empty.", path: path)
         }
-        if create { try makeDirectories(path, permissions: directoryPermissions, group: group) }
+        if create {
+            try makeDirectories(path, permissions: directoryPermissions, group: group, synchronizes: synchronizes)
+        }
         let descriptor: Int32
         switch valueOrErrno({ Glibc_open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }) {
         case .success(let fd): descriptor = fd
@@ -112,7 +122,8 @@ final class DirectoryHandle: Sendable {
             filePermissions: filePermissions,
             directoryPermissions: directoryPermissions,
             group: group,
-            trustsOtherOwners: trustsOtherOwners
+            trustsOtherOwners: trustsOtherOwners,
+            synchronizes: synchronizes
         )
         var raw = stat()
         guard fstat(descriptor, &raw) == 0 else {
@@ -138,7 +149,14 @@ final class DirectoryHandle: Sendable {
         return handle
     }
 
-    private static func makeDirectories(_ path: String, permissions: mode_t, group: gid_t?) throws(WormholeError) {
+    /// Creates the missing directories of `path`; with `synchronizes`, each new one's parent is flushed, so that a
+    /// power cut cannot take a directory away from the files later flushed in it.
+    private static func makeDirectories(
+        _ path: String,
+        permissions: mode_t,
+        group: gid_t?,
+        synchronizes: Bool
+    ) throws(WormholeError) {
         var prefix = path.hasPrefix("/") ? "" : "."
         for component in path.split(separator: "/", omittingEmptySubsequences: true) {
             prefix += "/" + component
@@ -163,7 +181,38 @@ final class DirectoryHandle: Sendable {
                 )
             }
             if permissions & 0o7077 != 0 { _ = chmod(prefix, permissions) }
+            if synchronizes {
+                let parent = prefix.lastIndex(of: "/").map { String(prefix[..<$0]) }.flatMap { $0.isEmpty ? "/" : $0 }
+                if let error = synchronizeDirectory(at: parent ?? ".") {
+                    throw WormholeError.fileSystem(error, "flush the directory that holds \(prefix)", path: path)
+                }
+            }
         }
+    }
+
+    /// Flushes a directory's entries to the disk (`fsync` on the directory); the error, if it failed.
+    private static func synchronizeDirectory(at path: String) -> Errno? {
+        switch valueOrErrno({ Glibc_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }) {
+        case .success(let fd):
+            defer { _ = close(fd) }
+            if case .failure(let error) = Descriptor(rawValue: fd).synchronize() { return error }
+            return nil
+        case .failure(let error): return error
+        }
+    }
+
+    /// Flushes the entry that names this directory in its parent, for a directory that may have been made by code
+    /// that did not flush it.
+    func synchronizeParentEntries() -> Result<Void, Errno> {
+        let trimmed = path.hasSuffix("/") ? String(path.dropLast()) : path
+        let parent = trimmed.lastIndex(of: "/").map { String(trimmed[..<$0]) }.map { $0.isEmpty ? "/" : $0 } ?? "."
+        if let error = Self.synchronizeDirectory(at: parent) { return .failure(error) }
+        return .success(())
+    }
+
+    /// Flushes this directory's entries (new names, renames, removals) to the disk.
+    func synchronizeEntries() -> Result<Void, Errno> {
+        Descriptor(rawValue: descriptor).synchronize()
     }
 
     /// Opens or creates a subdirectory (for the notifier's files), with the same modes, group and checks.
@@ -174,7 +223,8 @@ final class DirectoryHandle: Sendable {
             directoryPermissions: directoryPermissions,
             filePermissions: filePermissions,
             group: group,
-            trustsOtherOwners: trustsOtherOwners
+            trustsOtherOwners: trustsOtherOwners,
+            synchronizes: synchronizes
         )
     }
 
@@ -258,6 +308,11 @@ final class DirectoryHandle: Sendable {
 
     /// Writes `bytes` to a new hidden file and renames it to `name`: readers see the old file or the new one.
     ///
+    /// The file's bytes are flushed before the rename, whatever `synchronize` says: otherwise a power cut could
+    /// leave the new name on an empty file, the old one gone (the rename reaches the disk in the journal, the bytes
+    /// later). It costs one `fsync` on this path, taken only when a file is made or outgrows its slots. With
+    /// `synchronize`, the directory is flushed after the rename too, so that the new name itself survives.
+    ///
     /// With `replacing: false` the rename fails with `EEXIST` when `name` exists, so two processes that create
     /// the same file at once do not overwrite each other.
     func createFile(
@@ -272,14 +327,15 @@ final class DirectoryHandle: Sendable {
             return .failure(error)
         }
         var result = file.descriptor.write(bytes, at: 0)
-        if case .success = result, synchronize { result = file.descriptor.synchronize() }
         // Creating the file applied the umask; set the mode the wormhole was configured with.
         let raw = file.rawValue
         if case .success = result { result = valueOrErrno { fchmod(raw, filePermissions) }.map { _ in } }
         if case .success = result, let group { result = valueOrErrno { fchown(raw, uid_t.max, group) }.map { _ in } }
+        if case .success = result { result = file.descriptor.synchronize() }
         _ = consume file
         if case .success = result { result = rename(temporary, to: name, replacing: replacing) }
         if case .failure = result { _ = unlinkat(descriptor, temporary, 0) }
+        if case .success = result, synchronize { result = synchronizeEntries() }
         return result
     }
 

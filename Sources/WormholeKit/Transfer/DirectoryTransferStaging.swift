@@ -10,6 +10,10 @@ final class DirectoryTransferStaging: TransferStaging {
     init(directory: DirectoryHandle, identifier: String) throws(WormholeError) {
         try MessageIdentifier.validate(identifier)
         self.staging = try directory.subdirectory(named: identifier + ".files")
+        // Staged files are flushed before their record is queued; their directory's name must be on the disk too.
+        if case .failure(let errno) = directory.synchronizeEntries() {
+            throw WormholeError.fileSystem(errno, "flush the directory of the staging area", path: directory.path)
+        }
     }
 
     func stage(
@@ -41,6 +45,10 @@ final class DirectoryTransferStaging: TransferStaging {
             // Complete: it takes its final name.
             if case .failure(let errno) = staging.moveEntry(partial, to: staging, as: id + ".file") {
                 throw WormholeError.fileSystem(errno, "stage the file", path: staging.filePath(partial))
+            }
+            // And its name: the queue's record of the transfer must never outlive the file in a power cut.
+            if case .failure(let errno) = staging.synchronizeEntries() {
+                throw WormholeError.fileSystem(errno, "flush the staging directory", path: staging.path)
             }
         } catch {
             _ = staging.removeFile(named: partial)
@@ -84,21 +92,28 @@ final class DirectoryTransferStaging: TransferStaging {
     }
 
     func deliver(_ transfer: FileTransfer, into destination: String) throws(WormholeError) -> ReceivedFile? {
-        let target = try DirectoryHandle.open(path: destination, create: true)
+        let target = try DirectoryHandle.open(path: destination, create: true, synchronizes: staging.synchronizes)
         let marker = transfer.id + ".delivered"
-        // A delivery interrupted after the move: the marker says where the file went.
-        if let recorded = try? String(contentsOfFile: staging.filePath(marker), encoding: .utf8), !recorded.isEmpty {
-            return ReceivedFile(transfer: transfer, path: recorded)
-        }
         let staged = transfer.id + ".file"
+        // A delivery interrupted after the move: the marker says where the file went. Interrupted between the
+        // marker and the move, the file is still staged: it is delivered again, from the start.
+        if let recorded = try? String(contentsOfFile: staging.filePath(marker), encoding: .utf8), !recorded.isEmpty {
+            if !staging.hasEntry(staged) { return ReceivedFile(transfer: transfer, path: recorded) }
+            _ = staging.removeFile(named: marker)
+        }
         guard staging.hasEntry(staged) else { return nil }
         let name = transfer.deliveryName { target.hasEntry($0) }
         let path = target.filePath(name)
-        // Record where the file goes before it moves, so that a restart finds it there.
-        do {
-            try Data(path.utf8).write(to: URL(fileURLWithPath: staging.filePath(marker)))
-        } catch {
-            throw WormholeError(.ioFailure, "Could not record the delivery: \(error).", underlyingError: error)
+        // Record where the file goes before it moves, so that a restart finds it there. The marker is written whole
+        // (its bytes flushed before its name appears), so that the move can never reach the disk without it.
+        let recording = staging.createFile(
+            named: marker,
+            bytes: Array(path.utf8),
+            replacing: true,
+            synchronize: staging.synchronizes
+        )
+        if case .failure(let errno) = recording {
+            throw WormholeError.fileSystem(errno, "record the delivery", path: staging.filePath(marker))
         }
         if case .failure(let errno) = staging.moveEntry(staged, to: target, as: name) {
             guard errno == .improperLink else {
@@ -112,6 +127,17 @@ final class DirectoryTransferStaging: TransferStaging {
                 // Nothing was delivered: the next attempt starts over instead of trusting the marker.
                 _ = staging.removeFile(named: marker)
                 throw error
+            }
+        }
+        // With synchronizesWrites, the move is on the disk before the transfer is acknowledged: both directories'
+        // entries, after the destination's own name (the receiver may have just made it).
+        if staging.synchronizes {
+            for result in [
+                target.synchronizeParentEntries(), target.synchronizeEntries(), staging.synchronizeEntries(),
+            ] {
+                if case .failure(let errno) = result {
+                    throw WormholeError.fileSystem(errno, "flush the delivery", path: target.path)
+                }
             }
         }
         return ReceivedFile(transfer: transfer, path: path)

@@ -104,7 +104,11 @@ public final class WormholeTransfers: Sendable {
         return try queue.consume(consumer: consumer, as: FileTransfer.self, on: execution, errorHandler: errorHandler) {
             [self] message in
             let transfer = message.value
-            if let previous = acknowledged.withLock({ $0 }) { staging.finishDelivery(id: previous) }
+            // The previous transfer's marker goes once its acknowledgement is on the disk: a power cut that kept the
+            // marker's removal but lost the position would make the file look cancelled when it comes again.
+            if let previous = acknowledged.withLock({ $0 }), (try? queue.log.synchronizePosition(of: consumer)) != nil {
+                staging.finishDelivery(id: previous)
+            }
             // What another process put in the queue names files: a name or id that could leave the destination or
             // the staging area is refused, never used.
             guard UUID(uuidString: transfer.id) != nil, transfer.id == transfer.id.lowercased(),
@@ -134,8 +138,8 @@ public final class WormholeTransfers: Sendable {
             }
             try handler(file)
             // Its marker says where the file went until the queue has stored that this transfer is done, so that a
-            // receiver killed in between finds the file again; it goes when the next transfer starts (or with
-            // removeAbandonedCopies).
+            // receiver killed in between finds the file again; it goes when the next transfer starts, once this
+            // acknowledgement is flushed (or with removeAbandonedCopies).
             acknowledged.withLock { $0 = transfer.id }
         }
     }

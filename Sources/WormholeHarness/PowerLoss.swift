@@ -1,0 +1,541 @@
+import ArgumentParser
+import Foundation
+import Logging
+import WormholeCLI
+import WormholeCrashStates
+import WormholeKit
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `power-loss MODE`: runs a workload under `strace`, builds every state a power cut may leave at each point (see
+/// ``CrashStates``), opens each with the library and checks the promises of the mode. `scripts/power-loss` runs it
+/// on a workload per mode; the tests run small ones. Hidden from help.
+struct PowerLoss: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "power-loss",
+        abstract: "Explore the states a power cut leaves of a workload, and check each.",
+        shouldDisplay: false
+    )
+
+    enum Mode: String, ExpressibleByArgument, CaseIterable, Sendable { case mailbox, queue, suite, transfer }
+
+    @Argument var mode: Mode
+    @Flag(help: "Run the workload with synchronizesWrites, and check its stronger promise.") var synchronizes = false
+    @Option(help: "How many operations the workload makes.") var count = 40
+    @Option(help: "At most this many states at each crash point.") var statesPerPoint = 200
+    @Option(help: "The seed of the random combinations.") var seed: UInt64 = 1
+    @Option(help: "The directory to work in (created; removed unless something failed).") var directory: String?
+    @Flag(help: "Print the operations read from the trace, numbered as the reports number them.") var operations = false
+
+    func run() throws {
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/strace") else {
+            throw Output.fail("power-loss records the workload with strace: install it (apt-get install strace)")
+        }
+        let work = directory ?? NSTemporaryDirectory() + "wormhole-power-loss-\(UUID().uuidString.prefix(8))"
+        try? FileManager.default.removeItem(atPath: work)
+        let root = work + "/root"
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        let started = Date()
+        let trace = work + "/trace"
+        var arguments = [
+            "-f", "-qq", "-y", "-xx", "-s", "67108864", "-o", trace,
+            "-e", "trace=" + PowerLoss.tracedCalls.joined(separator: ","),
+            "/proc/self/exe", "power-workload", mode.rawValue, "--directory", root + "/wormhole",
+            "--count", String(count),
+        ]
+        // strace runs this program again by the path of its executable, found before strace replaces it.
+        arguments[arguments.firstIndex(of: "/proc/self/exe")!] = try executablePath()
+        if synchronizes { arguments.append("--synchronizes") }
+        let status = try runProcess("/usr/bin/strace", arguments)
+        guard status == 0 else { throw Output.fail("the workload failed (status \(status)); its trace is in \(trace)") }
+        let operations = try FileOperations(
+            calls: try SystemCallTrace.parse(
+                String(decoding: try Data(contentsOf: URL(fileURLWithPath: trace)), as: UTF8.self)
+            ),
+            root: root
+        )
+        if self.operations {
+            for (index, operation) in operations.operations.enumerated() {
+                Output.line("#\(index) \(operation.summary)")
+            }
+        }
+        let states = CrashStates(operations)
+        var generator = SeededGenerator(seed: seed)
+        var checked = 0
+        let recoveries = Counter()
+        var failures: [String] = []
+        // Each state takes the workload's own path, so that paths the files hold (a delivery's destination) stay true.
+        try FileManager.default.moveItem(atPath: root, toPath: work + "/workload")
+        let stateDirectory = root
+        let points = states.crashPoints
+        for point in points {
+            let markers = states.markers(before: point)
+            for state in states.states(at: point, budget: statesPerPoint, using: &generator) {
+                try? FileManager.default.removeItem(atPath: stateDirectory)
+                try FileManager.default.createDirectory(atPath: stateDirectory, withIntermediateDirectories: false)
+                try state.tree.materialize(into: stateDirectory)
+                let problems = PowerLossCheck(
+                    mode: mode,
+                    synchronizes: synchronizes,
+                    directory: root + "/wormhole",
+                    acknowledged: markers,
+                    recoveries: recoveries,
+                    upcoming: states.markers(before: operations.operations.count).dropFirst(markers.count).first,
+                    count: count
+                ).run()
+                checked += 1
+                for problem in problems where failures.count < 1000 {
+                    failures.append(
+                        "crash point \(point) of \(operations.operations.count) (\(markers.last ?? "before any call returned")); "
+                            + "\(state.summary): \(problem)\n    files: \(state.tree.listing.joined(separator: ", "))"
+                    )
+                }
+            }
+        }
+        let summary = String(
+            format: "power-loss %@ %@: %d operations, %d crash points, %d states checked, %d failures, %.0f s; "
+                + "%d states gave a documented error and recovered as it says",
+            mode.rawValue,
+            synchronizes ? "synchronizesWrites" : "default",
+            operations.operations.count,
+            points.count,
+            checked,
+            failures.count,
+            Date().timeIntervalSince(started),
+            recoveries.value
+        )
+        Output.line(summary)
+        if !failures.isEmpty {
+            for failure in failures.prefix(10) { Output.error(failure) }
+            Output.error("the trace and the last state are kept in \(work)")
+            throw ExitCode(1)
+        }
+        try? FileManager.default.removeItem(atPath: work)
+    }
+
+    /// The calls that change files or say where a descriptor points; `read`s are left out (their bytes would fill the
+    /// trace), so that a write without an offset is followed only through `O_APPEND` or `lseek`.
+    static let tracedCalls = [
+        "open", "openat", "creat", "close", "dup", "dup2", "dup3", "fcntl", "lseek",
+        "write", "pwrite64", "writev", "pwritev", "pwritev2", "ftruncate", "truncate", "fallocate",
+        "fsync", "fdatasync", "sync", "syncfs", "sync_file_range",
+        "rename", "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat",
+    ]
+
+    private func executablePath() throws -> String {
+        let path = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        return path
+    }
+
+    private func runProcess(_ executable: String, _ arguments: [String]) throws -> Int32 {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        try process.run()
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+}
+
+/// A workload for `power-loss`, run under `strace`: it makes its calls in order from one thread and, after each
+/// returns, says so with `write(-1, "…")`, a call that fails and that the trace shows in place. Hidden from help.
+struct PowerWorkload: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "power-workload",
+        abstract: "The traced workload of power-loss.",
+        shouldDisplay: false
+    )
+
+    @Argument var mode: PowerLoss.Mode
+    @Option var directory: String
+    @Option var count = 40
+    @Flag var synchronizes = false
+
+    func run() throws {
+        let wormhole = try Wormhole(directory: directory, configuration: PowerLossCheck.configuration(synchronizes))
+        switch mode {
+        case .mailbox:
+            // Two mailboxes; every fifth message is too big for the slots the first ones made, so the file is
+            // rewritten whole then.
+            for index in 0..<count {
+                let identifier = index % 3 == 2 ? "b" : "a"
+                try wormhole.passMessageObject(PowerLossMessage(index: index), identifier: identifier)
+                mark("mailbox \(identifier) \(index)")
+            }
+        case .queue:
+            let queue = try wormhole.queue("jobs")
+            let cursor = try queue.log.openCursor(consumer: "c")
+            mark("registered c")
+            var index = 0
+            var round = 0
+            while index < count {
+                // One message, then a batch of three, alternately.
+                let batch = round % 2 == 0 ? 1 : 3
+                let messages = (index..<min(count, index + batch)).map { PowerLossMessage(index: $0) }
+                if messages.count == 1 {
+                    try queue.enqueue(messages[0])
+                } else {
+                    try queue.enqueue(contentsOf: messages)
+                }
+                index += messages.count
+                mark("enqueued \(index)")
+                // The consumer handles two messages every other round.
+                if round % 2 == 1 {
+                    let records = try cursor.read(maximumCount: 2)
+                    if let last = records.last {
+                        let message = try JSONDecoder().decode(PowerLossMessage.self, from: last.payload)
+                        try cursor.acknowledge(through: last.end)
+                        mark("acknowledged c \(message.index)")
+                    }
+                }
+                round += 1
+            }
+        case .suite:
+            let suite = try wormhole.suite("settings")
+            for index in 1...count {
+                // Two keys in one update, so that half an update shows; every eighth update adds a long value, so that
+                // the document outgrows its slots.
+                try suite.update { values in
+                    try values.set(index, forKey: "counter")
+                    try values.set(index, forKey: "k\(index % 4)")
+                    if index % 8 == 0 { try values.set(PowerLossMessage(index: index).check, forKey: "long\(index)") }
+                }
+                mark("suite \(index)")
+            }
+        case .transfer:
+            let transfers = try wormhole.transfers("files")
+            // The files to send live outside the traced directory, as a user's files do.
+            let sources =
+                URL(fileURLWithPath: directory).deletingLastPathComponent().deletingLastPathComponent().path
+                + "/sources"
+            try FileManager.default.createDirectory(atPath: sources, withIntermediateDirectories: true)
+            for index in 0..<min(count, 6) {
+                let path = sources + "/file\(index).bin"
+                try Data(PowerLossMessage.fileBytes(index: index)).write(to: URL(fileURLWithPath: path))
+                let transfer = try transfers.send(file: path, metadata: ["index": "\(index)"])
+                mark("sent \(index) \(transfer.id)")
+            }
+            let received = Locked<[String]>([])
+            let receiver = try transfers.receive(consumer: "r", into: directory + "/inbox", on: .notifierThread) {
+                file in
+                received.withLock { $0.append(file.transfer.name) }
+                mark("received \(file.transfer.name)")
+            }
+            receiver.cancel()
+        }
+    }
+
+    private func mark(_ text: String) {
+        let bytes = Array(text.utf8)
+        _ = bytes.withUnsafeBytes { write(-1, $0.baseAddress, $0.count) }
+    }
+}
+
+/// A message whose body can be checked against its index.
+struct PowerLossMessage: Codable, Sendable, Equatable {
+    var index: Int
+    var check: String
+
+    init(index: Int) {
+        self.index = index
+        check = Self.check(for: index)
+    }
+
+    /// 60 to 250 bytes, and every fifth one 1,500: more than the slots of a mailbox made for a smaller one.
+    static func check(for index: Int) -> String {
+        String(repeating: String(index % 10), count: index % 5 == 4 ? 1500 : 60 + (index * 37) % 190)
+    }
+
+    var isIntact: Bool { check == Self.check(for: index) }
+
+    /// The bytes of the transfer workload's file `index`: sizes from 1 byte to 70 KB, derived from the index.
+    static func fileBytes(index: Int) -> [UInt8] {
+        let size = [100, 5000, 70_000, 1, 20_000, 4096][index % 6]
+        return (0..<size).map { UInt8(truncatingIfNeeded: $0 * 31 + index * 7) }
+    }
+}
+
+/// The checks of one crash state: the mode's promises, given which calls had returned before the crash.
+struct PowerLossCheck {
+    var mode: PowerLoss.Mode
+    var synchronizes: Bool
+    var directory: String
+    /// The markers written before the crash point: the calls that had returned.
+    var acknowledged: [String]
+    /// Counts the states that gave a documented error and took its way forward.
+    var recoveries: Counter
+    /// The first marker after the crash point: the call that was under way, if any.
+    var upcoming: String?
+    var count: Int
+
+    static func configuration(_ synchronizes: Bool) -> Wormhole.Configuration {
+        var configuration = Wormhole.Configuration()
+        configuration.fileOptions.synchronizesWrites = synchronizes
+        // The checks count what matters; the library's warnings (a consumer starting over) would only repeat it.
+        configuration.logger = Logger(label: "power-loss", factory: { _ in SwiftLogNoOpLogHandler() })
+        return configuration
+    }
+
+    /// The problems found; empty when every promise holds.
+    func run() -> [String] {
+        do {
+            let wormhole = try Wormhole(directory: directory, configuration: Self.configuration(synchronizes))
+            switch mode {
+            case .mailbox: return checkMailboxes(wormhole)
+            case .queue: return checkQueue(wormhole)
+            case .suite: return checkSuite(wormhole)
+            case .transfer: return checkTransfers(wormhole)
+            }
+        } catch {
+            return ["the wormhole did not open: \(error)"]
+        }
+    }
+
+    /// Whether an error is one the documentation promises for damaged files after a power cut without
+    /// `synchronizesWrites`.
+    private func isDocumentedDamage(_ error: WormholeError) -> Bool {
+        [.truncatedMessage, .corruptMessage].contains(error.code)
+    }
+
+    /// The numbers after a marker's prefix, in order.
+    private func values(_ prefix: String) -> [[String]] {
+        acknowledged.filter { $0.hasPrefix(prefix + " ") }.map { $0.split(separator: " ").dropFirst().map(String.init) }
+    }
+
+    // MARK: Mailbox
+
+    private func checkMailboxes(_ wormhole: Wormhole) -> [String] {
+        var problems: [String] = []
+        let passed = values("mailbox")
+        for identifier in ["a", "b"] {
+            let returned = passed.filter { $0[0] == identifier }.compactMap { Int($0[1]) }
+            // The calls that may have been under way: up to the next one after the last that returned.
+            let newestPossible = (passed.compactMap { Int($0[1]) }.max() ?? -1) + 1
+            do {
+                let message = try wormhole.message(withIdentifier: identifier, as: PowerLossMessage.self)
+                if let message {
+                    if !message.isIntact { problems.append("mailbox \(identifier): message \(message.index) damaged") }
+                    if message.index > newestPossible || (message.index % 3 == 2) != (identifier == "b") {
+                        problems.append("mailbox \(identifier): message \(message.index) was never passed to it")
+                    }
+                    if synchronizes, let last = returned.last, message.index < last {
+                        problems.append(
+                            "mailbox \(identifier): holds \(message.index), but \(last) was passed and synced"
+                        )
+                    }
+                } else if synchronizes, let last = returned.last {
+                    problems.append("mailbox \(identifier): empty, but \(last) was passed and synced")
+                }
+            } catch  where !synchronizes && isDocumentedDamage(error) {
+                recoveries.increment()
+                // The way forward the documentation gives: the next pass replaces the file.
+                do {
+                    try wormhole.passMessageObject(PowerLossMessage(index: 1000), identifier: identifier)
+                    let again = try wormhole.message(withIdentifier: identifier, as: PowerLossMessage.self)
+                    if again?.index != 1000 { problems.append("mailbox \(identifier): a new pass did not replace it") }
+                } catch {
+                    problems.append("mailbox \(identifier): \(error.code): a new pass failed too: \(error)")
+                }
+            } catch {
+                problems.append("mailbox \(identifier): \(error)")
+            }
+        }
+        return problems
+    }
+
+    // MARK: Queue
+
+    private func checkQueue(_ wormhole: Wormhole) -> [String] {
+        var problems: [String] = []
+        let enqueued = values("enqueued").compactMap { Int($0[0]) }.last ?? 0
+        let handled = values("acknowledged").compactMap { Int($0[1]) }.last
+        // An acknowledgement under way at the crash may have stored its position already.
+        let handledAtMost =
+            upcoming.flatMap { $0.hasPrefix("acknowledged ") ? Int($0.split(separator: " ")[2]) : nil }
+            ?? handled
+        do {
+            let queue = try wormhole.queue("jobs")
+            // Everything in the log, through a new consumer: a prefix of what was enqueued, in order, whole.
+            let all = try readAll(queue, consumer: "audit")
+            let indices = all.map(\.index)
+            if indices != Array(0..<indices.count) {
+                problems.append("the log holds \(indices.prefix(20)) …, not a prefix of what was enqueued, in order")
+            }
+            if let damaged = all.first(where: { !$0.isIntact }) {
+                problems.append("message \(damaged.index) delivered damaged")
+            }
+            if indices.count > count { problems.append("the log holds \(indices.count) of \(count) messages") }
+            if synchronizes, indices.count < enqueued {
+                problems.append("the log holds \(indices.count) messages, but \(enqueued) were enqueued and synced")
+            }
+            // A producer enqueues before the consumer comes back: the consumer gets it, wherever its position was
+            // left, after what it had not acknowledged (with synchronizesWrites) or some repeats; it never skips.
+            try queue.enqueue(PowerLossMessage(index: 5000))
+            var next = try readAll(queue, consumer: "c").map(\.index)
+            if next.last != 5000 {
+                problems.append("after the crash, consumer c got \(next.suffix(5)), not the new message last")
+            } else {
+                next.removeLast()
+            }
+            let expectedFirst = (handled ?? -1) + 1
+            if let first = next.first {
+                if first > (handledAtMost ?? -1) + 1 {
+                    problems.append("consumer c skipped to \(first); it had handled up to \(handled ?? -1)")
+                }
+                if synchronizes, first < expectedFirst {
+                    problems.append("consumer c got \(first) again, acknowledged (synced) through \(handled ?? -1)")
+                }
+                if next != Array(first..<first + next.count) { problems.append("consumer c got \(next) out of order") }
+                if let last = next.last, last != indices.count - 1 {
+                    problems.append("consumer c stopped at \(last); the log holds \(indices.count) messages")
+                }
+            } else if indices.count > (handledAtMost ?? -1) + 1 {
+                problems.append("consumer c skipped the log's \(indices.count) messages; it handled \(handled ?? -1)")
+            }
+        } catch let error as WormholeError where !synchronizes && isDocumentedDamage(error) {
+            // A damaged position: the documentation's way forward is to remove the consumer's position file.
+            problems += checkQueueRecovery(wormhole, after: error)
+        } catch {
+            problems.append("\(error)")
+        }
+        return problems
+    }
+
+    private func checkQueueRecovery(_ wormhole: Wormhole, after error: WormholeError) -> [String] {
+        ["queue: \(error.code): \(error)"]
+    }
+
+    /// Every record from a consumer's position on, acknowledged as read.
+    private func readAll(_ queue: WormholeQueue, consumer: String) throws -> [PowerLossMessage] {
+        let cursor = try queue.log.openCursor(consumer: consumer)
+        var messages: [PowerLossMessage] = []
+        while true {
+            let records = try cursor.read(maximumCount: 1000)
+            guard let last = records.last else { return messages }
+            messages += try records.map { try JSONDecoder().decode(PowerLossMessage.self, from: $0.payload) }
+            try cursor.acknowledge(through: last.end)
+        }
+    }
+
+    // MARK: Suite
+
+    private func checkSuite(_ wormhole: Wormhole) -> [String] {
+        let updated = values("suite").compactMap { Int($0[0]) }.last ?? 0
+        do {
+            let suite = try wormhole.suite("settings")
+            let values: SuiteValues
+            do {
+                values = try suite.snapshot()
+            } catch  where !synchronizes && isDocumentedDamage(error) {
+                return checkSuiteRecovery(suite, after: error)
+            }
+            let counter = values["counter", as: Int.self] ?? 0
+            var problems: [String] = []
+            if counter > updated + 1 { problems.append("counter \(counter), but only \(updated) updates returned") }
+            if synchronizes, counter < updated {
+                problems.append("counter \(counter), but update \(updated) was synced")
+            }
+            if counter > 0, values["k\(counter % 4)", as: Int.self] != counter {
+                problems.append("counter \(counter) without its other key: half an update")
+            }
+            for index in stride(from: 8, through: counter, by: 8)
+            where values["long\(index)", as: String.self] != PowerLossMessage(index: index).check {
+                problems.append("counter \(counter) but the long value of update \(index) is missing or damaged")
+            }
+            return problems
+        } catch {
+            return ["\(error)"]
+        }
+    }
+
+    /// A damaged suite: updates must refuse it too (never start over silently), and removing its file, as the error
+    /// says, must start it over.
+    private func checkSuiteRecovery(_ suite: WormholeSuite, after error: WormholeError) -> [String] {
+        recoveries.increment()
+        do {
+            try suite.set(1, forKey: "after")
+            return ["an update of the damaged suite went through, dropping every value"]
+        } catch {
+            guard let path = error.path, error.code == .corruptMessage || error.code == .truncatedMessage else {
+                return ["an update of the damaged suite failed with \(error)"]
+            }
+            do {
+                try FileManager.default.removeItem(atPath: path)
+                try suite.set(1, forKey: "after")
+                if try suite.snapshot()["after", as: Int.self] != 1 { return ["the suite did not start over"] }
+                return []
+            } catch {
+                return ["the suite did not start over after its file was removed: \(error)"]
+            }
+        }
+    }
+
+    // MARK: Transfers
+
+    private func checkTransfers(_ wormhole: Wormhole) -> [String] {
+        var problems: [String] = []
+        let sent = values("sent").compactMap { Int($0[0]) }
+        // A file handed to the handler is acknowledged when the handler returns: the last one may come again.
+        let receivedBefore = Set(values("received").dropLast().map { $0[0] })
+        do {
+            let transfers = try wormhole.transfers("files")
+            let inbox = directory + "/inbox"
+            let names = Locked<[String]>([])
+            let errors = Locked<[String]>([])
+            let receiver = try transfers.receive(
+                consumer: "r",
+                into: inbox,
+                on: .notifierThread,
+                errorHandler: { error in errors.withLock { $0.append("\(error.code)") } }
+            ) { file in names.withLock { $0.append(file.transfer.name) } }
+            receiver.cancel()
+            let delivered = names.withLock { $0 }
+            for name in delivered {
+                guard let index = Int(name.dropFirst(4).prefix { $0.isNumber }) else {
+                    problems.append("received \(name), never sent")
+                    continue
+                }
+                let bytes = FileManager.default.contents(atPath: inbox + "/" + name).map { [UInt8]($0) }
+                if bytes != PowerLossMessage.fileBytes(index: index) {
+                    problems.append("received \(name) with \(bytes?.count ?? 0) bytes, not the file sent")
+                }
+                if synchronizes, receivedBefore.contains(name) { problems.append("received \(name) a second time") }
+            }
+            if synchronizes {
+                for index in sent {
+                    let name = "file\(index).bin"
+                    let inInbox = FileManager.default.fileExists(atPath: inbox + "/" + name)
+                    if !delivered.contains(name), !inInbox, !receivedBefore.contains(name) {
+                        problems.append("\(name) was sent (synced) but neither received nor delivered now")
+                    }
+                }
+            }
+            problems += errors.withLock { $0 }.map { "the receiver reported \($0)" }
+        } catch  where !synchronizes && isDocumentedDamage(error) {
+        } catch {
+            problems.append("\(error)")
+        }
+        return problems
+    }
+}
+
+/// A count shared by the checks of one run.
+final class Counter {
+    private(set) var value = 0
+    func increment() { value += 1 }
+}
+
+/// SplitMix64: the same states for the same seed, on every machine.
+struct SeededGenerator: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
