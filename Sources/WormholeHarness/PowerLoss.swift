@@ -211,7 +211,8 @@ struct PowerWorkload: ParsableCommand {
                 URL(fileURLWithPath: directory).deletingLastPathComponent().deletingLastPathComponent().path
                 + "/sources"
             try FileManager.default.createDirectory(atPath: sources, withIntermediateDirectories: true)
-            for index in 0..<min(count, 6) {
+            // A file for every three calls of the other workloads: each send and receive makes many operations.
+            for index in 0..<max(2, min(count / 3, 30)) {
                 let path = sources + "/file\(index).bin"
                 try Data(PowerLossMessage.fileBytes(index: index)).write(to: URL(fileURLWithPath: path))
                 let transfer = try transfers.send(file: path, metadata: ["index": "\(index)"])

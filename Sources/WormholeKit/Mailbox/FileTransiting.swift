@@ -24,6 +24,19 @@ public final class FileTransiting: Transiting {
         /// Whether each write is flushed to stable storage with `fsync` before it returns; off by default, as in
         /// MMWormhole: the other processes see the message at once either way, `fsync` only matters if the
         /// machine loses power.
+        ///
+        /// What each setting promises across a power cut (on ext4's default mode; see "A power cut" in the
+        /// documentation, and RELIABILITY.md for what was checked):
+        ///
+        /// - On: every call that returned is on the disk: a passed message (or a later one) is in its mailbox, an
+        ///   enqueued message in its queue, an acknowledgement stored (that message never comes again), a suite
+        ///   update applied whole, a sent file staged and a received one in its destination. It costs an `fsync`
+        ///   per write, and per acknowledgement two, and a directory's on each file created or renamed.
+        /// - Off: the latest calls may be lost, never torn into something else. A queue keeps a prefix of each
+        ///   producer's messages, in order, and never delivers a damaged record; a consumer may get messages
+        ///   again, and never skips one. A mailbox or a suite holds a whole earlier version, or reports
+        ///   ``WormholeError/Code/corruptMessage``: the next pass replaces a mailbox, and a suite's error names the
+        ///   file to remove to start it over. Sent files are flushed either way.
         public var synchronizesWrites: Bool
         /// The mode of the files it creates; 0600 by default.
         public var filePermissions: UInt16

@@ -4,12 +4,20 @@ import NIOFoundationCompat
 import PostgresNIO
 import WormholeKit
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// Files sent and not yet received, in `wormhole.transfer_chunks` as 1 MiB `bytea` chunks, with their state in
 /// `wormhole.transfers`.
 ///
 /// Neither side holds a whole file in memory: the sender inserts one chunk at a time, the receiver reads one chunk
 /// at a time into a hidden file in the destination, flushes it and renames it. The transfer's row records where the
-/// file goes before the copy starts, so a receiver killed mid-delivery finds it there, or starts again.
+/// file goes before the copy starts, so a receiver killed mid-delivery finds it there, or starts again. The file's
+/// name is flushed to the disk (the destination and its parent) before the server forgets the chunks: the server's
+/// commit is durable, so a power cut must not take away the only copy left.
 final class PostgresTransferStaging: TransferStaging {
     let engine: PostgresCore
     let channel: String
@@ -187,12 +195,27 @@ final class PostgresTransferStaging: TransferStaging {
             } catch {
                 throw WormholeError(.ioFailure, "Could not name the received file: \(error).", path: path)
             }
+            // Its name on the disk before the server deletes the chunks (and the destination's own name, which
+            // createDirectory may just have made).
+            for directory in [(destination as NSString).deletingLastPathComponent, destination] {
+                if let failure = Self.synchronizeDirectory(directory) {
+                    throw WormholeError(.ioFailure, "Could not flush \(directory): errno \(failure).", path: path)
+                }
+            }
         } catch {
             try? files.removeItem(atPath: partial)
             throw error
         }
         try markDelivered(transfer, path: path)
         return ReceivedFile(transfer: transfer, path: path)
+    }
+
+    /// `fsync` of a directory, for the entries in it; the errno when it failed.
+    private static func synchronizeDirectory(_ path: String) -> Int32? {
+        let descriptor = open(path.isEmpty ? "." : path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard descriptor >= 0 else { return errno }
+        defer { close(descriptor) }
+        return fsync(descriptor) == 0 ? nil : errno
     }
 
     private func markDelivered(_ transfer: FileTransfer, path: String) throws(WormholeError) {

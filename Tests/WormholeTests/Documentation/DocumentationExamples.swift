@@ -149,6 +149,15 @@ enum DocumentationExamples {
         return wormhole  // (not in the docs)
     }
 
+    // Sources/WormholeKit/WormholeKit.docc/SecurityAndFailures.md, "A power cut".
+    // Compile-only: it needs /var/lib/my-daemon.
+    static func securitySynchronizedWrites() throws -> Wormhole {
+        var configuration = Wormhole.Configuration()
+        configuration.fileOptions.synchronizesWrites = true
+        let wormhole = try Wormhole(directory: "/var/lib/my-daemon/wormhole", configuration: configuration)
+        return wormhole  // (not in the docs)
+    }
+
     // MARK: - WormholeKit.docc/LiveMessagesAndRequests.md
 
     // Sources/WormholeKit/WormholeKit.docc/LiveMessagesAndRequests.md, "Send and listen".
