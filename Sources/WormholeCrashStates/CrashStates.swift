@@ -19,7 +19,7 @@ import Darwin
 ///   prefix (with `data=ordered`, the bytes under a size are written before the size is committed), and the first
 ///   one dropped may be torn: its bytes kept up to a 512-byte boundary of the file.
 /// - **Writes inside a file's size** reach the disk in any order: any subset is kept, each possibly torn at a
-///   512-byte boundary.
+///   512-byte boundary (its part before the boundary kept, or its part after).
 ///
 /// It does not model a disk that lies about its cache, a file system other than ext4's defaults (`data=writeback`,
 /// `nodelalloc`, XFS, btrfs), bit rot, or a sector torn anywhere but at a 512-byte boundary.
@@ -126,7 +126,8 @@ public struct CrashStates: Sendable {
             /// How much of a file's chain of size changes is kept: option `o` keeps the first `o` when
             /// `o <= chain.count`; past that, a torn point of a dropped write (`tears[o - chain.count - 1]`).
             case sizeChain(inode: Int, chain: [Int], tears: [(chainIndex: Int, at: Int)])
-            /// Whether one write inside the file's size is kept: 0 dropped, 1 kept, `2 + t` torn at `tears[t]`.
+            /// Whether one write inside the file's size is kept: 0 dropped, 1 kept, `2 + t` its part before
+            /// `tears[t]` kept, `2 + tears.count + t` its part from `tears[t]` on.
             case inPlace(operation: Int, tears: [Int])
         }
         var kind: Kind
@@ -160,7 +161,9 @@ public struct CrashStates: Sendable {
                 chains[inode, default: []].append(index)
             case .write(_, let offset, let bytes, false):
                 let tears = Self.tearPoints(offset: offset, count: bytes.count)
-                dimensions.append(Dimension(kind: .inPlace(operation: index, tears: tears), options: 2 + tears.count))
+                dimensions.append(
+                    Dimension(kind: .inPlace(operation: index, tears: tears), options: 2 + 2 * tears.count)
+                )
             case .zero:
                 dimensions.append(Dimension(kind: .inPlace(operation: index, tears: []), options: 2))
             default: break
@@ -206,7 +209,7 @@ public struct CrashStates: Sendable {
         let list = operations.operations
         // What each pending operation becomes: kept, dropped, or torn at an offset.
         var keptDirectory = Set<Int>()
-        var torn: [Int: Int] = [:]
+        var torn: [Int: (at: Int, keepsSuffix: Bool)] = [:]
         var keptData = Set<Int>()
         var sizeLimit: [Int: Int] = [:]
         for (dimension, choice) in zip(dimensions, choices) {
@@ -220,11 +223,15 @@ public struct CrashStates: Sendable {
                 } else {
                     let tear = tears[choice - chain.count - 1]
                     keptData.formUnion(chain.prefix(tear.chainIndex))
-                    torn[chain[tear.chainIndex]] = tear.at
+                    torn[chain[tear.chainIndex]] = (tear.at, false)
+                    sizeLimit[inode] = -1
                 }
             case .inPlace(let operation, let tears):
                 if choice == 1 { keptData.insert(operation) }
-                if choice >= 2 { torn[operation] = tears[choice - 2] }
+                if choice >= 2 {
+                    let tear = choice - 2
+                    torn[operation] = tear < tears.count ? (tears[tear], false) : (tears[tear - tears.count], true)
+                }
             }
         }
         var tree = FileTree()
@@ -240,8 +247,15 @@ public struct CrashStates: Sendable {
             let tornAt = torn[index]
             guard durable || keptData.contains(index) || tornAt != nil else { continue }
             switch operation {
-            case .write(_, let offset, var bytes, let extends):
-                if let tornAt { bytes = Array(bytes.prefix(tornAt - offset)) }
+            case .write(_, var offset, var bytes, let extends):
+                if let tornAt {
+                    if tornAt.keepsSuffix {
+                        bytes = Array(bytes.dropFirst(tornAt.at - offset))
+                        offset = tornAt.at
+                    } else {
+                        bytes = Array(bytes.prefix(tornAt.at - offset))
+                    }
+                }
                 tree.write(inode: inode, offset: offset, bytes: bytes)
                 if extends { sizes[inode] = max(sizes[inode] ?? 0, offset + bytes.count) }
             case .truncate(_, let size):
@@ -272,9 +286,13 @@ public struct CrashStates: Sendable {
                     parts.append("inode \(inode): size change #\(chain[tear.chainIndex]) torn at \(tear.at)")
                 }
             case .inPlace(let operation, let tears):
-                parts.append(
-                    choice == 0 ? "write #\(operation) dropped" : "write #\(operation) torn at \(tears[choice - 2])"
-                )
+                if choice == 0 {
+                    parts.append("write #\(operation) dropped")
+                } else if choice - 2 < tears.count {
+                    parts.append("write #\(operation) torn at \(tears[choice - 2]), its start kept")
+                } else {
+                    parts.append("write #\(operation) torn at \(tears[choice - 2 - tears.count]), its end kept")
+                }
             }
         }
         return parts.isEmpty ? "everything kept" : parts.joined(separator: "; ")

@@ -266,7 +266,8 @@ private struct Interpreter {
                 operations.append(.truncate(inode: file.inode, size: Int(offset + length)))
                 sizes[file.inode] = Int(offset + length)
             }
-        case "fsync", "fdatasync", "sync_file_range":
+        // (sync_file_range flushes neither the disk's cache nor the file's size: it makes nothing durable.)
+        case "fsync", "fdatasync":
             if let descriptor = arguments.first?.number, let file = descriptors[descriptor] {
                 operations.append(.synchronize(inode: file.inode))
             }

@@ -33,7 +33,10 @@ struct PowerLoss: ParsableCommand {
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/strace") else {
             throw Output.fail("power-loss records the workload with strace: install it (apt-get install strace)")
         }
-        let work = directory ?? NSTemporaryDirectory() + "wormhole-power-loss-\(UUID().uuidString.prefix(8))"
+        // Absolute: strace prints absolute paths, and a relative root would leave every operation outside it.
+        let work = URL(
+            fileURLWithPath: directory ?? NSTemporaryDirectory() + "wormhole-power-loss-\(UUID().uuidString.prefix(8))"
+        ).standardizedFileURL.path
         try? FileManager.default.removeItem(atPath: work)
         let root = work + "/root"
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
@@ -56,6 +59,11 @@ struct PowerLoss: ParsableCommand {
             ),
             root: root
         )
+        guard operations.operations.contains(where: { if case .marker = $0 { false } else { true } }) else {
+            throw Output.fail(
+                "the trace holds no operation under \(root): nothing to explore (its trace is in \(trace))"
+            )
+        }
         if self.operations {
             for (index, operation) in operations.operations.enumerated() {
                 Output.line("#\(index) \(operation.summary)")
@@ -171,23 +179,25 @@ struct PowerWorkload: ParsableCommand {
             var index = 0
             var round = 0
             while index < count {
-                // One message, then a batch of three, alternately.
+                // One message, then a batch of three, alternately; all of one size, so that records appended after
+                // a power cut can start exactly where a lost one did.
                 let batch = round % 2 == 0 ? 1 : 3
-                let messages = (index..<min(count, index + batch)).map { PowerLossMessage(index: $0) }
-                if messages.count == 1 {
-                    try queue.enqueue(messages[0])
+                let payloads = (index..<min(count, index + batch)).map(PowerLossMessage.queuePayload(index:))
+                if payloads.count == 1 {
+                    try queue.enqueueData(payloads[0])
                 } else {
-                    try queue.enqueue(contentsOf: messages)
+                    try queue.enqueueData(contentsOf: payloads)
                 }
-                index += messages.count
+                index += payloads.count
                 mark("enqueued \(index)")
-                // The consumer handles two messages every other round.
+                // The consumer handles three messages every other round, and reclaims the space they took.
                 if round % 2 == 1 {
-                    let records = try cursor.read(maximumCount: 2)
-                    if let last = records.last {
-                        let message = try JSONDecoder().decode(PowerLossMessage.self, from: last.payload)
+                    let records = try cursor.read(maximumCount: 3)
+                    if let last = records.last, let handled = PowerLossMessage.queueIndex(last.payload) {
                         try cursor.acknowledge(through: last.end)
-                        mark("acknowledged c \(message.index)")
+                        mark("acknowledged c \(handled)")
+                        try queue.reclaimSpace()
+                        mark("reclaimed")
                     }
                 }
                 round += 1
@@ -250,6 +260,21 @@ struct PowerLossMessage: Codable, Sendable, Equatable {
     }
 
     var isIntact: Bool { check == Self.check(for: index) }
+
+    /// The queue workload's payload: 100 bytes, the index then bytes derived from it.
+    static func queuePayload(index: Int) -> Data {
+        var bytes = [UInt8](repeating: 0, count: 100)
+        withUnsafeBytes(of: UInt32(index).littleEndian) { bytes.replaceSubrange(0..<4, with: $0) }
+        for position in 4..<100 { bytes[position] = UInt8(truncatingIfNeeded: index &* 7 &+ position) }
+        return Data(bytes)
+    }
+
+    /// The index of a queue payload, or nil when its bytes are not those of its index.
+    static func queueIndex(_ payload: Data) -> Int? {
+        guard payload.count == 100 else { return nil }
+        let index = payload.prefix(4).enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
+        return queuePayload(index: index) == payload ? index : nil
+    }
 
     /// The bytes of the transfer workload's file `index`: sizes from 1 byte to 70 KB, derived from the index.
     static func fileBytes(index: Int) -> [UInt8] {
@@ -351,71 +376,68 @@ struct PowerLossCheck {
     private func checkQueue(_ wormhole: Wormhole) -> [String] {
         var problems: [String] = []
         let enqueued = values("enqueued").compactMap { Int($0[0]) }.last ?? 0
-        let handled = values("acknowledged").compactMap { Int($0[1]) }.last
+        let handled = values("acknowledged").compactMap { Int($0[1]) }.last ?? -1
         // An acknowledgement under way at the crash may have stored its position already.
         let handledAtMost =
-            upcoming.flatMap { $0.hasPrefix("acknowledged ") ? Int($0.split(separator: " ")[2]) : nil }
-            ?? handled
+            upcoming.flatMap { $0.hasPrefix("acknowledged ") ? Int($0.split(separator: " ")[2]) : nil } ?? handled
         do {
             let queue = try wormhole.queue("jobs")
-            // Everything in the log, through a new consumer: a prefix of what was enqueued, in order, whole.
+            // Everything in the log, through a new consumer: a run of what was enqueued, in order, whole, from where
+            // reclaiming left off (never past what consumer c had not acknowledged).
             let all = try readAll(queue, consumer: "audit")
-            let indices = all.map(\.index)
-            if indices != Array(0..<indices.count) {
-                problems.append("the log holds \(indices.prefix(20)) …, not a prefix of what was enqueued, in order")
-            }
-            if let damaged = all.first(where: { !$0.isIntact }) {
-                problems.append("message \(damaged.index) delivered damaged")
-            }
-            if indices.count > count { problems.append("the log holds \(indices.count) of \(count) messages") }
-            if synchronizes, indices.count < enqueued {
-                problems.append("the log holds \(indices.count) messages, but \(enqueued) were enqueued and synced")
-            }
-            // A producer enqueues before the consumer comes back: the consumer gets it, wherever its position was
-            // left, after what it had not acknowledged (with synchronizesWrites) or some repeats; it never skips.
-            try queue.enqueue(PowerLossMessage(index: 5000))
-            var next = try readAll(queue, consumer: "c").map(\.index)
-            if next.last != 5000 {
-                problems.append("after the crash, consumer c got \(next.suffix(5)), not the new message last")
-            } else {
-                next.removeLast()
-            }
-            let expectedFirst = (handled ?? -1) + 1
-            if let first = next.first {
-                if first > (handledAtMost ?? -1) + 1 {
-                    problems.append("consumer c skipped to \(first); it had handled up to \(handled ?? -1)")
+            let indices = all.compactMap { $0 }
+            guard indices.count == all.count else { return ["the log delivered a damaged record"] }
+            if let first = indices.first {
+                if indices != Array(first..<first + indices.count) {
+                    problems.append("the log holds \(indices.prefix(20)) …, not a run of what was enqueued, in order")
                 }
-                if synchronizes, first < expectedFirst {
-                    problems.append("consumer c got \(first) again, acknowledged (synced) through \(handled ?? -1)")
-                }
-                if next != Array(first..<first + next.count) { problems.append("consumer c got \(next) out of order") }
-                if let last = next.last, last != indices.count - 1 {
-                    problems.append("consumer c stopped at \(last); the log holds \(indices.count) messages")
-                }
-            } else if indices.count > (handledAtMost ?? -1) + 1 {
-                problems.append("consumer c skipped the log's \(indices.count) messages; it handled \(handled ?? -1)")
+                if first > handledAtMost + 1 { problems.append("the log lost \(first) messages c never handled") }
             }
-        } catch let error as WormholeError where !synchronizes && isDocumentedDamage(error) {
-            // A damaged position: the documentation's way forward is to remove the consumer's position file.
-            problems += checkQueueRecovery(wormhole, after: error)
+            let end = (indices.last ?? handled) + 1
+            if end > count { problems.append("the log holds messages up to \(end - 1) of \(count)") }
+            if synchronizes, end < enqueued {
+                problems.append("the log ends at \(end), but \(enqueued) were enqueued and synced")
+            }
+            // Producers enqueue before consumer c comes back, and another process reclaims space: c gets the rest
+            // and the new messages, wherever its position was left; it repeats (without synchronizesWrites) but never
+            // skips.
+            try queue.enqueueData(contentsOf: (5000..<5005).map(PowerLossMessage.queuePayload(index:)))
+            try queue.reclaimSpace()
+            let next = try readAll(queue, consumer: "c")
+            let nextIndices = next.compactMap { $0 }
+            guard nextIndices.count == next.count else { return problems + ["consumer c got a damaged record"] }
+            if Array(nextIndices.suffix(5)) != Array(5000..<5005) {
+                problems.append("after the crash, consumer c got \(nextIndices.suffix(8)), not the new messages last")
+            }
+            let before = Array(nextIndices.dropLast(5))
+            let expected = Array((before.first ?? end)..<end)
+            if before != expected {
+                problems.append(
+                    "consumer c got \(before.prefix(10)) … before the new messages, not a run up to \(end - 1)"
+                )
+            }
+            let first = before.first ?? end
+            if first > handledAtMost + 1 {
+                problems.append("consumer c skipped to \(first); it had handled up to \(handled)")
+            }
+            if synchronizes, first < handled + 1, first < end {
+                problems.append("consumer c got \(first) again, acknowledged (synced) through \(handled)")
+            }
         } catch {
             problems.append("\(error)")
         }
         return problems
     }
 
-    private func checkQueueRecovery(_ wormhole: Wormhole, after error: WormholeError) -> [String] {
-        ["queue: \(error.code): \(error)"]
-    }
-
-    /// Every record from a consumer's position on, acknowledged as read.
-    private func readAll(_ queue: WormholeQueue, consumer: String) throws -> [PowerLossMessage] {
+    /// Every record from a consumer's position on, acknowledged as read: each one's index, or nil for a record
+    /// whose bytes are not those of an index (damaged).
+    private func readAll(_ queue: WormholeQueue, consumer: String) throws -> [Int?] {
         let cursor = try queue.log.openCursor(consumer: consumer)
-        var messages: [PowerLossMessage] = []
+        var indices: [Int?] = []
         while true {
             let records = try cursor.read(maximumCount: 1000)
-            guard let last = records.last else { return messages }
-            messages += try records.map { try JSONDecoder().decode(PowerLossMessage.self, from: $0.payload) }
+            guard let last = records.last else { return indices }
+            indices += records.map { PowerLossMessage.queueIndex($0.payload) }
             try cursor.acknowledge(through: last.end)
         }
     }
@@ -438,8 +460,14 @@ struct PowerLossCheck {
             if synchronizes, counter < updated {
                 problems.append("counter \(counter), but update \(updated) was synced")
             }
-            if counter > 0, values["k\(counter % 4)", as: Int.self] != counter {
-                problems.append("counter \(counter) without its other key: half an update")
+            // Each of k0…k3 holds the last update up to the counter's that set it: no half update, none mixed.
+            for key in 0..<4 {
+                let expected = stride(from: counter, through: 1, by: -1).first { $0 % 4 == key }
+                if values["k\(key)", as: Int.self] != expected {
+                    problems.append(
+                        "counter \(counter) but k\(key) is \(values["k\(key)", as: Int.self] ?? -1): half an update"
+                    )
+                }
             }
             for index in stride(from: 8, through: counter, by: 8)
             where values["long\(index)", as: String.self] != PowerLossMessage(index: index).check {
@@ -479,44 +507,55 @@ struct PowerLossCheck {
         var problems: [String] = []
         let sent = values("sent").compactMap { Int($0[0]) }
         // A file handed to the handler is acknowledged when the handler returns: the last one may come again.
-        let receivedBefore = Set(values("received").dropLast().map { $0[0] })
+        let receivedBefore = values("received").map { $0[0] }
+        let acknowledgedBefore = Set(receivedBefore.dropLast())
+        let inbox = directory + "/inbox"
         do {
             let transfers = try wormhole.transfers("files")
-            let inbox = directory + "/inbox"
-            let names = Locked<[String]>([])
+            let files = Locked<[ReceivedFile]>([])
             let errors = Locked<[String]>([])
             let receiver = try transfers.receive(
                 consumer: "r",
                 into: inbox,
                 on: .notifierThread,
-                errorHandler: { error in errors.withLock { $0.append("\(error.code)") } }
-            ) { file in names.withLock { $0.append(file.transfer.name) } }
+                errorHandler: { error in errors.withLock { $0.append("\(error)") } }
+            ) { file in files.withLock { $0.append(file) } }
             receiver.cancel()
-            let delivered = names.withLock { $0 }
-            for name in delivered {
-                guard let index = Int(name.dropFirst(4).prefix { $0.isNumber }) else {
-                    problems.append("received \(name), never sent")
+            problems += errors.withLock { $0 }.map { "the receiver reported: \($0)" }
+            for file in files.withLock({ $0 }) {
+                if synchronizes, acknowledgedBefore.contains(file.transfer.name) {
+                    problems.append("received \(file.transfer.name) again, acknowledged (synced) before")
+                }
+                guard FileManager.default.contents(atPath: file.path) != nil else {
+                    problems.append("received \(file.transfer.name) at \(file.path), where there is no file")
                     continue
                 }
-                let bytes = FileManager.default.contents(atPath: inbox + "/" + name).map { [UInt8]($0) }
-                if bytes != PowerLossMessage.fileBytes(index: index) {
-                    problems.append("received \(name) with \(bytes?.count ?? 0) bytes, not the file sent")
-                }
-                if synchronizes, receivedBefore.contains(name) { problems.append("received \(name) a second time") }
             }
-            if synchronizes {
-                for index in sent {
-                    let name = "file\(index).bin"
-                    let inInbox = FileManager.default.fileExists(atPath: inbox + "/" + name)
-                    if !delivered.contains(name), !inInbox, !receivedBefore.contains(name) {
-                        problems.append("\(name) was sent (synced) but neither received nor delivered now")
-                    }
-                }
-            }
-            problems += errors.withLock { $0 }.map { "the receiver reported \($0)" }
-        } catch  where !synchronizes && isDocumentedDamage(error) {
         } catch {
             problems.append("\(error)")
+        }
+        // Every file in the destination is whole, one that was sent (under its name or NAME (2)…); with
+        // synchronizesWrites, every file whose send returned is there, and none twice.
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: inbox)) ?? []
+        var indices: [Int] = []
+        for name in names {
+            guard name.hasPrefix("file"), let index = Int(name.dropFirst(4).prefix { $0.isNumber }) else {
+                problems.append("the destination holds \(name), never sent")
+                continue
+            }
+            indices.append(index)
+            let bytes = FileManager.default.contents(atPath: inbox + "/" + name).map { [UInt8]($0) }
+            if bytes != PowerLossMessage.fileBytes(index: index) {
+                problems.append("the destination holds \(name) with \(bytes?.count ?? 0) bytes, not the file sent")
+            }
+        }
+        if synchronizes {
+            for index in sent where !indices.contains(index) {
+                problems.append("file\(index).bin was sent (synced) but is not in the destination after receiving")
+            }
+            for index in Set(indices) where indices.filter({ $0 == index }).count > 1 {
+                problems.append("file\(index).bin is in the destination twice")
+            }
         }
         return problems
     }

@@ -499,6 +499,14 @@ public final class FileTransiting: Transiting {
                         path: handle.filePath(name)
                     )
                 }
+                if options.synchronizesWrites, case .failure(let errno) = handle.synchronizeEntries() {
+                    throw WormholeError.fileSystem(
+                        errno,
+                        "flush the directory",
+                        identifier: identifier,
+                        path: handle.path
+                    )
+                }
                 return (nil, true)
             }
             let record = try makeRecord(1, nil)

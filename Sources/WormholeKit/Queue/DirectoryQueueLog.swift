@@ -201,6 +201,7 @@ final class DirectoryQueueLog: QueueLog {
 
     func reclaimSpace() throws(WormholeError) {
         let now = Date()
+        let reading = OwnedDescriptor(taking: try openForReading())
         var minimum: UInt64?
         for name in try consumers.entries() where MessageIdentifier.isValid(name) {
             let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
@@ -212,9 +213,19 @@ final class DirectoryQueueLog: QueueLog {
                 )
                 continue
             }
-            let position: UInt64
+            var position: UInt64
             do {
-                position = try cursor.read() ?? 0
+                let stored = try cursor.readWithLastRecord()
+                position = stored?.offset ?? 0
+                // A position the log no longer backs (after a power cut) holds everything back until its consumer
+                // comes and starts over: punching under it could take records enqueued since.
+                if DirectoryQueueCursor.recoveredPosition(
+                    position,
+                    last: stored?.last,
+                    descriptor: reading.descriptor.rawValue
+                ) != nil {
+                    position = 0
+                }
             } catch {
                 // A damaged position holds nothing back and stops nobody: the other consumers go on.
                 logger.warning(
@@ -247,12 +258,15 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     let file: QueueCursorFile
     private var reader: QueueReader
     private var sinceReclaim: UInt64 = 0
+    /// The records of the last batch read, by their end: an acknowledgement stores the one it ends with.
+    private var lastRead: [UInt64: QueueCursorFile.LastRecord] = [:]
 
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
         file = try QueueCursorFile(directory: log.consumers, name: name, create: true)
         let synchronizes = log.directory.synchronizes
-        let stored = try file.read()
+        let storedPosition = try file.readWithLastRecord()
+        let stored = storedPosition?.offset
         if stored == nil {
             // Registered now: reclaiming waits for this consumer from here on.
             try file.write(0, synchronize: synchronizes)
@@ -262,7 +276,7 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         }
         let descriptor = try log.openForReading()
         var position = stored ?? 0
-        if let recovered = Self.recoveredPosition(position, descriptor: descriptor) {
+        if let recovered = Self.recoveredPosition(position, last: storedPosition?.last, descriptor: descriptor) {
             log.logger.warning(
                 Logger.Message(
                     stringLiteral:
@@ -284,20 +298,42 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     /// Where a consumer must resume when its stored position cannot be trusted, or nil when it can.
     ///
     /// A position always ends a record that was read, so after a crash of the process it is at or before the end of
-    /// the log, at a record. A power cut without `synchronizesWrites` may keep the position and lose the log's tail,
-    /// and producers may have appended since: the position is then past the end, or inside a record. Which records
-    /// are new cannot be told (they start where the lost tail did), so the consumer starts over from the oldest
-    /// record kept. Repeats are possible then; a skipped message is not.
-    static func recoveredPosition(_ position: UInt64, descriptor: Int32) -> UInt64? {
-        guard position > 0, case .success(let status) = Descriptor(rawValue: descriptor).status() else { return nil }
+    /// the log, where that record ends. A power cut without `synchronizesWrites` may keep a position and lose the
+    /// log's tail, and producers may have appended since, from where the tail began: the position is then past the
+    /// end, or in the middle of new records, or even at the start of one. The position file names the record it ends
+    /// (its start and timestamp): when that record is not there, which records are new cannot be told, and the
+    /// consumer starts over from the oldest record kept. Repeats are possible then; a skipped message is not.
+    /// A position stored without its record (by an older version) is trusted when a record starts there.
+    static func recoveredPosition(
+        _ position: UInt64,
+        last: QueueCursorFile.LastRecord?,
+        descriptor: Int32
+    ) -> UInt64? {
+        let log = Descriptor(rawValue: descriptor)
+        guard position > 0, case .success(let status) = log.status() else { return nil }
         let size = UInt64(status.size)
         if position > size { return 0 }
-        guard position < size,
-            case .success(let header) = Descriptor(rawValue: descriptor).read(count: 4, at: Int(position))
-        else { return nil }
-        // A record starts with its magic number; a record being appended right now has it as well.
-        let magic = header.count == 4 ? header[...].load(at: 0) as UInt32 : 0
-        return magic == QueueFormat.magic ? nil : 0
+        if let last, last.start < position, position - last.start <= UInt64(QueueFormat.maximumBodySize + 64),
+            case .success(let bytes) = log.read(count: Int(position - last.start), at: Int(last.start)),
+            bytes.count == Int(position - last.start)
+        {
+            // A magic of zeros is a hole that reclaiming punched under every consumer: the record cannot be read
+            // there any more, and a record must start at the position instead.
+            if bytes.count >= 4, bytes[...].load(at: 0) as UInt32 != 0 {
+                // The whole record, checksum and all: a torn one whose header survived, with new records appended
+                // after it, must not pass.
+                let parsed = bytes.withUnsafeBytes { QueueFormat.parse($0, at: 0) }
+                guard case .record(let record, let size) = parsed, size == bytes.count,
+                    record.timestampNanoseconds == last.timestampNanoseconds
+                else { return 0 }
+                return nil
+            }
+        }
+        // The log may end inside the magic of a record being appended right now: trust what cannot be read yet.
+        guard position + 4 <= size, case .success(let header) = log.read(count: 4, at: Int(position)) else {
+            return nil
+        }
+        return header.count == 4 && header[...].load(at: 0) as UInt32 == QueueFormat.magic ? nil : 0
     }
 
     deinit { Descriptor(rawValue: reader.descriptor).close() }
@@ -325,6 +361,10 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
             )
             reader.advance(to: item.end)
         }
+        lastRead.removeAll(keepingCapacity: true)
+        for record in batch {
+            lastRead[record.end] = .init(start: record.offset, timestampNanoseconds: record.timestampNanoseconds)
+        }
         return batch
     }
 
@@ -335,7 +375,7 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         if synchronizes, case .failure(let errno) = Descriptor(rawValue: reader.descriptor).synchronize() {
             throw WormholeError.fileSystem(errno, "flush the queue before storing a position", path: log.logPath)
         }
-        try file.write(end, synchronize: synchronizes)
+        try file.write(end, last: lastRead[end], synchronize: synchronizes)
         reader.advance(to: end)
         sinceReclaim += end - min(start, end)
         if sinceReclaim > 4 << 20 {

@@ -83,8 +83,11 @@ final class DirectoryTransferStaging: TransferStaging {
     }
 
     func remove(id: String) throws(WormholeError) -> Bool {
-        if case .success = staging.removeFile(named: id + ".file") { return true }
-        return false
+        guard case .success = staging.removeFile(named: id + ".file") else { return false }
+        if staging.synchronizes, case .failure(let errno) = staging.synchronizeEntries() {
+            throw WormholeError.fileSystem(errno, "flush the cancellation", path: staging.path)
+        }
+        return true
     }
 
     func stagedIDs() throws(WormholeError) -> [String] {
@@ -99,6 +102,14 @@ final class DirectoryTransferStaging: TransferStaging {
         // marker and the move, the file is still staged: it is delivered again, from the start.
         if let recorded = try? String(contentsOfFile: staging.filePath(marker), encoding: .utf8), !recorded.isEmpty {
             if !staging.hasEntry(staged) { return ReceivedFile(transfer: transfer, path: recorded) }
+            // A copy across file systems stopped after naming the copy, before removing the staged file: the copy
+            // is whole (it was flushed before its rename).
+            if let copied = try? FileManager.default.attributesOfItem(atPath: recorded)[.size] as? UInt64,
+                copied == transfer.size
+            {
+                _ = staging.removeFile(named: staged)
+                return ReceivedFile(transfer: transfer, path: recorded)
+            }
             _ = staging.removeFile(named: marker)
         }
         guard staging.hasEntry(staged) else { return nil }
@@ -170,6 +181,10 @@ final class DirectoryTransferStaging: TransferStaging {
         } catch {
             _ = target.removeFile(named: partial)
             throw error
+        }
+        // The copy's name on the disk before the only other copy goes.
+        if case .failure(let errno) = target.synchronizeEntries() {
+            throw WormholeError.fileSystem(errno, "flush the received file's name", path: target.filePath(name))
         }
         _ = staging.removeFile(named: staged)
     }

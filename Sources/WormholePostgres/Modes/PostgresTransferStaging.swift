@@ -138,6 +138,7 @@ final class PostgresTransferStaging: TransferStaging {
         case "delivering":
             // Killed after the rename and before recording it: the file is there, whole.
             if let recorded, (try? files.attributesOfItem(atPath: recorded)[.size] as? UInt64) == transfer.size {
+                try flushName(of: recorded)
                 try markDelivered(transfer, path: recorded)
                 return ReceivedFile(transfer: transfer, path: recorded)
             }
@@ -195,19 +196,24 @@ final class PostgresTransferStaging: TransferStaging {
             } catch {
                 throw WormholeError(.ioFailure, "Could not name the received file: \(error).", path: path)
             }
-            // Its name on the disk before the server deletes the chunks (and the destination's own name, which
-            // createDirectory may just have made).
-            for directory in [(destination as NSString).deletingLastPathComponent, destination] {
-                if let failure = Self.synchronizeDirectory(directory) {
-                    throw WormholeError(.ioFailure, "Could not flush \(directory): errno \(failure).", path: path)
-                }
-            }
+            try flushName(of: path)
         } catch {
             try? files.removeItem(atPath: partial)
             throw error
         }
         try markDelivered(transfer, path: path)
         return ReceivedFile(transfer: transfer, path: path)
+    }
+
+    /// Flushes a received file's name to the disk before the server deletes the chunks (and its directory's own
+    /// name, which `createDirectory` may just have made).
+    private func flushName(of path: String) throws(WormholeError) {
+        let destination = (path as NSString).deletingLastPathComponent
+        for directory in [(destination as NSString).deletingLastPathComponent, destination] {
+            if let failure = Self.synchronizeDirectory(directory) {
+                throw WormholeError(.ioFailure, "Could not flush \(directory): errno \(failure).", path: path)
+            }
+        }
     }
 
     /// `fsync` of a directory, for the entries in it; the errno when it failed.
