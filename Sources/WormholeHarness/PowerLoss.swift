@@ -70,7 +70,7 @@ struct PowerLoss: ParsableCommand {
             }
         }
         let states = CrashStates(operations)
-        var generator = SeededGenerator(seed: seed)
+        var generator = SplitMix64(seed: seed)
         var checked = 0
         let recoveries = Counter()
         var failures: [String] = []
@@ -565,17 +565,4 @@ struct PowerLossCheck {
 final class Counter {
     private(set) var value = 0
     func increment() { value += 1 }
-}
-
-/// SplitMix64: the same states for the same seed, on every machine.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }

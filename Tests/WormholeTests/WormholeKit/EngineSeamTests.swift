@@ -130,7 +130,9 @@ struct IncomingRequestsTests {
         let server = Wormhole(engine: engine, sender: "server")
         let client = Wormhole(engine: engine, sender: "client")
         let requests = server.incomingRequests(withIdentifier: "echo")
-        let serving = Task {
+        // The serving loop and this body run on threads of their own: on the cooperative pool they could wait for a
+        // thread, while other suites' tests block theirs, longer than any time-out.
+        let serving = Task(executorPreference: DedicatedThreadExecutor()) {
             var answered = 0
             for try await request in requests {
                 answered += 1
@@ -140,8 +142,14 @@ struct IncomingRequestsTests {
             }
             return answered
         }
-        // Generous time-outs: the serving task may wait for a thread while other tests block theirs. That a dropped
-        // request fails at once, not at its time-out, is the live contract's to check, on the transport's threads.
+        // That a dropped request fails at once, not at its time-out, is the live contract's to check, on the
+        // transport's threads; the time-outs here are generous.
+        try await withTaskExecutorPreference(DedicatedThreadExecutor()) {
+            try await exchange(client: client, serving: serving)
+        }
+    }
+
+    private func exchange(client: Wormhole, serving: Task<Int, any Error>) async throws {
         let first = try await client.requestData(Data("one".utf8), identifier: "echo", timeout: .seconds(50))
         #expect(String(decoding: first, as: UTF8.self) == "echo one")
         let dropped = await #expect(throws: WormholeError.self) {

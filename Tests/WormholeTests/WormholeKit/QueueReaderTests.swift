@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import WormholeCrashStates
 
 @testable import WormholeKit
 
@@ -7,18 +8,6 @@ import Testing
 @Suite("Queue reader", .limit(minutes: 1))
 struct QueueReaderTests {
     let directory = TemporaryDirectory()
-
-    /// A generator with a seed, so that a failing log can be made again.
-    struct SplitMix64: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
 
     /// The offsets of the records a reader delivers from the start of `log`, until it has nothing whole.
     func delivered(_ log: [UInt8], name: String) throws -> [UInt64] {
@@ -39,7 +28,7 @@ struct QueueReaderTests {
 
     @Test("Every whole record, in order, none torn: of any size, torn at any length, across reads", arguments: 0..<24)
     func randomLogs(seed: UInt64) throws {
-        var random = SplitMix64(state: seed)
+        var random = SplitMix64(seed: seed)  // a seed, so that a failing log can be made again
         var log: [UInt8] = []
         var whole: [UInt64] = []
         for _ in 0..<40 {
