@@ -104,7 +104,15 @@ package final class ChildProcess: Sendable {
     @discardableResult
     package func waitForOutput(timeout: Double) -> Bool {
         let deadline = DispatchTime.now() + timeout
-        return outputEnded.wait(timeout: deadline) == .success && errorEnded.wait(timeout: deadline) == .success
+        return Self.hasEnded(outputEnded, by: deadline) && Self.hasEnded(errorEnded, by: deadline)
+    }
+
+    /// Whether a reading thread signalled its end by `deadline`; the signal is given back, so that every later
+    /// wait passes at once.
+    private static func hasEnded(_ ended: DispatchSemaphore, by deadline: DispatchTime) -> Bool {
+        guard ended.wait(timeout: deadline) == .success else { return false }
+        ended.signal()
+        return true
     }
 
     /// Waits for the ready line; false on time-out.
@@ -114,6 +122,10 @@ package final class ChildProcess: Sendable {
 
     /// Waits for the child to exit, up to `timeout` seconds; after that, sends it `signal` (SIGTERM by default) and
     /// returns -1. Returns its exit status.
+    ///
+    /// Every line the child wrote has been handed to the callbacks when this returns: the reading threads may lag
+    /// behind the exit on a loaded machine, and a caller that prints what follows must not overtake them. A
+    /// grandchild that keeps the output open delays this by at most 10 seconds.
     @discardableResult
     package func wait(timeout: Double, thenSignal signal: Int32 = SIGTERM) -> Int32 {
         let deadline = Date().addingTimeInterval(timeout)
@@ -121,9 +133,11 @@ package final class ChildProcess: Sendable {
         if process.isRunning {
             Foundation.kill(process.processIdentifier, signal)
             process.waitUntilExit()
+            waitForOutput(timeout: 10)
             return -1
         }
         process.waitUntilExit()
+        waitForOutput(timeout: 10)
         return process.terminationStatus
     }
 
@@ -135,7 +149,7 @@ package final class ChildProcess: Sendable {
     package func kill() {
         send(SIGKILL)
         process.waitUntilExit()
-        _ = outputEnded.wait(timeout: .now() + 10)
+        _ = Self.hasEnded(outputEnded, by: .now() + 10)
     }
 
     /// Sends the child a signal, and returns at once.

@@ -24,29 +24,35 @@ struct LiveContract {
     }
 
     @Test("Sending with no listener throws .notReachable", arguments: EngineKind.allCases)
-    func noListener(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let app = try fixture.wormhole("app")
-        let error = wormholeError { try app.sendMessage(1, identifier: "ping") }
-        #expect(error?.code == .notReachable)
+    func noListener(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let app = try fixture.wormhole("app")
+            let error = wormholeError { try app.sendMessage(1, identifier: "ping") }
+            #expect(error?.code == .notReachable)
+        }
     }
 
     @Test("Two listeners in two wormholes both receive 50 messages, in order", arguments: EngineKind.allCases)
-    func twoListeners(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let app = try fixture.wormhole("app")
-        let collectors = [Collector<Int>(), Collector<Int>()]
-        let listeners = try (0..<2).map { index in
-            try fixture.wormhole("listener-\(index)").listenForLiveMessages(withIdentifier: "ping", as: Int.self) {
-                collectors[index].append($0)
+    func twoListeners(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let app = try fixture.wormhole("app")
+            let collectors = [Collector<Int>(), Collector<Int>()]
+            let listeners = try (0..<2).map { index in
+                try fixture.wormhole("listener-\(index)").listenForLiveMessages(withIdentifier: "ping", as: Int.self) {
+                    collectors[index].append($0)
+                }
             }
+            for value in 0..<50 {
+                #expect(try app.sendMessage(value, identifier: "ping") == 2, "reaches both listeners")
+            }
+            for collector in collectors {
+                #expect(eventually { collector.count >= 50 })
+                #expect(collector.values == Array(0..<50), "each message once, in order")
+            }
+            for listener in listeners { listener.cancel() }
         }
-        for value in 0..<50 { #expect(try app.sendMessage(value, identifier: "ping") == 2, "reaches both listeners") }
-        for collector in collectors {
-            #expect(eventually { collector.count >= 50 })
-            #expect(collector.values == Array(0..<50), "each message once, in order")
-        }
-        for listener in listeners { listener.cancel() }
     }
 
     @Test("A request gets its reply from a responder in another wormhole", arguments: EngineKind.allCases)
@@ -162,7 +168,7 @@ struct LiveContract {
         }
         #expect(error?.code == .remoteFailure)
         #expect(error?.message.contains("contract handler refused") == true, "the responder's error comes back")
-        #expect(eventually { reported.count == 1 }, "the responder's side is told too")
+        #expect(await eventuallyAwaiting { reported.count == 1 }, "the responder's side is told too")
         #expect(reported.values.first?.code == .handlerFailed)
         responder.cancel()
     }
@@ -272,21 +278,23 @@ struct LiveContract {
         "A request dropped by its responder unanswered fails at once, not at its time-out",
         arguments: EngineKind.allCases
     )
-    func droppedRequestFailsAtOnce(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let server = try fixture.wormhole("server")
-        let client = try fixture.wormhole("client")
-        // The transport's own calls, on this test's thread: no task has to be scheduled for the promise to hold.
-        let received = Collector<String>()
-        let responder = try server.liveTransport().respond(identifier: "drop") { request in
-            received.append(request.sender)  // and dropped, unanswered
+    func droppedRequestFailsAtOnce(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let server = try fixture.wormhole("server")
+            let client = try fixture.wormhole("client")
+            // The transport's own calls, on this test's thread: no task has to be scheduled for the promise to hold.
+            let received = Collector<String>()
+            let responder = try server.liveTransport().respond(identifier: "drop") { request in
+                received.append(request.sender)  // and dropped, unanswered
+            }
+            defer { responder.cancel() }
+            let start = ContinuousClock.now
+            let result = try client.liveTransport().request(Data("x".utf8), identifier: "drop", timeout: .seconds(30))
+            #expect(throws: WormholeError.self) { _ = try result.get() }
+            if case .failure(let error) = result { #expect(error.code == .remoteFailure) }
+            #expect(ContinuousClock.now - start < .seconds(20), "it failed when dropped, not at its time-out")
+            #expect(received.values == ["client"])
         }
-        defer { responder.cancel() }
-        let start = ContinuousClock.now
-        let result = try client.liveTransport().request(Data("x".utf8), identifier: "drop", timeout: .seconds(30))
-        #expect(throws: WormholeError.self) { _ = try result.get() }
-        if case .failure(let error) = result { #expect(error.code == .remoteFailure) }
-        #expect(ContinuousClock.now - start < .seconds(20), "it failed when dropped, not at its time-out")
-        #expect(received.values == ["client"])
     }
 }

@@ -20,120 +20,130 @@ struct MailboxContract {
     }
 
     @Test("The newest message is read back, identifiers are listed, clearing empties", arguments: EngineKind.allCases)
-    func readBackAndClear(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let app = try fixture.wormhole("app")
-        let widget = try fixture.wormhole("widget")
+    func readBackAndClear(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let app = try fixture.wormhole("app")
+            let widget = try fixture.wormhole("widget")
 
-        #expect(try widget.message(withIdentifier: "first", as: Note.self) == nil, "an empty mailbox reads nil")
-        try app.passMessageObject(Note(text: "one", number: 1), identifier: "first")
-        try app.passMessageObject(Note(text: "two", number: 2), identifier: "first")
-        try app.passMessageObject(Note(text: "three", number: 3), identifier: "second")
+            #expect(try widget.message(withIdentifier: "first", as: Note.self) == nil, "an empty mailbox reads nil")
+            try app.passMessageObject(Note(text: "one", number: 1), identifier: "first")
+            try app.passMessageObject(Note(text: "two", number: 2), identifier: "first")
+            try app.passMessageObject(Note(text: "three", number: 3), identifier: "second")
 
-        #expect(try widget.message(withIdentifier: "first", as: Note.self) == Note(text: "two", number: 2))
-        #expect(try widget.message(withIdentifier: "second", as: Note.self) == Note(text: "three", number: 3))
-        #expect(try widget.envelope(withIdentifier: "first")?.sender == "app")
-        #expect(try widget.identifiers() == ["first", "second"])
+            #expect(try widget.message(withIdentifier: "first", as: Note.self) == Note(text: "two", number: 2))
+            #expect(try widget.message(withIdentifier: "second", as: Note.self) == Note(text: "three", number: 3))
+            #expect(try widget.envelope(withIdentifier: "first")?.sender == "app")
+            #expect(try widget.identifiers() == ["first", "second"])
 
-        try widget.clearMessageContents(forIdentifier: "first")
-        #expect(try app.message(withIdentifier: "first", as: Note.self) == nil)
-        #expect(try app.identifiers() == ["second"])
+            try widget.clearMessageContents(forIdentifier: "first")
+            #expect(try app.message(withIdentifier: "first", as: Note.self) == nil)
+            #expect(try app.identifiers() == ["second"])
 
-        try app.clearAllMessageContents()
-        #expect(try widget.message(withIdentifier: "second", as: Note.self) == nil)
-        #expect(try widget.identifiers().isEmpty)
+            try app.clearAllMessageContents()
+            #expect(try widget.message(withIdentifier: "second", as: Note.self) == nil)
+            #expect(try widget.identifiers().isEmpty)
+        }
     }
 
     @Test(
         "A listener in another wormhole gets rapid passes never older after newer, never twice, ending with the last",
         arguments: EngineKind.allCases
     )
-    func rapidPasses(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let app = try fixture.wormhole("app")
-        let widget = try fixture.wormhole("widget")
-        let received = Collector<Int>()
-        let sequences = Collector<UInt64>()
-        let listener = try widget.listenForMessage(withIdentifier: "counter", as: Int.self) { received.append($0) }
-        let envelopes = try widget.listenForEnvelopes(withIdentifier: "counter") { sequences.append($0.sequence) }
+    func rapidPasses(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let app = try fixture.wormhole("app")
+            let widget = try fixture.wormhole("widget")
+            let received = Collector<Int>()
+            let sequences = Collector<UInt64>()
+            let listener = try widget.listenForMessage(withIdentifier: "counter", as: Int.self) { received.append($0) }
+            let envelopes = try widget.listenForEnvelopes(withIdentifier: "counter") { sequences.append($0.sequence) }
 
-        let count = 300
-        var last: Envelope?
-        for value in 0..<count { last = try app.passMessageObject(value, identifier: "counter") }
-        let lastSequence = try #require(last).sequence
+            let count = 300
+            var last: Envelope?
+            for value in 0..<count { last = try app.passMessageObject(value, identifier: "counter") }
+            let lastSequence = try #require(last).sequence
 
-        #expect(eventually { received.values.last == count - 1 }, "ends with the last message")
-        #expect(eventually { sequences.values.last == lastSequence }, "ends with the last envelope")
-        let values = received.values
-        #expect(!values.isEmpty)
-        #expect(
-            zip(values, values.dropFirst()).allSatisfy { $0 < $1 },
-            "never older after newer, never twice: \(values)"
-        )
-        let seen = sequences.values
-        #expect(zip(seen, seen.dropFirst()).allSatisfy { $0 < $1 }, "envelopes' sequences only grow: \(seen)")
-        listener.cancel()
-        envelopes.cancel()
+            #expect(eventually { received.values.last == count - 1 }, "ends with the last message")
+            #expect(eventually { sequences.values.last == lastSequence }, "ends with the last envelope")
+            let values = received.values
+            #expect(!values.isEmpty)
+            #expect(
+                zip(values, values.dropFirst()).allSatisfy { $0 < $1 },
+                "never older after newer, never twice: \(values)"
+            )
+            let seen = sequences.values
+            #expect(zip(seen, seen.dropFirst()).allSatisfy { $0 < $1 }, "envelopes' sequences only grow: \(seen)")
+            listener.cancel()
+            envelopes.cancel()
+        }
     }
 
     @Test("Three listeners of one identifier, in three wormholes, all get each message", arguments: EngineKind.allCases)
-    func threeListeners(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let app = try fixture.wormhole("app")
-        let collectors = (0..<3).map { _ in Collector<Note>() }
-        let listeners = try collectors.enumerated().map { index, collector in
-            try fixture.wormhole("listener-\(index)").listenForMessage(withIdentifier: "broadcast", as: Note.self) {
-                collector.append($0)
+    func threeListeners(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let app = try fixture.wormhole("app")
+            let collectors = (0..<3).map { _ in Collector<Note>() }
+            let listeners = try collectors.enumerated().map { index, collector in
+                try fixture.wormhole("listener-\(index)").listenForMessage(withIdentifier: "broadcast", as: Note.self) {
+                    collector.append($0)
+                }
             }
-        }
 
-        try app.passMessageObject(Note(text: "hello", number: 1), identifier: "broadcast")
-        #expect(eventually { collectors.allSatisfy { $0.count == 1 } })
-        try app.passMessageObject(Note(text: "again", number: 2), identifier: "broadcast")
-        #expect(eventually { collectors.allSatisfy { $0.count == 2 } })
-        for collector in collectors {
-            #expect(collector.values == [Note(text: "hello", number: 1), Note(text: "again", number: 2)])
+            try app.passMessageObject(Note(text: "hello", number: 1), identifier: "broadcast")
+            #expect(eventually { collectors.allSatisfy { $0.count == 1 } })
+            try app.passMessageObject(Note(text: "again", number: 2), identifier: "broadcast")
+            #expect(eventually { collectors.allSatisfy { $0.count == 2 } })
+            for collector in collectors {
+                #expect(collector.values == [Note(text: "hello", number: 1), Note(text: "again", number: 2)])
+            }
+            for listener in listeners { listener.cancel() }
         }
-        for listener in listeners { listener.cancel() }
     }
 
     @Test("deliveringCurrentMessage catches up on what was passed while away", arguments: EngineKind.allCases)
-    func catchUp(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let app = try fixture.wormhole("app")
-        let widget = try fixture.wormhole("widget")
+    func catchUp(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let app = try fixture.wormhole("app")
+            let widget = try fixture.wormhole("widget")
 
-        let before = Collector<Int>()
-        let first = try widget.listenForMessage(withIdentifier: "status", as: Int.self) { before.append($0) }
-        try app.passMessageObject(1, identifier: "status")
-        #expect(eventually { before.values == [1] })
-        first.cancel()
-        #expect(first.isCancelled)
+            let before = Collector<Int>()
+            let first = try widget.listenForMessage(withIdentifier: "status", as: Int.self) { before.append($0) }
+            try app.passMessageObject(1, identifier: "status")
+            #expect(eventually { before.values == [1] })
+            first.cancel()
+            #expect(first.isCancelled)
 
-        // Away: two messages are passed.
-        try app.passMessageObject(2, identifier: "status")
-        try app.passMessageObject(3, identifier: "status")
+            // Away: two messages are passed.
+            try app.passMessageObject(2, identifier: "status")
+            try app.passMessageObject(3, identifier: "status")
 
-        let caughtUp = Collector<Int>()
-        let plain = Collector<Int>()
-        let catching = try fixture.wormhole("widget-again").listenForMessage(
-            withIdentifier: "status",
-            as: Int.self,
-            deliveringCurrentMessage: true
-        ) { caughtUp.append($0) }
-        let notCatching = try fixture.wormhole("widget-plain").listenForMessage(withIdentifier: "status", as: Int.self)
-        {
-            plain.append($0)
+            let caughtUp = Collector<Int>()
+            let plain = Collector<Int>()
+            let catching = try fixture.wormhole("widget-again").listenForMessage(
+                withIdentifier: "status",
+                as: Int.self,
+                deliveringCurrentMessage: true
+            ) { caughtUp.append($0) }
+            let notCatching = try fixture.wormhole("widget-plain").listenForMessage(
+                withIdentifier: "status",
+                as: Int.self
+            ) {
+                plain.append($0)
+            }
+            #expect(eventually { caughtUp.values == [3] }, "the newest message passed while away comes first")
+
+            try app.passMessageObject(4, identifier: "status")
+            #expect(eventually { caughtUp.values == [3, 4] && plain.values == [4] })
+            #expect(caughtUp.values == [3, 4])
+            #expect(plain.values == [4], "without deliveringCurrentMessage, only new messages")
+            #expect(before.values == [1], "a cancelled listener gets nothing more")
+            catching.cancel()
+            notCatching.cancel()
         }
-        #expect(eventually { caughtUp.values == [3] }, "the newest message passed while away comes first")
-
-        try app.passMessageObject(4, identifier: "status")
-        #expect(eventually { caughtUp.values == [3, 4] && plain.values == [4] })
-        #expect(caughtUp.values == [3, 4])
-        #expect(plain.values == [4], "without deliveringCurrentMessage, only new messages")
-        #expect(before.values == [1], "a cancelled listener gets nothing more")
-        catching.cancel()
-        notCatching.cancel()
     }
 
     @Test(

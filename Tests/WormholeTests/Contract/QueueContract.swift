@@ -23,173 +23,181 @@ struct QueueContract {
         "Two producers × 200: two consumers each get every message once, each producer's order kept",
         arguments: EngineKind.allCases
     )
-    func producersAndConsumers(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let count = 200
-        let received = [Collector<QueueMessage<Job>>(), Collector<QueueMessage<Job>>()]
-        let consumers = try (0..<2).map { index in
-            try fixture.wormhole("consumer-\(index)").queue("jobs").consume(consumer: "c\(index)", as: Job.self) {
-                received[index].append($0)
-            }
-        }
-        let producers = try ["left", "right"].map { try fixture.wormhole($0).queue("jobs") }
-        let failures = Collector<String>()
-        DispatchQueue.concurrentPerform(iterations: 2) { index in
-            let name = index == 0 ? "left" : "right"
-            for job in 0..<count {
-                do { try producers[index].enqueue(Job(producer: name, index: job)) } catch {
-                    failures.append("\(error)")
+    func producersAndConsumers(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let count = 200
+            let received = [Collector<QueueMessage<Job>>(), Collector<QueueMessage<Job>>()]
+            let consumers = try (0..<2).map { index in
+                try fixture.wormhole("consumer-\(index)").queue("jobs").consume(consumer: "c\(index)", as: Job.self) {
+                    received[index].append($0)
                 }
             }
-        }
-        #expect(failures.values.isEmpty)
-
-        for (index, collector) in received.enumerated() {
-            #expect(eventually { collector.count >= 2 * count }, "consumer c\(index) gets all \(2 * count)")
-        }
-        // A last message marks the end: nothing before it may arrive after it.
-        try producers[0].enqueue(Job(producer: "end", index: 0))
-        for collector in received { #expect(eventually { collector.values.last?.value.producer == "end" }) }
-
-        for (index, collector) in received.enumerated() {
-            let messages = collector.values.dropLast()
-            let jobs = messages.map(\.value)
-            #expect(jobs.count == 2 * count, "c\(index): exactly once")
-            #expect(Set(jobs).count == jobs.count, "c\(index): no message twice")
-            for name in ["left", "right"] {
-                #expect(
-                    jobs.filter { $0.producer == name }.map(\.index) == Array(0..<count),
-                    "c\(index): \(name)'s order"
-                )
-                #expect(messages.filter { $0.value.producer == name }.allSatisfy { $0.sender == name })
+            let producers = try ["left", "right"].map { try fixture.wormhole($0).queue("jobs") }
+            let failures = Collector<String>()
+            DispatchQueue.concurrentPerform(iterations: 2) { index in
+                let name = index == 0 ? "left" : "right"
+                for job in 0..<count {
+                    do { try producers[index].enqueue(Job(producer: name, index: job)) } catch {
+                        failures.append("\(error)")
+                    }
+                }
             }
-            let offsets = messages.map(\.offset)
-            #expect(zip(offsets, offsets.dropFirst()).allSatisfy { $0 < $1 }, "c\(index): offsets grow")
+            #expect(failures.values.isEmpty)
+
+            for (index, collector) in received.enumerated() {
+                #expect(eventually { collector.count >= 2 * count }, "consumer c\(index) gets all \(2 * count)")
+            }
+            // A last message marks the end: nothing before it may arrive after it.
+            try producers[0].enqueue(Job(producer: "end", index: 0))
+            for collector in received { #expect(eventually { collector.values.last?.value.producer == "end" }) }
+
+            for (index, collector) in received.enumerated() {
+                let messages = collector.values.dropLast()
+                let jobs = messages.map(\.value)
+                #expect(jobs.count == 2 * count, "c\(index): exactly once")
+                #expect(Set(jobs).count == jobs.count, "c\(index): no message twice")
+                for name in ["left", "right"] {
+                    #expect(
+                        jobs.filter { $0.producer == name }.map(\.index) == Array(0..<count),
+                        "c\(index): \(name)'s order"
+                    )
+                    #expect(messages.filter { $0.value.producer == name }.allSatisfy { $0.sender == name })
+                }
+                let offsets = messages.map(\.offset)
+                #expect(zip(offsets, offsets.dropFirst()).allSatisfy { $0 < $1 }, "c\(index): offsets grow")
+            }
+            #expect(received[0].values.map(\.value) == received[1].values.map(\.value), "one order for every consumer")
+            for consumer in consumers { consumer.cancel() }
         }
-        #expect(received[0].values.map(\.value) == received[1].values.map(\.value), "one order for every consumer")
-        for consumer in consumers { consumer.cancel() }
     }
 
     @Test(
         "A consumer restarted under its name gets nothing acknowledged and catches up on what came while away",
         arguments: EngineKind.allCases
     )
-    func restartedConsumer(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let producer = try fixture.wormhole("app").queue("jobs")
-        for job in 0..<10 { try producer.enqueue(job) }
+    func restartedConsumer(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let producer = try fixture.wormhole("app").queue("jobs")
+            for job in 0..<10 { try producer.enqueue(job) }
 
-        let received = Collector<Int>()
-        let first = try fixture.wormhole("worker").queue("jobs").consume(consumer: "worker", as: Int.self) {
-            received.append($0.value)
+            let received = Collector<Int>()
+            let first = try fixture.wormhole("worker").queue("jobs").consume(consumer: "worker", as: Int.self) {
+                received.append($0.value)
+            }
+            #expect(eventually { received.count == 10 })
+            first.cancel()
+            #expect(first.isCancelled)
+
+            // Away: ten more.
+            for job in 10..<20 { try producer.enqueue(job) }
+            #expect(received.values == Array(0..<10), "a cancelled consumer handles nothing more")
+
+            let second = try fixture.wormhole("worker-again").queue("jobs").consume(consumer: "worker", as: Int.self) {
+                received.append($0.value)
+            }
+            #expect(eventually { received.count >= 20 })
+            try producer.enqueue(20)  // live again, after catching up
+            #expect(eventually { received.values.last == 20 })
+            #expect(received.values == Array(0...20), "none twice, none lost, in order")
+            second.cancel()
         }
-        #expect(eventually { received.count == 10 })
-        first.cancel()
-        #expect(first.isCancelled)
-
-        // Away: ten more.
-        for job in 10..<20 { try producer.enqueue(job) }
-        #expect(received.values == Array(0..<10), "a cancelled consumer handles nothing more")
-
-        let second = try fixture.wormhole("worker-again").queue("jobs").consume(consumer: "worker", as: Int.self) {
-            received.append($0.value)
-        }
-        #expect(eventually { received.count >= 20 })
-        try producer.enqueue(20)  // live again, after catching up
-        #expect(eventually { received.values.last == 20 })
-        #expect(received.values == Array(0...20), "none twice, none lost, in order")
-        second.cancel()
     }
 
     @Test(
         "A handler that throws gets its message again, and the error is .handlerFailed",
         arguments: EngineKind.allCases
     )
-    func throwingHandler(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let producer = try fixture.wormhole("app").queue("jobs")
-        let attempts = Collector<Int>()
-        let handled = Collector<Int>()
-        let errors = Collector<WormholeError>()
-        let consumer = try fixture.wormhole("worker").queue("jobs").consume(
-            consumer: "worker",
-            as: Int.self,
-            errorHandler: { errors.append($0) }
-        ) { message in
-            attempts.append(message.value)
-            if attempts.count == 1 { throw ContractFailure() }
-            handled.append(message.value)
-        }
+    func throwingHandler(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let producer = try fixture.wormhole("app").queue("jobs")
+            let attempts = Collector<Int>()
+            let handled = Collector<Int>()
+            let errors = Collector<WormholeError>()
+            let consumer = try fixture.wormhole("worker").queue("jobs").consume(
+                consumer: "worker",
+                as: Int.self,
+                errorHandler: { errors.append($0) }
+            ) { message in
+                attempts.append(message.value)
+                if attempts.count == 1 { throw ContractFailure() }
+                handled.append(message.value)
+            }
 
-        try producer.enqueue(1)
-        #expect(eventually { errors.count == 1 })
-        // The next append offers the unacknowledged message again, before the new one.
-        try producer.enqueue(2)
-        #expect(eventually { handled.count == 2 })
-        #expect(handled.values == [1, 2])
-        #expect(attempts.values == [1, 1, 2])
-        #expect(errors.values.map(\.code) == [.handlerFailed])
-        #expect(errors.values.first?.underlyingError is ContractFailure)
-        consumer.cancel()
+            try producer.enqueue(1)
+            #expect(eventually { errors.count == 1 })
+            // The next append offers the unacknowledged message again, before the new one.
+            try producer.enqueue(2)
+            #expect(eventually { handled.count == 2 })
+            #expect(handled.values == [1, 2])
+            #expect(attempts.values == [1, 1, 2])
+            #expect(errors.values.map(\.code) == [.handlerFailed])
+            #expect(errors.values.first?.underlyingError is ContractFailure)
+            consumer.cancel()
 
-        // Restarted after a failure: the failed message is offered again.
-        let refused = Collector<Int>()
-        let failing = try fixture.wormhole("worker-2").queue("jobs").consume(
-            consumer: "fragile",
-            as: Int.self,
-            errorHandler: { _ in }
-        ) { message in
-            refused.append(message.value)
-            throw ContractFailure()
+            // Restarted after a failure: the failed message is offered again.
+            let refused = Collector<Int>()
+            let failing = try fixture.wormhole("worker-2").queue("jobs").consume(
+                consumer: "fragile",
+                as: Int.self,
+                errorHandler: { _ in }
+            ) { message in
+                refused.append(message.value)
+                throw ContractFailure()
+            }
+            #expect(eventually { refused.count >= 1 })
+            failing.cancel()
+            #expect(refused.values.allSatisfy { $0 == 1 }, "the first message blocks the consumer until handled")
+            let again = Collector<Int>()
+            let restarted = try fixture.wormhole("worker-3").queue("jobs").consume(consumer: "fragile", as: Int.self) {
+                again.append($0.value)
+            }
+            #expect(eventually { again.count == 2 })
+            #expect(again.values == [1, 2], "nothing was acknowledged by the handler that threw")
+            restarted.cancel()
         }
-        #expect(eventually { refused.count >= 1 })
-        failing.cancel()
-        #expect(refused.values.allSatisfy { $0 == 1 }, "the first message blocks the consumer until handled")
-        let again = Collector<Int>()
-        let restarted = try fixture.wormhole("worker-3").queue("jobs").consume(consumer: "fragile", as: Int.self) {
-            again.append($0.value)
-        }
-        #expect(eventually { again.count == 2 })
-        #expect(again.values == [1, 2], "nothing was acknowledged by the handler that threw")
-        restarted.cancel()
     }
 
     @Test("enqueue(contentsOf:) batches arrive contiguous, in order", arguments: EngineKind.allCases)
-    func contiguousBatches(kind: EngineKind) throws {
-        let fixture = try EngineFixture(kind)
-        let batchSize = 8
-        let batches = 25
-        let received = Collector<Job>()
-        let consumer = try fixture.wormhole("worker").queue("batches").consume(consumer: "worker", as: Job.self) {
-            received.append($0.value)
-        }
-        let producers = try ["left", "right"].map { try fixture.wormhole($0).queue("batches") }
-        let failures = Collector<String>()
-        DispatchQueue.concurrentPerform(iterations: 2) { index in
-            let name = index == 0 ? "left" : "right"
-            for batch in 0..<batches {
-                let jobs = (0..<batchSize).map { Job(producer: name, batch: batch, index: $0) }
-                do { try producers[index].enqueue(contentsOf: jobs) } catch { failures.append("\(error)") }
+    func contiguousBatches(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let batchSize = 8
+            let batches = 25
+            let received = Collector<Job>()
+            let consumer = try fixture.wormhole("worker").queue("batches").consume(consumer: "worker", as: Job.self) {
+                received.append($0.value)
             }
-        }
-        #expect(failures.values.isEmpty)
-        #expect(eventually { received.count >= 2 * batches * batchSize })
+            let producers = try ["left", "right"].map { try fixture.wormhole($0).queue("batches") }
+            let failures = Collector<String>()
+            DispatchQueue.concurrentPerform(iterations: 2) { index in
+                let name = index == 0 ? "left" : "right"
+                for batch in 0..<batches {
+                    let jobs = (0..<batchSize).map { Job(producer: name, batch: batch, index: $0) }
+                    do { try producers[index].enqueue(contentsOf: jobs) } catch { failures.append("\(error)") }
+                }
+            }
+            #expect(failures.values.isEmpty)
+            #expect(eventually { received.count >= 2 * batches * batchSize })
 
-        let jobs = received.values
-        #expect(jobs.count == 2 * batches * batchSize)
-        var seenBatches: [String: [Int]] = [:]
-        for start in stride(from: 0, to: jobs.count, by: batchSize) {
-            let chunk = Array(jobs[start..<min(jobs.count, start + batchSize)])
-            let head = chunk[0]
-            #expect(
-                chunk == (0..<batchSize).map { Job(producer: head.producer, batch: head.batch, index: $0) },
-                "a batch arrives whole, with nothing between its messages: \(chunk)"
-            )
-            seenBatches[head.producer, default: []].append(head.batch)
+            let jobs = received.values
+            #expect(jobs.count == 2 * batches * batchSize)
+            var seenBatches: [String: [Int]] = [:]
+            for start in stride(from: 0, to: jobs.count, by: batchSize) {
+                let chunk = Array(jobs[start..<min(jobs.count, start + batchSize)])
+                let head = chunk[0]
+                #expect(
+                    chunk == (0..<batchSize).map { Job(producer: head.producer, batch: head.batch, index: $0) },
+                    "a batch arrives whole, with nothing between its messages: \(chunk)"
+                )
+                seenBatches[head.producer, default: []].append(head.batch)
+            }
+            #expect(seenBatches["left"] == Array(0..<batches))
+            #expect(seenBatches["right"] == Array(0..<batches))
+            consumer.cancel()
         }
-        #expect(seenBatches["left"] == Array(0..<batches))
-        #expect(seenBatches["right"] == Array(0..<batches))
-        consumer.cancel()
     }
 
     @Test(

@@ -53,11 +53,47 @@ func blocking<Value: Sendable>(_ body: @escaping @Sendable () throws -> Value) a
     }
 }
 
-/// Runs a synchronous test body that blocks for seconds (servers starting, processes waited for) on a thread of its
-/// own, in the test's own task: `#expect` works as anywhere in the test, and none of the few threads of Swift's
+/// Runs a synchronous test body that blocks (processes waited for, files watched, callbacks awaited) on a thread of
+/// its own, in the test's own task: `#expect` works as anywhere in the test, and none of the few threads of Swift's
 /// cooperative pool, which every async test and time limit needs, is held meanwhile.
+///
+/// Every test that does input and output runs its body this way. At most ``BlockingTestGate/shared``'s width of
+/// them run at once: the pool's width used to limit them, and with every test at once a 2-core machine misses the
+/// tests' deadlines.
 func offThePool<Value: Sendable>(_ body: () throws -> Value) async throws -> Value {
-    try await withTaskExecutorPreference(DedicatedThreadExecutor()) { try body() }
+    let gate = BlockingTestGate.shared
+    await gate.enter()
+    do {
+        let value = try await withTaskExecutorPreference(DedicatedThreadExecutor()) { try body() }
+        await gate.leave()
+        return value
+    } catch {
+        await gate.leave()
+        throw error
+    }
+}
+
+/// A counting gate that suspends, never blocks: the tests' blocking bodies wait their turn here.
+actor BlockingTestGate {
+    /// As many bodies at once as the machine has processors, and at least 2.
+    static let shared = BlockingTestGate(width: max(2, ProcessInfo.processInfo.activeProcessorCount))
+
+    private var available: Int
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    init(width: Int) { available = width }
+
+    func enter() async {
+        if available > 0 {
+            available -= 1
+            return
+        }
+        await withCheckedContinuation { waiting.append($0) }
+    }
+
+    func leave() {
+        if waiting.isEmpty { available += 1 } else { waiting.removeFirst().resume() }
+    }
 }
 
 /// A task executor whose jobs run on a serial dispatch queue: dispatch's own threads, not the cooperative pool.

@@ -43,7 +43,7 @@ enum WormholeTool {
         return "\(name)-executable-not-found"
     }
 
-    struct Result {
+    struct Result: Sendable {
         var status: Int32
         var output: String
         var error: String

@@ -15,29 +15,31 @@ struct BenchCaseTests {
             ("queue", "throughput"), ("queue-batch", "throughput"), ("live", "throughput"),
         ]
     )
-    func runs(mode: String, metric: String) throws {
-        let result = try WormholeTool.run(
-            [
-                "bench-case", mode, metric, "--count", "300", "--warm-up", "20", "--size", "100",
-                "--directory", directory("\(mode)-\(metric)"),
-            ],
-            timeout: 60
-        )
-        #expect(result.status == 0, "\(result.error)")
-        let line = try #require(result.lines.last)
-        let figures = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
-        #expect(figures["case"] as? String == "wormhole-\(mode)")
-        #expect(figures["metric"] as? String == metric)
-        #expect(figures["size"] as? Int == 100)
-        if metric == "latency" {
-            #expect(figures["count"] as? Int == 300)
-            #expect((figures["percentiles_us"] as? [Double])?.count == 101)
-            #expect((figures["p50_us"] as? Double ?? 0) > 0)
-        } else {
-            // Every message arrives, except on a mailbox, which keeps the newest (the last one always arrives).
-            let received = figures["received"] as? Int ?? 0
-            #expect(mode == "mailbox" ? received >= 1 : received == 300)
-            #expect((figures["messages_per_second"] as? Double ?? 0) > 0)
+    func runs(mode: String, metric: String) async throws {
+        try await offThePool {
+            let result = try WormholeTool.run(
+                [
+                    "bench-case", mode, metric, "--count", "300", "--warm-up", "20", "--size", "100",
+                    "--directory", directory("\(mode)-\(metric)"),
+                ],
+                timeout: 60
+            )
+            #expect(result.status == 0, "\(result.error)")
+            let line = try #require(result.lines.last)
+            let figures = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            #expect(figures["case"] as? String == "wormhole-\(mode)")
+            #expect(figures["metric"] as? String == metric)
+            #expect(figures["size"] as? Int == 100)
+            if metric == "latency" {
+                #expect(figures["count"] as? Int == 300)
+                #expect((figures["percentiles_us"] as? [Double])?.count == 101)
+                #expect((figures["p50_us"] as? Double ?? 0) > 0)
+            } else {
+                // Every message arrives, except on a mailbox, which keeps the newest (the last one always arrives).
+                let received = figures["received"] as? Int ?? 0
+                #expect(mode == "mailbox" ? received >= 1 : received == 300)
+                #expect((figures["messages_per_second"] as? Double ?? 0) > 0)
+            }
         }
     }
 }

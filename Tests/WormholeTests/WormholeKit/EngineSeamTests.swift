@@ -12,66 +12,72 @@ struct EngineSeamTests {
     let directory = TemporaryDirectory()
 
     @Test("A wormhole made from a file transiting and a notifier has every mode, in its directory")
-    func partsOnADirectory() throws {
-        let path = directory("parts")
-        let wormhole = Wormhole(
-            transiting: try CoordinatedFileTransiting(directory: path),
-            notifier: try DirectoryNotifier(directory: path)
-        )
-        #expect(wormhole.directory == path)
-        try wormhole.queue("jobs").enqueue("a job")
-        #expect(try wormhole.queue("jobs").status().endOffset > 0)
-        try wormhole.suite("settings").set(1, forKey: "count")
-        #expect(try wormhole.suite("settings").value(forKey: "count", as: Int.self) == 1)
-        // Another wormhole on the same directory sees the queue: the files are the same.
-        let other = try Wormhole(directory: path)
-        let consumer = Collector<String>()
-        let handle = try other.queue("jobs").consume(consumer: "w", as: String.self, on: .notifierThread) {
-            consumer.append($0.value)
+    func partsOnADirectory() async throws {
+        try await offThePool {
+            let path = directory("parts")
+            let wormhole = Wormhole(
+                transiting: try CoordinatedFileTransiting(directory: path),
+                notifier: try DirectoryNotifier(directory: path)
+            )
+            #expect(wormhole.directory == path)
+            try wormhole.queue("jobs").enqueue("a job")
+            #expect(try wormhole.queue("jobs").status().endOffset > 0)
+            try wormhole.suite("settings").set(1, forKey: "count")
+            #expect(try wormhole.suite("settings").value(forKey: "count", as: Int.self) == 1)
+            // Another wormhole on the same directory sees the queue: the files are the same.
+            let other = try Wormhole(directory: path)
+            let consumer = Collector<String>()
+            let handle = try other.queue("jobs").consume(consumer: "w", as: String.self, on: .notifierThread) {
+                consumer.append($0.value)
+            }
+            #expect(eventually { consumer.values == ["a job"] })
+            handle.cancel()
+            #expect(handle.isCancelled)
         }
-        #expect(eventually { consumer.values == ["a job"] })
-        handle.cancel()
-        #expect(handle.isCancelled)
     }
 
     @Test("A wormhole made from an in-memory transiting has mailboxes, and says what it cannot do")
-    func partsWithoutADirectory() throws {
-        let wormhole = Wormhole(transiting: InMemoryTransiting(), notifier: ManualNotifier())
-        #expect(wormhole.directory == nil)
-        try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
-        #expect(try wormhole.message(withIdentifier: "button", as: Tap.self) == Tap(number: 1))
-        for attempt in [
-            { _ = try wormhole.queue("jobs") }, { _ = try wormhole.suite("settings") },
-            { _ = try wormhole.transfers("files") }, { try wormhole.sendMessage(1, identifier: "live") },
-        ] as [() throws -> Void] {
-            let error = #expect(throws: WormholeError.self) { try attempt() }
-            #expect(error?.code == .unsupported)
-            #expect(error?.message.contains("Wormhole(engine:)") == true)
+    func partsWithoutADirectory() async throws {
+        try await offThePool {
+            let wormhole = Wormhole(transiting: InMemoryTransiting(), notifier: ManualNotifier())
+            #expect(wormhole.directory == nil)
+            try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
+            #expect(try wormhole.message(withIdentifier: "button", as: Tap.self) == Tap(number: 1))
+            for attempt in [
+                { _ = try wormhole.queue("jobs") }, { _ = try wormhole.suite("settings") },
+                { _ = try wormhole.transfers("files") }, { try wormhole.sendMessage(1, identifier: "live") },
+            ] as [() throws -> Void] {
+                let error = #expect(throws: WormholeError.self) { try attempt() }
+                #expect(error?.code == .unsupported)
+                #expect(error?.message.contains("Wormhole(engine:)") == true)
+            }
         }
     }
 
     @Test("Mailbox messages are reposted to a NotificationCenter with the JSON object and the envelope")
-    func reposting() throws {
-        let engine = InMemoryEngine()
-        let app = Wormhole(engine: engine, sender: "app")
-        let widget = Wormhole(engine: engine, sender: "widget")
-        let center = NotificationCenter()
-        let received = Collector<Int>()
-        let senders = Collector<String>()
-        let token = center.addObserver(forName: Notification.Name("button"), object: nil, queue: nil) { note in
-            if let object = note.object as? [String: Any], let number = object["number"] as? Int {
-                received.append(number)
+    func reposting() async throws {
+        try await offThePool {
+            let engine = InMemoryEngine()
+            let app = Wormhole(engine: engine, sender: "app")
+            let widget = Wormhole(engine: engine, sender: "widget")
+            let center = NotificationCenter()
+            let received = Collector<Int>()
+            let senders = Collector<String>()
+            let token = center.addObserver(forName: Notification.Name("button"), object: nil, queue: nil) { note in
+                if let object = note.object as? [String: Any], let number = object["number"] as? Int {
+                    received.append(number)
+                }
+                if let envelope = note.userInfo?["envelope"] as? Envelope { senders.append(envelope.sender) }
             }
-            if let envelope = note.userInfo?["envelope"] as? Envelope { senders.append(envelope.sender) }
+            defer { center.removeObserver(token) }
+            let reposting = try widget.repostMessages(withIdentifier: "button", to: center)
+            try app.passMessageObject(Tap(number: 7), identifier: "button")
+            #expect(eventually { received.values == [7] && senders.values == ["app"] })
+            reposting.cancel()
+            try app.passMessageObject(Tap(number: 8), identifier: "button")
+            (engine.notifier as? InMemoryNotifier)?.waitUntilIdle()
+            #expect(received.values == [7], "nothing is reposted once cancelled")
         }
-        defer { center.removeObserver(token) }
-        let reposting = try widget.repostMessages(withIdentifier: "button", to: center)
-        try app.passMessageObject(Tap(number: 7), identifier: "button")
-        #expect(eventually { received.values == [7] && senders.values == ["app"] })
-        reposting.cancel()
-        try app.passMessageObject(Tap(number: 8), identifier: "button")
-        (engine.notifier as? InMemoryNotifier)?.waitUntilIdle()
-        #expect(received.values == [7], "nothing is reposted once cancelled")
     }
 
     @Test("An error with no handler is logged, never dropped; a handler's own error is handlerFailed")
@@ -99,26 +105,30 @@ struct EngineSeamTests {
             errorHandler: { errors.append($0.code) }
         ) { (_: Int) -> Int in throw Refused() }
         await #expect(throws: WormholeError.self) { _ = try await wormhole.request(1, identifier: "ask", as: Int.self) }
-        #expect(eventually { errors.values == [.handlerFailed] })
+        #expect(await eventuallyAwaiting { errors.values == [.handlerFailed] })
         responder.cancel()
         #expect(responder.isCancelled)
     }
 
     @Test("The store's closures that throw are reported as handlerFailed and roll back")
-    func storeHandlerFailed() throws {
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("items") { db in try db.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY)") }
-        let store = try SharedStore(path: directory("store.sqlite"), migrator: migrator)
-        struct Refused: Error {}
-        let error = #expect(throws: StoreError.self) {
-            try store.write { db in
-                try db.execute(sql: "INSERT INTO item DEFAULT VALUES")
-                throw Refused()
+    func storeHandlerFailed() async throws {
+        try await offThePool {
+            var migrator = DatabaseMigrator()
+            migrator.registerMigration("items") { db in
+                try db.execute(sql: "CREATE TABLE item (id INTEGER PRIMARY KEY)")
             }
+            let store = try SharedStore(path: directory("store.sqlite"), migrator: migrator)
+            struct Refused: Error {}
+            let error = #expect(throws: StoreError.self) {
+                try store.write { db in
+                    try db.execute(sql: "INSERT INTO item DEFAULT VALUES")
+                    throw Refused()
+                }
+            }
+            #expect(error?.code == .handlerFailed)
+            #expect(try store.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") } == 0)
+            #expect(try store.purgeHistory(maximumAge: .seconds(3600)) == 0)
         }
-        #expect(error?.code == .handlerFailed)
-        #expect(try store.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM item") } == 0)
-        #expect(try store.purgeHistory(maximumAge: .seconds(3600)) == 0)
     }
 }
 

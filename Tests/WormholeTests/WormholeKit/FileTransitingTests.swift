@@ -12,172 +12,196 @@ struct FileTransitingTests {
     }
 
     @Test("Writes, reads, lists, clears; sequences grow across clearing")
-    func basics() throws {
-        let files = try transiting()
-        #expect(try files.readMessage(identifier: "a") == nil)
-        let first = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
-        let second = try files.writeMessage(Data("2".utf8), sender: "test", identifier: "a")
-        _ = try files.writeMessage(Data("x".utf8), sender: "test", identifier: "b")
-        #expect(first.sequence == 1 && second.sequence == 2 && second.generation == first.generation)
-        let read = try #require(try files.readMessage(identifier: "a"))
-        #expect(read == second)
-        #expect(try files.identifiers() == ["a", "b"])
-        try files.deleteMessage(identifier: "a")
-        #expect(try files.readMessage(identifier: "a") == nil)
-        #expect(try files.identifiers() == ["b"])
-        let third = try files.writeMessage(Data("3".utf8), sender: "test", identifier: "a")
-        #expect(third.sequence == 4, "the cleared record took sequence 3")
-        try files.deleteAllMessages()
-        #expect(try files.identifiers() == [])
-        try files.deleteMessage(identifier: "never-written")
+    func basics() async throws {
+        try await offThePool {
+            let files = try transiting()
+            #expect(try files.readMessage(identifier: "a") == nil)
+            let first = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+            let second = try files.writeMessage(Data("2".utf8), sender: "test", identifier: "a")
+            _ = try files.writeMessage(Data("x".utf8), sender: "test", identifier: "b")
+            #expect(first.sequence == 1 && second.sequence == 2 && second.generation == first.generation)
+            let read = try #require(try files.readMessage(identifier: "a"))
+            #expect(read == second)
+            #expect(try files.identifiers() == ["a", "b"])
+            try files.deleteMessage(identifier: "a")
+            #expect(try files.readMessage(identifier: "a") == nil)
+            #expect(try files.identifiers() == ["b"])
+            let third = try files.writeMessage(Data("3".utf8), sender: "test", identifier: "a")
+            #expect(third.sequence == 4, "the cleared record took sequence 3")
+            try files.deleteAllMessages()
+            #expect(try files.identifiers() == [])
+            try files.deleteMessage(identifier: "never-written")
+        }
     }
 
     @Test("Directories are created 0700 and files 0600")
-    func permissionsArePrivate() throws {
-        let files = try transiting()
-        _ = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
-        #expect(permissions(directory("wormhole")) == 0o700)
-        #expect(permissions(directory("wormhole/a.msg")) == 0o600)
+    func permissionsArePrivate() async throws {
+        try await offThePool {
+            let files = try transiting()
+            _ = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+            #expect(permissions(directory("wormhole")) == 0o700)
+            #expect(permissions(directory("wormhole/a.msg")) == 0o600)
+        }
     }
 
     @Test("Messages that outgrow their slots move to a larger file, keeping sequence and generation")
-    func growth() throws {
-        let files = try transiting()
-        let small = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
-        let large = Data(repeating: 0x41, count: 100_000)
-        let grown = try files.writeMessage(large, sender: "test", identifier: "a")
-        #expect(grown.sequence == small.sequence + 1 && grown.generation == small.generation)
-        #expect(try files.readMessage(identifier: "a")?.payload == large)
-        let after = try files.writeMessage(Data("2".utf8), sender: "test", identifier: "a")
-        #expect(try files.readMessage(identifier: "a") == after)
+    func growth() async throws {
+        try await offThePool {
+            let files = try transiting()
+            let small = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+            let large = Data(repeating: 0x41, count: 100_000)
+            let grown = try files.writeMessage(large, sender: "test", identifier: "a")
+            #expect(grown.sequence == small.sequence + 1 && grown.generation == small.generation)
+            #expect(try files.readMessage(identifier: "a")?.payload == large)
+            let after = try files.writeMessage(Data("2".utf8), sender: "test", identifier: "a")
+            #expect(try files.readMessage(identifier: "a") == after)
+        }
     }
 
     @Test("A message over the size limit is refused and the previous one kept")
-    func tooLarge() throws {
-        let files = try transiting(.init(maximumMessageSize: 1000))
-        _ = try files.writeMessage(Data("kept".utf8), sender: "test", identifier: "a")
-        let error = #expect(throws: WormholeError.self) {
-            try files.writeMessage(Data(count: 1001), sender: "test", identifier: "a")
+    func tooLarge() async throws {
+        try await offThePool {
+            let files = try transiting(.init(maximumMessageSize: 1000))
+            _ = try files.writeMessage(Data("kept".utf8), sender: "test", identifier: "a")
+            let error = #expect(throws: WormholeError.self) {
+                try files.writeMessage(Data(count: 1001), sender: "test", identifier: "a")
+            }
+            #expect(error?.code == .messageTooLarge)
+            #expect(try files.readMessage(identifier: "a")?.payload == Data("kept".utf8))
         }
-        #expect(error?.code == .messageTooLarge)
-        #expect(try files.readMessage(identifier: "a")?.payload == Data("kept".utf8))
     }
 
     @Test("A symbolic link planted as a mailbox is refused, and its target is never written")
-    func plantedSymlink() throws {
-        let files = try transiting()
-        let outside = directory("outside.txt")
-        try Data("secret".utf8).write(to: URL(fileURLWithPath: outside))
-        #expect(symlink(outside, directory("wormhole/a.msg")) == 0)
-        let writeError = #expect(throws: WormholeError.self) {
-            try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+    func plantedSymlink() async throws {
+        try await offThePool {
+            let files = try transiting()
+            let outside = directory("outside.txt")
+            try Data("secret".utf8).write(to: URL(fileURLWithPath: outside))
+            #expect(symlink(outside, directory("wormhole/a.msg")) == 0)
+            let writeError = #expect(throws: WormholeError.self) {
+                try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+            }
+            #expect(writeError?.code == .untrustedFile)
+            let readError = #expect(throws: WormholeError.self) { try files.readMessage(identifier: "a") }
+            #expect(readError?.code == .untrustedFile)
+            #expect(try String(contentsOfFile: outside, encoding: .utf8) == "secret")
         }
-        #expect(writeError?.code == .untrustedFile)
-        let readError = #expect(throws: WormholeError.self) { try files.readMessage(identifier: "a") }
-        #expect(readError?.code == .untrustedFile)
-        #expect(try String(contentsOfFile: outside, encoding: .utf8) == "secret")
     }
 
     @Test("A hard link planted as a mailbox is refused")
-    func plantedHardLink() throws {
-        let files = try transiting()
-        let outside = directory("outside.txt")
-        try Data("secret".utf8).write(to: URL(fileURLWithPath: outside))
-        #expect(link(outside, directory("wormhole/a.msg")) == 0)
-        let error = #expect(throws: WormholeError.self) {
-            try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+    func plantedHardLink() async throws {
+        try await offThePool {
+            let files = try transiting()
+            let outside = directory("outside.txt")
+            try Data("secret".utf8).write(to: URL(fileURLWithPath: outside))
+            #expect(link(outside, directory("wormhole/a.msg")) == 0)
+            let error = #expect(throws: WormholeError.self) {
+                try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+            }
+            #expect(error?.code == .untrustedFile)
+            #expect(try String(contentsOfFile: outside, encoding: .utf8) == "secret")
         }
-        #expect(error?.code == .untrustedFile)
-        #expect(try String(contentsOfFile: outside, encoding: .utf8) == "secret")
     }
 
     @Test("A FIFO or a directory planted as a mailbox is refused without blocking")
-    func plantedSpecialFiles() throws {
-        let files = try transiting()
-        #expect(mkfifo(directory("wormhole/fifo.msg"), 0o600) == 0)
-        #expect(mkdir(directory("wormhole/dir.msg"), 0o700) == 0)
-        for identifier in ["fifo", "dir"] {
-            let error = #expect(throws: WormholeError.self) { try files.readMessage(identifier: identifier) }
-            #expect(error != nil)
-            #expect(throws: WormholeError.self) {
-                try files.writeMessage(Data("1".utf8), sender: "test", identifier: identifier)
+    func plantedSpecialFiles() async throws {
+        try await offThePool {
+            let files = try transiting()
+            #expect(mkfifo(directory("wormhole/fifo.msg"), 0o600) == 0)
+            #expect(mkdir(directory("wormhole/dir.msg"), 0o700) == 0)
+            for identifier in ["fifo", "dir"] {
+                let error = #expect(throws: WormholeError.self) { try files.readMessage(identifier: identifier) }
+                #expect(error != nil)
+                #expect(throws: WormholeError.self) {
+                    try files.writeMessage(Data("1".utf8), sender: "test", identifier: identifier)
+                }
             }
         }
     }
 
     @Test("A file of another user is refused as planted", .enabled(if: geteuid() == 0, "needs root to chown"))
-    func otherOwner() throws {
-        let files = try transiting()
-        _ = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
-        #expect(chown(directory("wormhole/a.msg"), 65534, 65534) == 0)
-        let error = #expect(throws: WormholeError.self) { try files.readMessage(identifier: "a") }
-        #expect(error?.code == .untrustedFile)
+    func otherOwner() async throws {
+        try await offThePool {
+            let files = try transiting()
+            _ = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+            #expect(chown(directory("wormhole/a.msg"), 65534, 65534) == 0)
+            let error = #expect(throws: WormholeError.self) { try files.readMessage(identifier: "a") }
+            #expect(error?.code == .untrustedFile)
+        }
     }
 
     @Test("A directory of another user is refused", .enabled(if: geteuid() == 0, "needs root to chown"))
-    func otherOwnerDirectory() throws {
-        #expect(mkdir(directory("theirs"), 0o700) == 0)
-        #expect(chown(directory("theirs"), 65534, 65534) == 0)
-        let error = #expect(throws: WormholeError.self) { try FileTransiting(directory: directory("theirs")) }
-        #expect(error?.code == .untrustedFile)
+    func otherOwnerDirectory() async throws {
+        try await offThePool {
+            #expect(mkdir(directory("theirs"), 0o700) == 0)
+            #expect(chown(directory("theirs"), 65534, 65534) == 0)
+            let error = #expect(throws: WormholeError.self) { try FileTransiting(directory: directory("theirs")) }
+            #expect(error?.code == .untrustedFile)
+        }
     }
 
     @Test("A missing directory is an error when it is not to be created; a file in the way is one too")
-    func missingDirectory() throws {
-        let missing = #expect(throws: WormholeError.self) {
-            try FileTransiting(directory: directory("missing"), createDirectory: false)
+    func missingDirectory() async throws {
+        try await offThePool {
+            let missing = #expect(throws: WormholeError.self) {
+                try FileTransiting(directory: directory("missing"), createDirectory: false)
+            }
+            #expect(missing?.code == .directoryUnavailable)
+            try Data().write(to: URL(fileURLWithPath: directory("plain-file")))
+            let notDirectory = #expect(throws: WormholeError.self) {
+                try FileTransiting(directory: directory("plain-file/wormhole"))
+            }
+            #expect(notDirectory?.code == .directoryUnavailable)
         }
-        #expect(missing?.code == .directoryUnavailable)
-        try Data().write(to: URL(fileURLWithPath: directory("plain-file")))
-        let notDirectory = #expect(throws: WormholeError.self) {
-            try FileTransiting(directory: directory("plain-file/wormhole"))
-        }
-        #expect(notDirectory?.code == .directoryUnavailable)
     }
 
     @Test("An unwritable directory is reported at once", .enabled(if: geteuid() != 0, "root writes anywhere"))
-    func unwritableDirectory() throws {
-        #expect(mkdir(directory("locked"), 0o500) == 0)
-        let error = #expect(throws: WormholeError.self) { try FileTransiting(directory: directory("locked")) }
-        #expect(error?.code == .directoryUnavailable)
+    func unwritableDirectory() async throws {
+        try await offThePool {
+            #expect(mkdir(directory("locked"), 0o500) == 0)
+            let error = #expect(throws: WormholeError.self) { try FileTransiting(directory: directory("locked")) }
+            #expect(error?.code == .directoryUnavailable)
+        }
     }
 
     @Test("Damaged files give typed errors; the next write replaces them, but never a newer version's file")
-    func damagedFiles() throws {
-        let files = try transiting()
-        let path = directory("wormhole/a.msg")
-        let cases: [(String, [UInt8], WormholeError.Code)] = [
-            ("empty", [], .truncatedMessage),
-            (
-                "garbage", Array("this is not a wormhole file, just some text.......................".utf8),
-                .corruptMessage
-            ),
-            ("future version", Self.fileWithVersion(7), .unsupportedFormatVersion),
-        ]
-        for (name, bytes, code) in cases {
-            try Data(bytes).write(to: URL(fileURLWithPath: path))
-            chmod(path, 0o600)
-            let error = #expect(throws: WormholeError.self, "\(name)") { try files.readMessage(identifier: "a") }
-            #expect(error?.code == code, "\(name)")
-            #expect(try files.identifiers() == ["a"], "a damaged mailbox is still listed")
-            if code == .unsupportedFormatVersion {
-                // A newer writer's file is not damaged: it is kept for the processes that read it.
-                let refused = #expect(throws: WormholeError.self) {
-                    try files.writeMessage(Data("fresh".utf8), sender: "test", identifier: "a")
+    func damagedFiles() async throws {
+        try await offThePool {
+            let files = try transiting()
+            let path = directory("wormhole/a.msg")
+            let cases: [(String, [UInt8], WormholeError.Code)] = [
+                ("empty", [], .truncatedMessage),
+                (
+                    "garbage", Array("this is not a wormhole file, just some text.......................".utf8),
+                    .corruptMessage
+                ),
+                ("future version", Self.fileWithVersion(7), .unsupportedFormatVersion),
+            ]
+            for (name, bytes, code) in cases {
+                try Data(bytes).write(to: URL(fileURLWithPath: path))
+                chmod(path, 0o600)
+                let error = #expect(throws: WormholeError.self, "\(name)") { try files.readMessage(identifier: "a") }
+                #expect(error?.code == code, "\(name)")
+                #expect(try files.identifiers() == ["a"], "a damaged mailbox is still listed")
+                if code == .unsupportedFormatVersion {
+                    // A newer writer's file is not damaged: it is kept for the processes that read it.
+                    let refused = #expect(throws: WormholeError.self) {
+                        try files.writeMessage(Data("fresh".utf8), sender: "test", identifier: "a")
+                    }
+                    #expect(refused?.code == .unsupportedFormatVersion)
+                    #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == Data(bytes))
+                    try FileManager.default.removeItem(atPath: path)
+                    continue
                 }
-                #expect(refused?.code == .unsupportedFormatVersion)
-                #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == Data(bytes))
-                try FileManager.default.removeItem(atPath: path)
-                continue
+                let written = try files.writeMessage(Data("fresh".utf8), sender: "test", identifier: "a")
+                #expect(try files.readMessage(identifier: "a") == written, "\(name)")
             }
-            let written = try files.writeMessage(Data("fresh".utf8), sender: "test", identifier: "a")
-            #expect(try files.readMessage(identifier: "a") == written, "\(name)")
+            // Truncated in the slots: shorter than the header says.
+            _ = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
+            #expect(truncate(path, 200) == 0)
+            let error = #expect(throws: WormholeError.self) { try files.readMessage(identifier: "a") }
+            #expect(error?.code == .truncatedMessage)
         }
-        // Truncated in the slots: shorter than the header says.
-        _ = try files.writeMessage(Data("1".utf8), sender: "test", identifier: "a")
-        #expect(truncate(path, 200) == 0)
-        let error = #expect(throws: WormholeError.self) { try files.readMessage(identifier: "a") }
-        #expect(error?.code == .truncatedMessage)
     }
 
     static func fileWithVersion(_ version: UInt16) -> [UInt8] {

@@ -14,15 +14,19 @@ struct LiveTests {
     var location: [String] { ["--directory", directory("wormhole")] }
     func makeWormhole() throws -> Wormhole { try Wormhole(directory: directory("wormhole")) }
 
-    func responder(_ command: String, count: Int = 100) throws -> RunningTool {
-        let tool = try RunningTool(["respond"] + location + ["lookup", "--exec", command, "--count", String(count)])
-        #expect(tool.waitForError(containing: "responding to"))
-        return tool
+    /// A responder process, once it says that it responds; started and waited for off the cooperative pool.
+    func responder(_ command: String, count: Int = 100) async throws -> RunningTool {
+        let arguments = ["respond"] + location + ["lookup", "--exec", command, "--count", String(count)]
+        return try await offThePool {
+            let tool = try RunningTool(arguments)
+            #expect(tool.waitForError(containing: "responding to"))
+            return tool
+        }
     }
 
     @Test("A request reaches a responder in another process and its reply comes back")
     func requestAndReply() async throws {
-        let responder = try responder(#"sed 's/"term"/"result"/; s/swift/SWIFT/'"#)
+        let responder = try await responder(#"sed 's/"term"/"result"/; s/swift/SWIFT/'"#)
         let answer = try await makeWormhole().request(Query(term: "swift"), identifier: "lookup", as: Answer.self)
         #expect(answer == Answer(result: "SWIFT"))
         responder.kill()
@@ -49,33 +53,35 @@ struct LiveTests {
     }
 
     @Test("Kept connections: 2,000 messages arrive in order; a listener that comes, stops or is killed is seen at once")
-    func keptConnections() throws {
-        let wormhole = try makeWormhole()
-        let first = try RunningTool(["live-listen"] + location + ["ping", "--count", "2000", "--timeout", "60"])
-        #expect(first.waitForError(containing: "listening"))
-        for index in 0..<2000 { #expect(try wormhole.sendMessage(index, identifier: "ping") == 1) }
-        let result = first.finish()
-        #expect(result.lines == (0..<2000).map(String.init), "in order, none lost, over one kept connection")
+    func keptConnections() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let first = try RunningTool(["live-listen"] + location + ["ping", "--count", "2000", "--timeout", "60"])
+            #expect(first.waitForError(containing: "listening"))
+            for index in 0..<2000 { #expect(try wormhole.sendMessage(index, identifier: "ping") == 1) }
+            let result = first.finish()
+            #expect(result.lines == (0..<2000).map(String.init), "in order, none lost, over one kept connection")
 
-        // A listener in this process comes after the connections were made: the next send reaches it.
-        let received = Collector<Int>()
-        let here = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self, on: .notifierThread) {
-            received.append($0)
+            // A listener in this process comes after the connections were made: the next send reaches it.
+            let received = Collector<Int>()
+            let here = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self, on: .notifierThread) {
+                received.append($0)
+            }
+            #expect(try wormhole.sendMessage(1, identifier: "ping") == 1)
+            #expect(eventually { received.values == [1] })
+            let other = try RunningTool(["live-listen"] + location + ["ping", "--count", "100", "--timeout", "60"])
+            #expect(other.waitForError(containing: "listening"))
+            #expect(try wormhole.sendMessage(2, identifier: "ping") == 2)
+            // Killed: its kept connection fails, its dead socket is removed, and the count says so.
+            other.kill()
+            _ = other.finish()
+            #expect(try wormhole.sendMessage(3, identifier: "ping") == 1)
+            #expect(eventually { received.values == [1, 2, 3] })
+            // Stopped: nobody is left.
+            here.cancel()
+            #expect(throws: WormholeError.self) { try wormhole.sendMessage(4, identifier: "ping") }
+            #expect(try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live")).isEmpty)
         }
-        #expect(try wormhole.sendMessage(1, identifier: "ping") == 1)
-        #expect(eventually { received.values == [1] })
-        let other = try RunningTool(["live-listen"] + location + ["ping", "--count", "100", "--timeout", "60"])
-        #expect(other.waitForError(containing: "listening"))
-        #expect(try wormhole.sendMessage(2, identifier: "ping") == 2)
-        // Killed: its kept connection fails, its dead socket is removed, and the count says so.
-        other.kill()
-        _ = other.finish()
-        #expect(try wormhole.sendMessage(3, identifier: "ping") == 1)
-        #expect(eventually { received.values == [1, 2, 3] })
-        // Stopped: nobody is left.
-        here.cancel()
-        #expect(throws: WormholeError.self) { try wormhole.sendMessage(4, identifier: "ping") }
-        #expect(try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live")).isEmpty)
     }
 
     @Test("Nobody listening: not reachable, at once")
@@ -101,7 +107,7 @@ struct LiveTests {
 
     @Test("A slow responder: the request times out after its time-out")
     func timeout() async throws {
-        let responder = try responder("sleep 3; cat")
+        let responder = try await responder("sleep 3; cat")
         let start = Date()
         do {
             _ = try await makeWormhole().request(
@@ -120,7 +126,7 @@ struct LiveTests {
 
     @Test("A responder that fails: its error comes back")
     func responderFails() async throws {
-        let responder = try responder("echo 'boom: no index' >&2; exit 3")
+        let responder = try await responder("echo 'boom: no index' >&2; exit 3")
         do {
             _ = try await makeWormhole().request(Query(term: "a"), identifier: "lookup", as: Answer.self)
             Issue.record("expected an error")
@@ -135,7 +141,7 @@ struct LiveTests {
     func responderDies() async throws {
         // The command marks that the request has arrived, then takes far longer than the time-out allows.
         let marker = directory("arrived")
-        let responder = try responder("touch '\(marker)'; sleep 60; cat")
+        let responder = try await responder("touch '\(marker)'; sleep 60; cat")
         let wormhole = try makeWormhole()
         let start = Date()
         // A thread of its own: the test runner's shared threads can be busy with other tests' polling.
@@ -158,9 +164,9 @@ struct LiveTests {
             #expect(error.message.contains("ended"))
         }
         #expect(Date().timeIntervalSince(start) < 100, "failed when the process ended, not at the 600 s time-out")
-        killed.wait()
+        try await blocking { killed.wait() }
         // Wait until the killed responder is gone for good before looking for it again.
-        _ = responder.finish(timeout: 10)
+        _ = try await offThePool { responder.finish(timeout: 10) }
         // Its socket is stale now: the next request finds nobody, and removes it.
         do {
             _ = try await wormhole.request(Query(term: "a"), identifier: "lookup", as: Answer.self)
@@ -172,36 +178,40 @@ struct LiveTests {
     }
 
     @Test("A live message reaches every listening process; nothing is stored for later")
-    func liveBroadcast() throws {
-        let listeners = try (0..<3).map { _ in
-            try RunningTool(["live-listen"] + location + ["news", "--count", "1", "--timeout", "120"])
+    func liveBroadcast() async throws {
+        try await offThePool {
+            let listeners = try (0..<3).map { _ in
+                try RunningTool(["live-listen"] + location + ["news", "--count", "1", "--timeout", "120"])
+            }
+            for listener in listeners { #expect(listener.waitUntilListening()) }
+            let sent = try WormholeTool.run(["live-send"] + location + ["news", #"{"headline":"hi"}"#])
+            #expect(sent.lines == ["reached 3"])
+            for listener in listeners {
+                let result = listener.finish()
+                #expect(result.status == 0)
+                #expect(result.lines == [#"{"headline":"hi"}"#])
+            }
+            let nobody = try WormholeTool.run(["live-send"] + location + ["news", #"{"headline":"late"}"#])
+            #expect(nobody.status == 1)
+            #expect(nobody.error.contains("not reachable"))
         }
-        for listener in listeners { #expect(listener.waitUntilListening()) }
-        let sent = try WormholeTool.run(["live-send"] + location + ["news", #"{"headline":"hi"}"#])
-        #expect(sent.lines == ["reached 3"])
-        for listener in listeners {
-            let result = listener.finish()
-            #expect(result.status == 0)
-            #expect(result.lines == [#"{"headline":"hi"}"#])
-        }
-        let nobody = try WormholeTool.run(["live-send"] + location + ["news", #"{"headline":"late"}"#])
-        #expect(nobody.status == 1)
-        #expect(nobody.error.contains("not reachable"))
     }
 
     @Test("Live messages in one process, and oversize ones refused")
-    func inProcessLive() throws {
-        let wormhole = try makeWormhole()
-        let received = Collector<String>()
-        let listener = try wormhole.listenForLiveMessages(withIdentifier: "news", as: Query.self) {
-            received.append($0.term)
+    func inProcessLive() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let received = Collector<String>()
+            let listener = try wormhole.listenForLiveMessages(withIdentifier: "news", as: Query.self) {
+                received.append($0.term)
+            }
+            #expect(try wormhole.sendMessage(Query(term: "one"), identifier: "news") == 1)
+            #expect(eventually { received.values == ["one"] })
+            #expect(throws: WormholeError.self) {
+                try wormhole.sendMessageData(Data(count: 100_000), identifier: "news")
+            }
+            listener.cancel()
+            #expect(throws: WormholeError.self) { try wormhole.sendMessage(Query(term: "two"), identifier: "news") }
         }
-        #expect(try wormhole.sendMessage(Query(term: "one"), identifier: "news") == 1)
-        #expect(eventually { received.values == ["one"] })
-        #expect(throws: WormholeError.self) {
-            try wormhole.sendMessageData(Data(count: 100_000), identifier: "news")
-        }
-        listener.cancel()
-        #expect(throws: WormholeError.self) { try wormhole.sendMessage(Query(term: "two"), identifier: "news") }
     }
 }

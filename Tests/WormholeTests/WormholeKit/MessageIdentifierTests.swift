@@ -26,16 +26,18 @@ struct MessageIdentifierTests {
             String(repeating: "a", count: 10_000),
         ].map(IdentifierCase.init)
     )
-    func refused(_ identifierCase: IdentifierCase) {
-        let identifier = identifierCase.value
-        #expect(!MessageIdentifier.isValid(identifier))
-        #expect(throws: WormholeError.self) { try MessageIdentifier.validate(identifier) }
-        do {
-            try MessageIdentifier.validate(identifier)
-        } catch {
-            #expect(error.code == .invalidIdentifier)
-            #expect(error.identifier == identifier)
-            #expect(!error.message.isEmpty)
+    func refused(_ identifierCase: IdentifierCase) async throws {
+        try await offThePool {
+            let identifier = identifierCase.value
+            #expect(!MessageIdentifier.isValid(identifier))
+            #expect(throws: WormholeError.self) { try MessageIdentifier.validate(identifier) }
+            do throws(WormholeError) {
+                try MessageIdentifier.validate(identifier)
+            } catch {
+                #expect(error.code == .invalidIdentifier)
+                #expect(error.identifier == identifier)
+                #expect(!error.message.isEmpty)
+            }
         }
     }
 
@@ -46,7 +48,9 @@ struct MessageIdentifierTests {
             String(repeating: "x", count: 200),
         ].map(IdentifierCase.init)
     )
-    func accepted(_ identifierCase: IdentifierCase) throws {
-        try MessageIdentifier.validate(identifierCase.value)
+    func accepted(_ identifierCase: IdentifierCase) async throws {
+        try await offThePool {
+            try MessageIdentifier.validate(identifierCase.value)
+        }
     }
 }

@@ -41,105 +41,115 @@ struct PowerLossTests {
     // MARK: Regressions: states the explorer found
 
     @Test("A position left past the end of a shortened log: a message enqueued since is not skipped")
-    func positionPastTheEnd() throws {
-        let path = directory("past")
-        let queue = try Wormhole(directory: path).queue("jobs")
-        for index in 0..<5 { try queue.enqueue(index) }
-        let cursor = try queue.log.openCursor(consumer: "c")
-        let records = try cursor.read(maximumCount: 5)
-        try cursor.acknowledge(through: records.last!.end)
-        // The power cut kept the position and lost the log; a producer enqueues before the consumer comes back.
-        try FileManager.default.removeItem(atPath: path + "/jobs.queue")
-        let reopened = try Wormhole(directory: path).queue("jobs")
-        try reopened.enqueue(100)
-        let after = try reopened.log.openCursor(consumer: "c").read(maximumCount: 10)
-        #expect(try after.map { try JSONDecoder().decode(Int.self, from: $0.payload) } == [100])
+    func positionPastTheEnd() async throws {
+        try await offThePool {
+            let path = directory("past")
+            let queue = try Wormhole(directory: path).queue("jobs")
+            for index in 0..<5 { try queue.enqueue(index) }
+            let cursor = try queue.log.openCursor(consumer: "c")
+            let records = try cursor.read(maximumCount: 5)
+            try cursor.acknowledge(through: records.last!.end)
+            // The power cut kept the position and lost the log; a producer enqueues before the consumer comes back.
+            try FileManager.default.removeItem(atPath: path + "/jobs.queue")
+            let reopened = try Wormhole(directory: path).queue("jobs")
+            try reopened.enqueue(100)
+            let after = try reopened.log.openCursor(consumer: "c").read(maximumCount: 10)
+            #expect(try after.map { try JSONDecoder().decode(Int.self, from: $0.payload) } == [100])
+        }
     }
 
     @Test("A position inside a record appended since: the consumer starts over, repeating, never skipping")
-    func positionInsideARecord() throws {
-        let path = directory("inside")
-        let queue = try Wormhole(directory: path).queue("jobs")
-        for index in 0..<3 { try queue.enqueue(String(repeating: "a", count: 100 + index)) }
-        let cursor = try queue.log.openCursor(consumer: "c")
-        let records = try cursor.read(maximumCount: 3)
-        try cursor.acknowledge(through: records[1].end)
-        // The power cut kept the position and only the first record; a longer record was appended since, over the
-        // stored position.
-        let handle = try FileHandle(forUpdating: URL(fileURLWithPath: path + "/jobs.queue"))
-        try handle.truncate(atOffset: records[0].end)
-        try handle.close()
-        let reopened = try Wormhole(directory: path).queue("jobs")
-        try reopened.enqueue(String(repeating: "b", count: 500))
-        let after = try reopened.log.openCursor(consumer: "c").read(maximumCount: 10)
-        #expect(try after.map { try JSONDecoder().decode(String.self, from: $0.payload).prefix(1) } == ["a", "b"])
+    func positionInsideARecord() async throws {
+        try await offThePool {
+            let path = directory("inside")
+            let queue = try Wormhole(directory: path).queue("jobs")
+            for index in 0..<3 { try queue.enqueue(String(repeating: "a", count: 100 + index)) }
+            let cursor = try queue.log.openCursor(consumer: "c")
+            let records = try cursor.read(maximumCount: 3)
+            try cursor.acknowledge(through: records[1].end)
+            // The power cut kept the position and only the first record; a longer record was appended since, over the
+            // stored position.
+            let handle = try FileHandle(forUpdating: URL(fileURLWithPath: path + "/jobs.queue"))
+            try handle.truncate(atOffset: records[0].end)
+            try handle.close()
+            let reopened = try Wormhole(directory: path).queue("jobs")
+            try reopened.enqueue(String(repeating: "b", count: 500))
+            let after = try reopened.log.openCursor(consumer: "c").read(maximumCount: 10)
+            #expect(try after.map { try JSONDecoder().decode(String.self, from: $0.payload).prefix(1) } == ["a", "b"])
+        }
     }
 
     @Test("A position at the end of a record torn by the power cut, whose header survived: new records are not skipped")
-    func positionAfterATornRecord() throws {
-        let path = directory("torn")
-        let queue = try Wormhole(directory: path).queue("jobs")
-        try queue.enqueue(contentsOf: ["old-0", "old-1", "old-2"])
-        let cursor = try queue.log.openCursor(consumer: "c")
-        let records = try cursor.read(maximumCount: 3)
-        try cursor.acknowledge(through: records[1].end)
-        // The power cut kept the position and the first 40 bytes of the record it ends (header and timestamp);
-        // records of the same size were appended since, so that one of them ends exactly at the stored position.
-        let handle = try FileHandle(forUpdating: URL(fileURLWithPath: path + "/jobs.queue"))
-        try handle.truncate(atOffset: records[1].offset + 40)
-        try handle.close()
-        let reopened = try Wormhole(directory: path).queue("jobs")
-        try reopened.enqueue(contentsOf: ["new-0", "new-1", "new-2"])
-        let after = try reopened.log.openCursor(consumer: "c").read(maximumCount: 10)
-        let messages = try after.map { try JSONDecoder().decode(String.self, from: $0.payload) }
-        #expect(messages == ["old-0", "new-0", "new-1", "new-2"])
+    func positionAfterATornRecord() async throws {
+        try await offThePool {
+            let path = directory("torn")
+            let queue = try Wormhole(directory: path).queue("jobs")
+            try queue.enqueue(contentsOf: ["old-0", "old-1", "old-2"])
+            let cursor = try queue.log.openCursor(consumer: "c")
+            let records = try cursor.read(maximumCount: 3)
+            try cursor.acknowledge(through: records[1].end)
+            // The power cut kept the position and the first 40 bytes of the record it ends (header and timestamp);
+            // records of the same size were appended since, so that one of them ends exactly at the stored position.
+            let handle = try FileHandle(forUpdating: URL(fileURLWithPath: path + "/jobs.queue"))
+            try handle.truncate(atOffset: records[1].offset + 40)
+            try handle.close()
+            let reopened = try Wormhole(directory: path).queue("jobs")
+            try reopened.enqueue(contentsOf: ["new-0", "new-1", "new-2"])
+            let after = try reopened.log.openCursor(consumer: "c").read(maximumCount: 10)
+            let messages = try after.map { try JSONDecoder().decode(String.self, from: $0.payload) }
+            #expect(messages == ["old-0", "new-0", "new-1", "new-2"])
+        }
     }
 
     @Test("A damaged suite is refused by reads and updates alike (never silently emptied); removing it starts over")
-    func damagedSuite() throws {
-        let path = directory("suite")
-        let suite = try Wormhole(directory: path).suite("settings")
-        try suite.set(1, forKey: "a")
-        // Both slots lost: the state a torn write over an unflushed one can leave.
-        let file = path + "/settings.suite"
-        let size = try FileManager.default.attributesOfItem(atPath: file)[.size] as! Int
-        try Data(repeating: 0, count: size).write(to: URL(fileURLWithPath: file))
-        let read = #expect(throws: WormholeError.self) { try suite.snapshot() }
-        #expect(read?.code == .corruptMessage)
-        let update = #expect(throws: WormholeError.self) { try suite.set(2, forKey: "b") }
-        #expect(update?.code == .corruptMessage && update?.path == file)
-        #expect(update?.message.contains("Remove \(file)") == true)
-        try FileManager.default.removeItem(atPath: file)
-        try suite.set(2, forKey: "b")
-        #expect(try suite.snapshot()["b", as: Int.self] == 2)
+    func damagedSuite() async throws {
+        try await offThePool {
+            let path = directory("suite")
+            let suite = try Wormhole(directory: path).suite("settings")
+            try suite.set(1, forKey: "a")
+            // Both slots lost: the state a torn write over an unflushed one can leave.
+            let file = path + "/settings.suite"
+            let size = try FileManager.default.attributesOfItem(atPath: file)[.size] as! Int
+            try Data(repeating: 0, count: size).write(to: URL(fileURLWithPath: file))
+            let read = #expect(throws: WormholeError.self) { try suite.snapshot() }
+            #expect(read?.code == .corruptMessage)
+            let update = #expect(throws: WormholeError.self) { try suite.set(2, forKey: "b") }
+            #expect(update?.code == .corruptMessage && update?.path == file)
+            #expect(update?.message.contains("Remove \(file)") == true)
+            try FileManager.default.removeItem(atPath: file)
+            try suite.set(2, forKey: "b")
+            #expect(try suite.snapshot()["b", as: Int.self] == 2)
+        }
     }
 
     @Test(
         "A delivery marker written but the file never moved: the file is delivered, not reported at the marker's path"
     )
-    func markerWithoutTheMove() throws {
-        let path = directory("transfer")
-        let source = directory("source") + "/report.txt"
-        try FileManager.default.createDirectory(atPath: directory("source"), withIntermediateDirectories: true)
-        try Data("hello".utf8).write(to: URL(fileURLWithPath: source))
-        let transfers = try Wormhole(directory: path).transfers("files")
-        let sent = try transfers.send(file: source, metadata: [:])
-        // A receiver stopped after writing its marker and before moving the file there.
-        let inbox = directory("inbox")
-        try Data((inbox + "/report.txt").utf8).write(
-            to: URL(fileURLWithPath: path + "/files.files/\(sent.id).delivered")
-        )
-        let received = Locked<[ReceivedFile]>([])
-        let errors = Locked<[WormholeError]>([])
-        let receiver = try transfers.receive(
-            consumer: "r",
-            into: inbox,
-            on: .notifierThread,
-            errorHandler: { error in errors.withLock { $0.append(error) } }
-        ) { file in received.withLock { $0.append(file) } }
-        receiver.cancel()
-        #expect(errors.withLock { $0 }.isEmpty)
-        let file = try #require(received.withLock { $0 }.first)
-        #expect(FileManager.default.contents(atPath: file.path) == Data("hello".utf8))
+    func markerWithoutTheMove() async throws {
+        try await offThePool {
+            let path = directory("transfer")
+            let source = directory("source") + "/report.txt"
+            try FileManager.default.createDirectory(atPath: directory("source"), withIntermediateDirectories: true)
+            try Data("hello".utf8).write(to: URL(fileURLWithPath: source))
+            let transfers = try Wormhole(directory: path).transfers("files")
+            let sent = try transfers.send(file: source, metadata: [:])
+            // A receiver stopped after writing its marker and before moving the file there.
+            let inbox = directory("inbox")
+            try Data((inbox + "/report.txt").utf8).write(
+                to: URL(fileURLWithPath: path + "/files.files/\(sent.id).delivered")
+            )
+            let received = Locked<[ReceivedFile]>([])
+            let errors = Locked<[WormholeError]>([])
+            let receiver = try transfers.receive(
+                consumer: "r",
+                into: inbox,
+                on: .notifierThread,
+                errorHandler: { error in errors.withLock { $0.append(error) } }
+            ) { file in received.withLock { $0.append(file) } }
+            receiver.cancel()
+            #expect(errors.withLock { $0 }.isEmpty)
+            let file = try #require(received.withLock { $0 }.first)
+            #expect(FileManager.default.contents(atPath: file.path) == Data("hello".utf8))
+        }
     }
 }

@@ -20,206 +20,226 @@ struct QueueTests {
     }
 
     @Test("Every message, in order, to each of several consumers; a consumer away catches up, then goes on live")
-    func everyMessageToEveryConsumer() throws {
-        let queue = try makeQueue()
-        for index in 0..<5 { try queue.enqueue(Job(writer: "here", index: index)) }
-        let first = Collector<Int>()
-        let a = try queue.consume(consumer: "a", as: Job.self) { first.append($0.value.index) }
-        #expect(eventually { first.values == [0, 1, 2, 3, 4] })
-        for index in 5..<8 { try queue.enqueue(Job(writer: "here", index: index)) }
-        #expect(eventually { first.values == Array(0..<8) })
-        a.cancel()
-        // "b" registers late: it starts from the oldest message kept, as nothing was reclaimed yet.
-        let second = Collector<Int>()
-        let b = try queue.consume(consumer: "b", as: Job.self) { second.append($0.value.index) }
-        #expect(eventually { second.values == Array(0..<8) })
-        // "a" was away for two messages: it catches up, without seeing anything twice.
-        for index in 8..<10 { try queue.enqueue(Job(writer: "here", index: index)) }
-        let again = Collector<Int>()
-        let a2 = try queue.consume(consumer: "a", as: Job.self) { again.append($0.value.index) }
-        #expect(eventually { again.values == [8, 9] })
-        #expect(eventually { second.values == Array(0..<10) })
-        let status = try queue.status()
-        #expect(status.consumers.map(\.name) == ["a", "b"])
-        #expect(eventually { (try? queue.status().consumers.allSatisfy { $0.lagMessages == 0 }) == true })
-        _ = (b, a2)
+    func everyMessageToEveryConsumer() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            for index in 0..<5 { try queue.enqueue(Job(writer: "here", index: index)) }
+            let first = Collector<Int>()
+            let a = try queue.consume(consumer: "a", as: Job.self) { first.append($0.value.index) }
+            #expect(eventually { first.values == [0, 1, 2, 3, 4] })
+            for index in 5..<8 { try queue.enqueue(Job(writer: "here", index: index)) }
+            #expect(eventually { first.values == Array(0..<8) })
+            a.cancel()
+            // "b" registers late: it starts from the oldest message kept, as nothing was reclaimed yet.
+            let second = Collector<Int>()
+            let b = try queue.consume(consumer: "b", as: Job.self) { second.append($0.value.index) }
+            #expect(eventually { second.values == Array(0..<8) })
+            // "a" was away for two messages: it catches up, without seeing anything twice.
+            for index in 8..<10 { try queue.enqueue(Job(writer: "here", index: index)) }
+            let again = Collector<Int>()
+            let a2 = try queue.consume(consumer: "a", as: Job.self) { again.append($0.value.index) }
+            #expect(eventually { again.values == [8, 9] })
+            #expect(eventually { second.values == Array(0..<10) })
+            let status = try queue.status()
+            #expect(status.consumers.map(\.name) == ["a", "b"])
+            #expect(eventually { (try? queue.status().consumers.allSatisfy { $0.lagMessages == 0 }) == true })
+            _ = (b, a2)
+        }
     }
 
     @Test("4 producer processes × 10,000 messages: all delivered, each producer's order kept, no duplicates")
-    func manyProducers() throws {
-        let queue = try makeQueue()
-        let received = Collector<Job>()
-        let consumer = try queue.consume(consumer: "all", as: Job.self, on: .notifierThread) {
-            received.append($0.value)
-        }
-        let producers = try (0..<4).map { index in
-            try RunningTool(
-                ["exercise", "enqueue", "--count", "10000", "--identifier", "jobs", "--tag", "p\(index)"] + location
-            )
-        }
-        for producer in producers { #expect(producer.finish(timeout: 120).status == 0) }
-        #expect(eventually(timeout: 60) { received.count >= 40_000 })
-        consumer.cancel()
-        let jobs = received.values
-        #expect(jobs.count == 40_000, "no duplicates")
-        for producer in 0..<4 {
-            let indices = jobs.filter { $0.writer == "p\(producer)" }.map(\.index)
-            #expect(indices == Array(0..<10_000), "producer p\(producer) in order, complete")
+    func manyProducers() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let received = Collector<Job>()
+            let consumer = try queue.consume(consumer: "all", as: Job.self, on: .notifierThread) {
+                received.append($0.value)
+            }
+            let producers = try (0..<4).map { index in
+                try RunningTool(
+                    ["exercise", "enqueue", "--count", "10000", "--identifier", "jobs", "--tag", "p\(index)"] + location
+                )
+            }
+            for producer in producers { #expect(producer.finish(timeout: 120).status == 0) }
+            #expect(eventually(timeout: 60) { received.count >= 40_000 })
+            consumer.cancel()
+            let jobs = received.values
+            #expect(jobs.count == 40_000, "no duplicates")
+            for producer in 0..<4 {
+                let indices = jobs.filter { $0.writer == "p\(producer)" }.map(\.index)
+                #expect(indices == Array(0..<10_000), "producer p\(producer) in order, complete")
+            }
         }
     }
 
     @Test("4 producer processes × 10,000 messages in batches of 100, consumed in batches: none lost, batches whole")
-    func batches() throws {
-        let queue = try makeQueue()
-        let received = Collector<Job>()
-        let batchSizes = Collector<Int>()
-        let consumer = try queue.consumeBatches(consumer: "all", as: Job.self, maximumCount: 500, on: .notifierThread) {
-            batchSizes.append($0.count)
-            for message in $0 { received.append(message.value) }
-        }
-        let producers = try (0..<4).map { index in
-            try RunningTool(
-                [
-                    "exercise", "enqueue", "--count", "10000", "--batch", "100", "--identifier", "jobs", "--tag",
-                    "p\(index)",
-                ]
-                    + location
-            )
-        }
-        for producer in producers { #expect(producer.finish(timeout: 120).status == 0) }
-        #expect(eventually(timeout: 60) { received.count >= 40_000 })
-        consumer.cancel()
-        let jobs = received.values
-        #expect(jobs.count == 40_000, "no duplicates")
-        #expect(batchSizes.values.allSatisfy { $0 >= 1 && $0 <= 500 })
-        for producer in 0..<4 {
-            let indices = jobs.filter { $0.writer == "p\(producer)" }.map(\.index)
-            #expect(indices == Array(0..<10_000), "producer p\(producer) in order, complete")
-        }
-        // One write per batch: another producer's messages never come between a batch's messages.
-        for (position, job) in jobs.enumerated() where job.index % 100 != 99 {
-            #expect(jobs[position + 1] == Job(writer: job.writer, index: job.index + 1))
+    func batches() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let received = Collector<Job>()
+            let batchSizes = Collector<Int>()
+            let consumer = try queue.consumeBatches(
+                consumer: "all",
+                as: Job.self,
+                maximumCount: 500,
+                on: .notifierThread
+            ) {
+                batchSizes.append($0.count)
+                for message in $0 { received.append(message.value) }
+            }
+            let producers = try (0..<4).map { index in
+                try RunningTool(
+                    [
+                        "exercise", "enqueue", "--count", "10000", "--batch", "100", "--identifier", "jobs", "--tag",
+                        "p\(index)",
+                    ]
+                        + location
+                )
+            }
+            for producer in producers { #expect(producer.finish(timeout: 120).status == 0) }
+            #expect(eventually(timeout: 60) { received.count >= 40_000 })
+            consumer.cancel()
+            let jobs = received.values
+            #expect(jobs.count == 40_000, "no duplicates")
+            #expect(batchSizes.values.allSatisfy { $0 >= 1 && $0 <= 500 })
+            for producer in 0..<4 {
+                let indices = jobs.filter { $0.writer == "p\(producer)" }.map(\.index)
+                #expect(indices == Array(0..<10_000), "producer p\(producer) in order, complete")
+            }
+            // One write per batch: another producer's messages never come between a batch's messages.
+            for (position, job) in jobs.enumerated() where job.index % 100 != 99 {
+                #expect(jobs[position + 1] == Job(writer: job.writer, index: job.index + 1))
+            }
         }
     }
 
     @Test("A batch whose handler throws is offered again whole; an acknowledged batch never comes back")
-    func batchRetry() throws {
-        let queue = try makeQueue()
-        try queue.enqueue(contentsOf: (0..<5).map { Job(writer: "here", index: $0) })
-        let attempts = Collector<[Int]>()
-        let errors = Collector<WormholeError.Code>()
-        struct Refused: Error {}
-        let consumer = try queue.consumeBatches(
-            consumer: "c",
-            as: Job.self,
-            on: .notifierThread,
-            errorHandler: { errors.append($0.code) }
-        ) { batch in
-            attempts.append(batch.map(\.value.index))
-            if attempts.count == 1 { throw Refused() }
+    func batchRetry() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            try queue.enqueue(contentsOf: (0..<5).map { Job(writer: "here", index: $0) })
+            let attempts = Collector<[Int]>()
+            let errors = Collector<WormholeError.Code>()
+            struct Refused: Error {}
+            let consumer = try queue.consumeBatches(
+                consumer: "c",
+                as: Job.self,
+                on: .notifierThread,
+                errorHandler: { errors.append($0.code) }
+            ) { batch in
+                attempts.append(batch.map(\.value.index))
+                if attempts.count == 1 { throw Refused() }
+            }
+            #expect(eventually { attempts.values == [[0, 1, 2, 3, 4]] && errors.values == [.handlerFailed] })
+            // The next append offers the refused batch again, with the new message.
+            try queue.enqueue(Job(writer: "here", index: 5))
+            #expect(eventually { attempts.values.count == 2 })
+            #expect(attempts.values.last == [0, 1, 2, 3, 4, 5])
+            consumer.cancel()
+            // Acknowledged: a consumer of the same name starts after it.
+            try queue.enqueue(Job(writer: "here", index: 6))
+            let later = Collector<Int>()
+            let again = try queue.consumeBatches(consumer: "c", as: Job.self, on: .notifierThread) { batch in
+                for message in batch { later.append(message.value.index) }
+            }
+            #expect(eventually { later.values == [6] })
+            again.cancel()
+            #expect(try queue.status().consumers.first?.lagMessages == 0)
         }
-        #expect(eventually { attempts.values == [[0, 1, 2, 3, 4]] && errors.values == [.handlerFailed] })
-        // The next append offers the refused batch again, with the new message.
-        try queue.enqueue(Job(writer: "here", index: 5))
-        #expect(eventually { attempts.values.count == 2 })
-        #expect(attempts.values.last == [0, 1, 2, 3, 4, 5])
-        consumer.cancel()
-        // Acknowledged: a consumer of the same name starts after it.
-        try queue.enqueue(Job(writer: "here", index: 6))
-        let later = Collector<Int>()
-        let again = try queue.consumeBatches(consumer: "c", as: Job.self, on: .notifierThread) { batch in
-            for message in batch { later.append(message.value.index) }
-        }
-        #expect(eventually { later.values == [6] })
-        again.cancel()
-        #expect(try queue.status().consumers.first?.lagMessages == 0)
     }
 
     @Test("A consumer killed while handling a message gets it again; the acknowledged one never comes back")
-    func consumerKilledMidMessage() throws {
-        let queue = try makeQueue()
-        for index in 0..<3 { try queue.enqueue(Job(writer: "here", index: index)) }
-        let crashing = try WormholeTool.run(
-            ["exercise", "consume-then-crash", "--identifier", "jobs", "--tag", "worker"] + location,
-            timeout: 30
-        )
-        #expect(crashing.status != 0, "it killed itself")
-        #expect(crashing.lines == ["handled 0", "handled 1"])
-        let after = Collector<Int>()
-        let consumer = try queue.consume(consumer: "worker", as: Job.self) { after.append($0.value.index) }
-        #expect(eventually { after.values == [1, 2] })
-        consumer.cancel()
+    func consumerKilledMidMessage() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            for index in 0..<3 { try queue.enqueue(Job(writer: "here", index: index)) }
+            let crashing = try WormholeTool.run(
+                ["exercise", "consume-then-crash", "--identifier", "jobs", "--tag", "worker"] + location,
+                timeout: 30
+            )
+            #expect(crashing.status != 0, "it killed itself")
+            #expect(crashing.lines == ["handled 0", "handled 1"])
+            let after = Collector<Int>()
+            let consumer = try queue.consume(consumer: "worker", as: Job.self) { after.append($0.value.index) }
+            #expect(eventually { after.values == [1, 2] })
+            consumer.cancel()
+        }
     }
 
     @Test("Consumers killed at random points never skip a message and repeat only the one in flight")
-    func consumersKilledAtRandom() throws {
-        let queue = try makeQueue()
-        let total = 3000
-        for index in 0..<total { try queue.enqueue(Job(writer: "here", index: index)) }
-        var printed: [Int] = []
-        var kills = 0
-        while printed.last != total - 1 {
-            let consumer = try RunningTool(
-                ["consume", "jobs", "--consumer", "worker", "--count", String(total)] + location
-            )
-            usleep(UInt32.random(in: 20_000...120_000))
-            consumer.kill()
-            kills += 1
-            let lines = consumer.finish().lines.compactMap {
-                try? JSONDecoder().decode(Job.self, from: Data($0.utf8)).index
+    func consumersKilledAtRandom() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let total = 3000
+            for index in 0..<total { try queue.enqueue(Job(writer: "here", index: index)) }
+            var printed: [Int] = []
+            var kills = 0
+            while printed.last != total - 1 {
+                let consumer = try RunningTool(
+                    ["consume", "jobs", "--consumer", "worker", "--count", String(total)] + location
+                )
+                usleep(UInt32.random(in: 20_000...120_000))
+                consumer.kill()
+                kills += 1
+                let lines = consumer.finish().lines.compactMap {
+                    try? JSONDecoder().decode(Job.self, from: Data($0.utf8)).index
+                }
+                printed += lines
+                #expect(kills < 200, "the consumer makes progress")
+                if kills >= 200 { break }
             }
-            printed += lines
-            #expect(kills < 200, "the consumer makes progress")
-            if kills >= 200 { break }
+            // Each kill can repeat at most the message that was printed but not yet acknowledged.
+            #expect(Set(printed) == Set(0..<total), "nothing skipped")
+            #expect(
+                printed.count - total <= kills,
+                "repeats only the message in flight: \(printed.count - total) for \(kills) kills"
+            )
+            #expect(
+                zip(printed, printed.dropFirst()).allSatisfy { $1 >= $0 },
+                "never goes back past an acknowledged message"
+            )
         }
-        // Each kill can repeat at most the message that was printed but not yet acknowledged.
-        #expect(Set(printed) == Set(0..<total), "nothing skipped")
-        #expect(
-            printed.count - total <= kills,
-            "repeats only the message in flight: \(printed.count - total) for \(kills) kills"
-        )
-        #expect(
-            zip(printed, printed.dropFirst()).allSatisfy { $1 >= $0 },
-            "never goes back past an acknowledged message"
-        )
     }
 
     @Test("Producers killed mid-append leave torn records that are never delivered; what follows still is")
-    func producersKilledMidAppend() throws {
-        let queue = try makeQueue()
-        let received = Collector<Job>()
-        let errors = Collector<WormholeError>()
-        let consumer = try queue.consume(
-            consumer: "all",
-            as: Job.self,
-            on: .notifierThread,
-            errorHandler: { errors.append($0) }
-        ) { received.append($0.value) }
-        for round in 0..<20 {
-            let producer = try RunningTool(
-                ["exercise", "enqueue", "--count", "1000000", "--identifier", "jobs", "--tag", "k\(round)"] + location
-            )
-            usleep(UInt32.random(in: 10_000...40_000))
-            producer.kill()
-            _ = producer.finish()
-        }
-        // Plant a torn record by hand too: a whole record cut short.
-        let record = Array(#"{"writer":"torn","index":0}"#.utf8).withUnsafeBytes {
-            QueueFormat.encode(payload: $0, sender: [], timestampNanoseconds: 0)
-        }
-        let handle = try #require(FileHandle(forWritingAtPath: directory("wormhole/jobs.queue")))
-        handle.seekToEndOfFile()
-        handle.write(Data(record.prefix(record.count - 5)))
-        try handle.close()
-        try queue.enqueue(Job(writer: "last", index: 0))
-        #expect(eventually(timeout: 60) { received.values.last == Job(writer: "last", index: 0) })
-        consumer.cancel()
-        let jobs = received.values
-        #expect(!jobs.contains { $0.writer == "torn" })
-        #expect(errors.values.isEmpty, "torn records are stepped over, not reported as bad messages")
-        for round in 0..<20 {
-            let indices = jobs.filter { $0.writer == "k\(round)" }.map(\.index)
-            #expect(indices == Array(0..<indices.count), "producer k\(round): a prefix of its messages, in order")
+    func producersKilledMidAppend() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let received = Collector<Job>()
+            let errors = Collector<WormholeError>()
+            let consumer = try queue.consume(
+                consumer: "all",
+                as: Job.self,
+                on: .notifierThread,
+                errorHandler: { errors.append($0) }
+            ) { received.append($0.value) }
+            for round in 0..<20 {
+                let producer = try RunningTool(
+                    ["exercise", "enqueue", "--count", "1000000", "--identifier", "jobs", "--tag", "k\(round)"]
+                        + location
+                )
+                usleep(UInt32.random(in: 10_000...40_000))
+                producer.kill()
+                _ = producer.finish()
+            }
+            // Plant a torn record by hand too: a whole record cut short.
+            let record = Array(#"{"writer":"torn","index":0}"#.utf8).withUnsafeBytes {
+                QueueFormat.encode(payload: $0, sender: [], timestampNanoseconds: 0)
+            }
+            let handle = try #require(FileHandle(forWritingAtPath: directory("wormhole/jobs.queue")))
+            handle.seekToEndOfFile()
+            handle.write(Data(record.prefix(record.count - 5)))
+            try handle.close()
+            try queue.enqueue(Job(writer: "last", index: 0))
+            #expect(eventually(timeout: 60) { received.values.last == Job(writer: "last", index: 0) })
+            consumer.cancel()
+            let jobs = received.values
+            #expect(!jobs.contains { $0.writer == "torn" })
+            #expect(errors.values.isEmpty, "torn records are stepped over, not reported as bad messages")
+            for round in 0..<20 {
+                let indices = jobs.filter { $0.writer == "k\(round)" }.map(\.index)
+                #expect(indices == Array(0..<indices.count), "producer k\(round): a prefix of its messages, in order")
+            }
         }
     }
 
@@ -238,93 +258,105 @@ struct QueueTests {
     }
 
     @Test("A record after a torn one comes at once, not when later bytes cover the torn one's length")
-    func recordAfterTornPrefix() throws {
-        let queue = try makeQueue()
-        let received = Collector<String>()
-        let errors = Collector<WormholeError>()
-        let consumer = try queue.consumeData(consumer: "c", on: .notifierThread, errorHandler: { errors.append($0) }) {
-            received.append(String(decoding: $0.value, as: UTF8.self))
+    func recordAfterTornPrefix() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let received = Collector<String>()
+            let errors = Collector<WormholeError>()
+            let consumer = try queue.consumeData(
+                consumer: "c",
+                on: .notifierThread,
+                errorHandler: { errors.append($0) }
+            ) {
+                received.append(String(decoding: $0.value, as: UTF8.self))
+            }
+            try queue.enqueue("A")
+            #expect(eventually(timeout: 5) { received.values == [#""A""#] })
+            // A producer killed 100 bytes into the write of a 2,000-byte record.
+            try append(Array(Self.record(size: 2000).prefix(100)))
+            try queue.enqueue("B")
+            #expect(eventually(timeout: 5) { received.values == [#""A""#, #""B""#] })
+            consumer.cancel()
+            #expect(errors.values.isEmpty)
+            // A consumer that starts afterwards, and the command line, step over it too.
+            let tool = try WormholeTool.run(
+                ["consume"] + location + ["jobs", "--consumer", "d", "--count", "2", "--timeout", "10"]
+            )
+            #expect(tool.status == 0, "\(tool.error)")
+            #expect(tool.lines == [#""A""#, #""B""#])
+            #expect(try queue.status().consumers.first { $0.name == "c" }?.lagMessages == 0)
         }
-        try queue.enqueue("A")
-        #expect(eventually(timeout: 5) { received.values == [#""A""#] })
-        // A producer killed 100 bytes into the write of a 2,000-byte record.
-        try append(Array(Self.record(size: 2000).prefix(100)))
-        try queue.enqueue("B")
-        #expect(eventually(timeout: 5) { received.values == [#""A""#, #""B""#] })
-        consumer.cancel()
-        #expect(errors.values.isEmpty)
-        // A consumer that starts afterwards, and the command line, step over it too.
-        let tool = try WormholeTool.run(
-            ["consume"] + location + ["jobs", "--consumer", "d", "--count", "2", "--timeout", "10"]
-        )
-        #expect(tool.status == 0, "\(tool.error)")
-        #expect(tool.lines == [#""A""#, #""B""#])
-        #expect(try queue.status().consumers.first { $0.name == "c" }?.lagMessages == 0)
     }
 
     @Test("A record still being written is waited for, not stepped over, however long it takes")
-    func recordBeingWritten() throws {
-        let queue = try makeQueue()
-        let received = Collector<Int>()
-        let consumer = try queue.consumeData(consumer: "c", on: .notifierThread) { received.append($0.value.count) }
-        try queue.enqueueData(Data("A".utf8))
-        #expect(eventually(timeout: 5) { received.values == [1] })
-        // A large record arrives in pieces, as a long write lands page by page; the reader wakes at each piece.
-        let large = Self.record(size: 700_000)
-        var written = 0
-        for piece in [100, 5000, 300_000, 250_000] {
-            try append(Array(large[written..<written + piece]))
-            written += piece
-            usleep(50_000)
-            #expect(received.values == [1])
+    func recordBeingWritten() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let received = Collector<Int>()
+            let consumer = try queue.consumeData(consumer: "c", on: .notifierThread) { received.append($0.value.count) }
+            try queue.enqueueData(Data("A".utf8))
+            #expect(eventually(timeout: 5) { received.values == [1] })
+            // A large record arrives in pieces, as a long write lands page by page; the reader wakes at each piece.
+            let large = Self.record(size: 700_000)
+            var written = 0
+            for piece in [100, 5000, 300_000, 250_000] {
+                try append(Array(large[written..<written + piece]))
+                written += piece
+                usleep(50_000)
+                #expect(received.values == [1])
+            }
+            try append(Array(large[written...]))
+            try queue.enqueueData(Data("B".utf8))
+            #expect(eventually(timeout: 5) { received.values == [1, large.count - 22, 1] })
+            consumer.cancel()
         }
-        try append(Array(large[written...]))
-        try queue.enqueueData(Data("B".utf8))
-        #expect(eventually(timeout: 5) { received.values == [1, large.count - 22, 1] })
-        consumer.cancel()
     }
 
     @Test("A large record after a torn one is read whole, though it runs past the read that skipped the torn one")
-    func largeRecordAfterTornOne() throws {
-        let queue = try makeQueue()
-        try queue.enqueueData(Data("A".utf8))
-        // The torn record claims 300 KB, more than one read; the next record is longer still.
-        try append(Array(Self.record(size: 300_000).prefix(100)))
-        let large = Self.record(size: 400_000, fill: UInt8(ascii: "b"))
-        try append(large)
-        try queue.enqueueData(Data("C".utf8))
-        let received = Collector<Int>()
-        let consumer = try queue.consumeData(consumer: "c", on: .notifierThread) { received.append($0.value.count) }
-        #expect(eventually(timeout: 5) { received.values == [1, large.count - 22, 1] })
-        consumer.cancel()
+    func largeRecordAfterTornOne() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            try queue.enqueueData(Data("A".utf8))
+            // The torn record claims 300 KB, more than one read; the next record is longer still.
+            try append(Array(Self.record(size: 300_000).prefix(100)))
+            let large = Self.record(size: 400_000, fill: UInt8(ascii: "b"))
+            try append(large)
+            try queue.enqueueData(Data("C".utf8))
+            let received = Collector<Int>()
+            let consumer = try queue.consumeData(consumer: "c", on: .notifierThread) { received.append($0.value.count) }
+            #expect(eventually(timeout: 5) { received.values == [1, large.count - 22, 1] })
+            consumer.cancel()
+        }
     }
 
     @Test("Space that every consumer has passed is reclaimed; the queue goes on working")
-    func reclaimsSpace() throws {
-        let queue = try makeQueue()
-        let payload = String(repeating: "x", count: 1000)
-        for index in 0..<8000 { try queue.enqueue(Job(writer: payload, index: index)) }
-        let path = directory("wormhole/jobs.queue")
-        func allocatedBytes() -> Int {
-            var status = stat()
-            stat(path, &status)
-            return Int(status.st_blocks) * 512
+    func reclaimsSpace() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let payload = String(repeating: "x", count: 1000)
+            for index in 0..<8000 { try queue.enqueue(Job(writer: payload, index: index)) }
+            let path = directory("wormhole/jobs.queue")
+            func allocatedBytes() -> Int {
+                var status = stat()
+                stat(path, &status)
+                return Int(status.st_blocks) * 512
+            }
+            let before = allocatedBytes()
+            let received = Collector<Int>()
+            let consumer = try queue.consume(consumer: "only", as: Job.self, on: .notifierThread) {
+                received.append($0.value.index)
+            }
+            #expect(eventually { received.count == 8000 })
+            consumer.cancel()
+            try queue.reclaimSpace()
+            #expect(allocatedBytes() < before / 2, "from \(before) to \(allocatedBytes()) bytes")
+            // A new consumer starts after the reclaimed space; new messages flow as before.
+            try queue.enqueue(Job(writer: "after", index: 1))
+            let late = Collector<Job>()
+            let fresh = try queue.consume(consumer: "only", as: Job.self) { late.append($0.value) }
+            #expect(eventually { late.values == [Job(writer: "after", index: 1)] })
+            fresh.cancel()
         }
-        let before = allocatedBytes()
-        let received = Collector<Int>()
-        let consumer = try queue.consume(consumer: "only", as: Job.self, on: .notifierThread) {
-            received.append($0.value.index)
-        }
-        #expect(eventually { received.count == 8000 })
-        consumer.cancel()
-        try queue.reclaimSpace()
-        #expect(allocatedBytes() < before / 2, "from \(before) to \(allocatedBytes()) bytes")
-        // A new consumer starts after the reclaimed space; new messages flow as before.
-        try queue.enqueue(Job(writer: "after", index: 1))
-        let late = Collector<Job>()
-        let fresh = try queue.consume(consumer: "only", as: Job.self) { late.append($0.value) }
-        #expect(eventually { late.values == [Job(writer: "after", index: 1)] })
-        fresh.cancel()
     }
 
     @Test("The AsyncSequence delivers in order and acknowledges a message when the next is asked for")
@@ -343,45 +375,50 @@ struct QueueTests {
     }
 
     @Test("A message of another type is reported and passed over; bad names are refused")
-    func badInput() throws {
-        let queue = try makeQueue()
-        try queue.enqueue("not a job")
-        try queue.enqueue(Job(writer: "here", index: 1))
-        let received = Collector<Int>()
-        let errors = Collector<WormholeError.Code>()
-        let consumer = try queue.consume(consumer: "c", as: Job.self, errorHandler: { errors.append($0.code) }) {
-            received.append($0.value.index)
+    func badInput() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            try queue.enqueue("not a job")
+            try queue.enqueue(Job(writer: "here", index: 1))
+            let received = Collector<Int>()
+            let errors = Collector<WormholeError.Code>()
+            let consumer = try queue.consume(consumer: "c", as: Job.self, errorHandler: { errors.append($0.code) }) {
+                received.append($0.value.index)
+            }
+            #expect(eventually { received.values == [1] && errors.values == [.decodingFailed] })
+            consumer.cancel()
+            #expect(throws: WormholeError.self) { try queue.consume(consumer: "../x", as: Job.self) { _ in } }
+            #expect(throws: WormholeError.self) { try Wormhole(directory: directory("wormhole")).queue("a/b") }
+            let invalid = try WormholeTool.run(["enqueue"] + location + ["jobs", "{nope"])
+            #expect(invalid.status == 2)
         }
-        #expect(eventually { received.values == [1] && errors.values == [.decodingFailed] })
-        consumer.cancel()
-        #expect(throws: WormholeError.self) { try queue.consume(consumer: "../x", as: Job.self) { _ in } }
-        #expect(throws: WormholeError.self) { try Wormhole(directory: directory("wormhole")).queue("a/b") }
-        let invalid = try WormholeTool.run(["enqueue"] + location + ["jobs", "{nope"])
-        #expect(invalid.status == 2)
     }
 
     @Test("enqueue, consume and queue-status from the command line")
-    func commandLine() throws {
-        for index in 0..<3 {
-            #expect(
-                try WormholeTool.run(["enqueue"] + location + ["jobs", #"{"writer":"cli","index":\#(index)}"#]).status
-                    == 0
+    func commandLine() async throws {
+        try await offThePool {
+            for index in 0..<3 {
+                #expect(
+                    try WormholeTool.run(["enqueue"] + location + ["jobs", #"{"writer":"cli","index":\#(index)}"#])
+                        .status
+                        == 0
+                )
+            }
+            let first = try WormholeTool.run(
+                ["consume"] + location + ["jobs", "--consumer", "c", "--count", "2", "--timeout", "10"]
             )
+            #expect(first.lines == [#"{"writer":"cli","index":0}"#, #"{"writer":"cli","index":1}"#])
+            let status = try WormholeTool.run(["queue-status"] + location + ["jobs"])
+            let decoded = try JSONDecoder().decode(QueueStatus.self, from: Data(status.output.utf8))
+            #expect(decoded.consumers.map(\.lagMessages) == [1])
+            let rest = try WormholeTool.run(
+                ["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "10"]
+            )
+            #expect(rest.lines == [#"{"writer":"cli","index":2}"#])
+            let timedOut = try WormholeTool.run(
+                ["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "0.5"]
+            )
+            #expect(timedOut.status == 1)
         }
-        let first = try WormholeTool.run(
-            ["consume"] + location + ["jobs", "--consumer", "c", "--count", "2", "--timeout", "10"]
-        )
-        #expect(first.lines == [#"{"writer":"cli","index":0}"#, #"{"writer":"cli","index":1}"#])
-        let status = try WormholeTool.run(["queue-status"] + location + ["jobs"])
-        let decoded = try JSONDecoder().decode(QueueStatus.self, from: Data(status.output.utf8))
-        #expect(decoded.consumers.map(\.lagMessages) == [1])
-        let rest = try WormholeTool.run(
-            ["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "10"]
-        )
-        #expect(rest.lines == [#"{"writer":"cli","index":2}"#])
-        let timedOut = try WormholeTool.run(
-            ["consume"] + location + ["jobs", "--consumer", "c", "--count", "1", "--timeout", "0.5"]
-        )
-        #expect(timedOut.status == 1)
     }
 }

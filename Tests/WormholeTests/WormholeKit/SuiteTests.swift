@@ -13,146 +13,165 @@ struct SuiteTests {
     }
 
     @Test("Typed values, several keys in one update, removal")
-    func basics() throws {
-        let suite = try makeSuite()
-        try suite.set("dark", forKey: "theme")
-        try suite.set(12, forKey: "size")
-        #expect(try suite.value(forKey: "theme", as: String.self) == "dark")
-        #expect(try suite.value(forKey: "size", as: Int.self) == 12)
-        #expect(try suite.value(forKey: "missing", as: Int.self) == nil)
-        try suite.update { (values: inout SuiteValues) throws(WormholeError) in
-            try values.set(13, forKey: "size")
-            values.removeValue(forKey: "theme")
+    func basics() async throws {
+        try await offThePool {
+            let suite = try makeSuite()
+            try suite.set("dark", forKey: "theme")
+            try suite.set(12, forKey: "size")
+            #expect(try suite.value(forKey: "theme", as: String.self) == "dark")
+            #expect(try suite.value(forKey: "size", as: Int.self) == 12)
+            #expect(try suite.value(forKey: "missing", as: Int.self) == nil)
+            try suite.update { (values: inout SuiteValues) throws(WormholeError) in
+                try values.set(13, forKey: "size")
+                values.removeValue(forKey: "theme")
+            }
+            #expect(try suite.snapshot().keys == ["size"])
+            #expect(throws: WormholeError.self) { try suite.setJSON(Data("{nope".utf8), forKey: "bad") }
+            #expect(throws: WormholeError.self) { try Wormhole(directory: directory("wormhole")).suite("../x") }
         }
-        #expect(try suite.snapshot().keys == ["size"])
-        #expect(throws: WormholeError.self) { try suite.setJSON(Data("{nope".utf8), forKey: "bad") }
-        #expect(throws: WormholeError.self) { try Wormhole(directory: directory("wormhole")).suite("../x") }
     }
 
     @Test("Dates and data read back as written, from the suite, a snapshot, an update and a change")
-    func datesAndData() throws {
-        struct Stamp: Codable, Equatable {
-            var at: Date
-            var bytes: Data
+    func datesAndData() async throws {
+        try await offThePool {
+            struct Stamp: Codable, Equatable {
+                var at: Date
+                var bytes: Data
+            }
+            let suite = try makeSuite()
+            // ISO 8601 keeps whole seconds: a date with a fraction reads back without it.
+            let now = Date()
+            let whole = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
+            let bytes = Data([0, 1, 2, 0xFE, 0xFF])
+            let changes = Collector<SuiteChange>()
+            let observer = try suite.observe(includingOwnChanges: true, on: .notifierThread) { changes.append($0) }
+            try suite.set(now, forKey: "d")
+            try suite.set(bytes, forKey: "data")
+            try suite.set(Stamp(at: whole, bytes: bytes), forKey: "stamp")
+            #expect(try suite.value(forKey: "d", as: Date.self) == whole)
+            #expect(try suite.value(forKey: "data", as: Data.self) == bytes)
+            #expect(try suite.value(forKey: "stamp", as: Stamp.self) == Stamp(at: whole, bytes: bytes))
+            let snapshot = try suite.snapshot()
+            #expect(snapshot["d", as: Date.self] == whole)
+            #expect(snapshot["data", as: Data.self] == bytes)
+            // The JSON in the file is what other languages read: an ISO 8601 string and Base64.
+            let json = try #require(snapshot.json(forKey: "d"))
+            #expect(String(decoding: json, as: UTF8.self).hasPrefix("\""))
+            try suite.update { (values: inout SuiteValues) throws(WormholeError) in
+                #expect(values["d", as: Date.self] == whole)
+                try values.set(whole.addingTimeInterval(60), forKey: "d")
+            }
+            #expect(try suite.value(forKey: "d", as: Date.self) == whole.addingTimeInterval(60))
+            #expect(eventually { changes.count == 4 })
+            #expect(changes.values.first?.values["d", as: Date.self] == whole)
+            observer.cancel()
         }
-        let suite = try makeSuite()
-        // ISO 8601 keeps whole seconds: a date with a fraction reads back without it.
-        let now = Date()
-        let whole = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
-        let bytes = Data([0, 1, 2, 0xFE, 0xFF])
-        let changes = Collector<SuiteChange>()
-        let observer = try suite.observe(includingOwnChanges: true, on: .notifierThread) { changes.append($0) }
-        try suite.set(now, forKey: "d")
-        try suite.set(bytes, forKey: "data")
-        try suite.set(Stamp(at: whole, bytes: bytes), forKey: "stamp")
-        #expect(try suite.value(forKey: "d", as: Date.self) == whole)
-        #expect(try suite.value(forKey: "data", as: Data.self) == bytes)
-        #expect(try suite.value(forKey: "stamp", as: Stamp.self) == Stamp(at: whole, bytes: bytes))
-        let snapshot = try suite.snapshot()
-        #expect(snapshot["d", as: Date.self] == whole)
-        #expect(snapshot["data", as: Data.self] == bytes)
-        // The JSON in the file is what other languages read: an ISO 8601 string and Base64.
-        let json = try #require(snapshot.json(forKey: "d"))
-        #expect(String(decoding: json, as: UTF8.self).hasPrefix("\""))
-        try suite.update { (values: inout SuiteValues) throws(WormholeError) in
-            #expect(values["d", as: Date.self] == whole)
-            try values.set(whole.addingTimeInterval(60), forKey: "d")
-        }
-        #expect(try suite.value(forKey: "d", as: Date.self) == whole.addingTimeInterval(60))
-        #expect(eventually { changes.count == 4 })
-        #expect(changes.values.first?.values["d", as: Date.self] == whole)
-        observer.cancel()
     }
 
     @Test("4 processes × 250 read-modify-write updates: none lost")
-    func concurrentUpdates() throws {
-        let writers = try (0..<4).map { index in
-            try RunningTool(
-                ["exercise", "suite-increment", "--count", "250", "--identifier", "settings", "--tag", "w\(index)"]
-                    + location
-            )
+    func concurrentUpdates() async throws {
+        try await offThePool {
+            let writers = try (0..<4).map { index in
+                try RunningTool(
+                    ["exercise", "suite-increment", "--count", "250", "--identifier", "settings", "--tag", "w\(index)"]
+                        + location
+                )
+            }
+            for writer in writers { #expect(writer.finish(timeout: 90).status == 0) }
+            let values = try makeSuite().snapshot()
+            #expect(values["counter", as: Int.self] == 1000)
+            for index in 0..<4 { #expect(values["writer-w\(index)", as: Int.self] == 250) }
         }
-        for writer in writers { #expect(writer.finish(timeout: 90).status == 0) }
-        let values = try makeSuite().snapshot()
-        #expect(values["counter", as: Int.self] == 1000)
-        for index in 0..<4 { #expect(values["writer-w\(index)", as: Int.self] == 250) }
     }
 
     @Test("Writers killed mid-update never leave a torn suite nor half an update")
-    func writersKilled() throws {
-        for round in 0..<15 {
-            let writer = try RunningTool(
-                [
-                    "exercise", "suite-increment", "--count", "100000", "--identifier", "settings", "--tag",
-                    "k\(round % 3)",
-                ] + location
-            )
-            usleep(UInt32.random(in: 20_000...80_000))
-            writer.kill()
-            _ = writer.finish()
-            // Both keys change in one update: the counter always equals the sum of the writers' keys.
-            let values = try makeSuite().snapshot()
-            let sum = (0..<3).compactMap { values["writer-k\($0)", as: Int.self] }.reduce(0, +)
-            #expect(values["counter", as: Int.self] ?? 0 == sum, "round \(round)")
+    func writersKilled() async throws {
+        try await offThePool {
+            for round in 0..<15 {
+                let writer = try RunningTool(
+                    [
+                        "exercise", "suite-increment", "--count", "100000", "--identifier", "settings", "--tag",
+                        "k\(round % 3)",
+                    ] + location
+                )
+                usleep(UInt32.random(in: 20_000...80_000))
+                writer.kill()
+                _ = writer.finish()
+                // Both keys change in one update: the counter always equals the sum of the writers' keys.
+                let values = try makeSuite().snapshot()
+                let sum = (0..<3).compactMap { values["writer-k\($0)", as: Int.self] }.reduce(0, +)
+                #expect(values["counter", as: Int.self] ?? 0 == sum, "round \(round)")
+            }
         }
     }
 
     @Test(
         "Another process sees each change with its sender and direction; its own changes and other directions are left out"
     )
-    func watchedFromAnotherProcess() throws {
-        let watcher = try RunningTool(
-            ["defaults", "watch"] + location + [
-                "settings", "--key", "theme", "--direction", "app→widget", "--count", "2", "--timeout", "120",
-            ]
-        )
-        #expect(watcher.waitForError(containing: "watching"))
-        let app = try makeSuite(sender: "app")
-        try app.set("dark", forKey: "theme", direction: "app→widget")
-        try app.set(1, forKey: "size", direction: "app→widget")  // another key: not watched
-        try app.set("blue", forKey: "theme", direction: "widget→app")  // another direction: not watched
-        try app.set("light", forKey: "theme", direction: "app→widget")
-        let result = watcher.finish()
-        #expect(result.status == 0, "\(result.error)")
-        #expect(result.lines.count == 2)
-        #expect(result.lines.first?.contains(#""sender":"app""#) == true)
-        #expect(result.lines.first?.contains(#""values":{"theme":"dark"}"#) == true)
-        #expect(result.lines.last?.contains(#""values":{"theme":"light"}"#) == true)
+    func watchedFromAnotherProcess() async throws {
+        try await offThePool {
+            let watcher = try RunningTool(
+                ["defaults", "watch"] + location + [
+                    "settings", "--key", "theme", "--direction", "app→widget", "--count", "2", "--timeout", "120",
+                ]
+            )
+            #expect(watcher.waitForError(containing: "watching"))
+            let app = try makeSuite(sender: "app")
+            try app.set("dark", forKey: "theme", direction: "app→widget")
+            try app.set(1, forKey: "size", direction: "app→widget")  // another key: not watched
+            try app.set("blue", forKey: "theme", direction: "widget→app")  // another direction: not watched
+            try app.set("light", forKey: "theme", direction: "app→widget")
+            let result = watcher.finish()
+            #expect(result.status == 0, "\(result.error)")
+            #expect(result.lines.count == 2)
+            #expect(result.lines.first?.contains(#""sender":"app""#) == true)
+            #expect(result.lines.first?.contains(#""values":{"theme":"dark"}"#) == true)
+            #expect(result.lines.last?.contains(#""values":{"theme":"light"}"#) == true)
+        }
     }
 
     @Test("In one process: observers skip their own changes and repost into NotificationCenter")
-    func observersAndNotificationCenter() throws {
-        let widget = try makeSuite(sender: "widget")
-        let app = try makeSuite(sender: "app")
-        let center = NotificationCenter()
-        let reposted = Collector<String>()
-        let token = center.addObserver(forName: Notification.Name("theme"), object: nil, queue: nil) { note in
-            reposted.append(note.object as? String ?? "?")
+    func observersAndNotificationCenter() async throws {
+        try await offThePool {
+            let widget = try makeSuite(sender: "widget")
+            let app = try makeSuite(sender: "app")
+            let center = NotificationCenter()
+            let reposted = Collector<String>()
+            let token = center.addObserver(forName: Notification.Name("theme"), object: nil, queue: nil) { note in
+                reposted.append(note.object as? String ?? "?")
+            }
+            let changes = Collector<SuiteChange>()
+            let observer = try widget.observe(repostingTo: center) { changes.append($0) }
+            try widget.set("own", forKey: "theme")
+            try app.set("dark", forKey: "theme")
+            #expect(eventually { changes.count == 1 && reposted.values == ["dark"] })
+            #expect(changes.values.first?.sender == "app")
+            #expect(changes.values.first?.keys == ["theme"])
+            observer.cancel()
+            center.removeObserver(token)
         }
-        let changes = Collector<SuiteChange>()
-        let observer = try widget.observe(repostingTo: center) { changes.append($0) }
-        try widget.set("own", forKey: "theme")
-        try app.set("dark", forKey: "theme")
-        #expect(eventually { changes.count == 1 && reposted.values == ["dark"] })
-        #expect(changes.values.first?.sender == "app")
-        #expect(changes.values.first?.keys == ["theme"])
-        observer.cancel()
-        center.removeObserver(token)
     }
 
     @Test("get, set, delete and list from the command line")
-    func commandLine() throws {
-        #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "theme", #""dark""#]).status == 0)
-        #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "size", "12"]).status == 0)
-        #expect(try WormholeTool.run(["defaults", "get"] + location + ["settings", "theme"]).lines == [#""dark""#])
-        #expect(
-            try WormholeTool.run(["defaults", "list"] + location + ["settings"]).lines == [
-                #"{"size":12,"theme":"dark"}"#
-            ]
-        )
-        #expect(try WormholeTool.run(["defaults", "delete"] + location + ["settings", "size"]).status == 0)
-        #expect(try WormholeTool.run(["defaults", "get"] + location + ["settings", "size"]).status == 1)
-        #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "bad", "{nope"]).status == 2)
-        #expect(try makeSuite().value(forKey: "theme", as: String.self) == "dark")
+    func commandLine() async throws {
+        // Its only `try`s are inside `#expect`, which closure inference does not see: say that it throws.
+        try await offThePool { () throws in
+            #expect(
+                try WormholeTool.run(["defaults", "set"] + location + ["settings", "theme", #""dark""#]).status == 0
+            )
+            #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "size", "12"]).status == 0)
+            #expect(
+                try WormholeTool.run(["defaults", "get"] + location + ["settings", "theme"]).lines == [#""dark""#]
+            )
+            #expect(
+                try WormholeTool.run(["defaults", "list"] + location + ["settings"]).lines == [
+                    #"{"size":12,"theme":"dark"}"#
+                ]
+            )
+            #expect(try WormholeTool.run(["defaults", "delete"] + location + ["settings", "size"]).status == 0)
+            #expect(try WormholeTool.run(["defaults", "get"] + location + ["settings", "size"]).status == 1)
+            #expect(try WormholeTool.run(["defaults", "set"] + location + ["settings", "bad", "{nope"]).status == 2)
+            #expect(try makeSuite().value(forKey: "theme", as: String.self) == "dark")
+        }
     }
 }
