@@ -127,8 +127,8 @@ public final class PostgresAdministration: Sendable {
             var endpoints: [PostgresStatus.Endpoint] = []
             for endpointRow in try connections.query(
                 """
-                SELECT e.identifier, e.kind, EXISTS (SELECT 1 FROM pg_stat_get_activity(e.backend_pid) a
-                        WHERE a.backend_start IS NULL OR a.backend_start = e.backend_start)
+                SELECT e.identifier, e.kind,
+                    coalesce(e.alive_key IS NOT NULL AND NOT pg_try_advisory_xact_lock_shared(e.alive_key), false)
                 FROM wormhole.live_endpoints e WHERE e.grp = \(name) ORDER BY e.identifier COLLATE "C", e.kind
                 """,
                 doing: what

@@ -71,8 +71,23 @@ public protocol QueueCursor: AnyObject, Sendable {
     /// read through this consumer again.
     func acknowledge(through end: UInt64) throws(WormholeError)
 
+    /// Acknowledges through `end`, as ``acknowledge(through:)``, then reads up to `maximumCount` records from the new
+    /// position, as ``read(maximumCount:)``.
+    ///
+    /// A consumer calls this after each batch it handled. The default implementation calls the two in turn; an engine
+    /// whose calls cross a network does both in one round trip.
+    func acknowledge(through end: UInt64, thenRead maximumCount: Int) throws(WormholeError) -> [QueueRecord]
+
     /// Calls `handler` after appends to the log, until the observation is cancelled or released.
     func observeAppends(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation
+}
+
+extension QueueCursor {
+    /// Acknowledges through `end`, then reads from the new position: two calls.
+    public func acknowledge(through end: UInt64, thenRead maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
+        try acknowledge(through: end)
+        return try read(maximumCount: maximumCount)
+    }
 }
 
 /// A record of a queue's log, as an engine stores it.

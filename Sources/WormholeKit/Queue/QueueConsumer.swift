@@ -96,10 +96,10 @@ public final class QueueConsumer: WormholeCancellable {
             deliveringThread.store(currentThreadID(), ordering: .releasing)
             defer { deliveringThread.store(0, ordering: .releasing) }
             do throws(WormholeError) {
+                var batch = try cursor.read(maximumCount: batchSize)
                 while !cancelled.load(ordering: .relaxed) {
-                    let batch = try cursor.read(maximumCount: batchSize)
                     guard let last = batch.last, deliver(batch) else { return }
-                    try cursor.acknowledge(through: last.end)
+                    batch = try cursor.acknowledge(through: last.end, thenRead: batchSize)
                     storedPosition.store(cursor.position, ordering: .releasing)
                 }
             } catch {

@@ -54,6 +54,8 @@ final class NotificationHub: Sendable {
         var closed = false
         /// The backend of the listening connection, while it listens.
         var backendPID: Int32?
+        /// The advisory lock the listening session holds while it lives: the `alive_key` of this process's endpoints.
+        var aliveKey: Int64?
         var connection: PostgresConnection?
         /// How many times the hub has (re)started listening.
         var connections = 0
@@ -97,11 +99,11 @@ final class NotificationHub: Sendable {
     func register(_ endpoint: Endpoint) throws(WormholeError) -> String {
         try startListening()
         let id = Self.randomID()
-        let pid = state.withLock { state in
+        let listening = state.withLock { state in
             state.endpoints[id] = endpoint
-            return state.backendPID
+            return state.backendPID.flatMap { pid in state.aliveKey.map { (pid, $0) } }
         }
-        guard let pid else {
+        guard let (pid, key) = listening else {
             state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
             throw WormholeError(
                 .serverUnavailable,
@@ -112,8 +114,9 @@ final class NotificationHub: Sendable {
         do {
             try connections.query(
                 """
-                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid, backend_start)
-                SELECT \(group), \(id), \(endpoint.identifier), \(endpoint.kind), a.pid, a.backend_start
+                INSERT INTO wormhole.live_endpoints
+                    (grp, endpoint, identifier, kind, backend_pid, backend_start, alive_key)
+                SELECT \(group), \(id), \(endpoint.identifier), \(endpoint.kind), a.pid, a.backend_start, \(key)
                 FROM pg_stat_activity a WHERE a.pid = \(pid)
                 """,
                 doing: "registering a live endpoint"
@@ -190,6 +193,7 @@ final class NotificationHub: Sendable {
             }
             state.withLock { state in
                 state.backendPID = nil
+                state.aliveKey = nil
                 state.connection = nil
             }
             guard !state.withLock({ $0.closed }) else { break }
@@ -222,12 +226,16 @@ final class NotificationHub: Sendable {
             connections.run("SELECT pg_backend_pid()", on: connection, doing: "reading the backend").first,
             doing: "reading the backend"
         )
+        // The lock that says this process lives, to whoever sends to its endpoints: a random key, held by this session
+        // until it ends.
+        let key = Int64.random(in: .min ... .max)
+        try connections.run("SELECT pg_advisory_lock(\(key))", on: connection, doing: "taking the listening lock")
         // Rows of processes whose listening connection ended (killed, cut off): gone, so `send` counts only the living.
+        // (This session holds its own key, which its own shared try would get: its rows are left out by name.)
         try connections.run(
             """
-            DELETE FROM wormhole.live_endpoints e WHERE e.grp = \(group) AND NOT EXISTS (
-                SELECT 1 FROM pg_stat_get_activity(e.backend_pid) a
-                WHERE a.backend_start IS NULL OR a.backend_start = e.backend_start)
+            DELETE FROM wormhole.live_endpoints e WHERE e.grp = \(group)
+                AND (e.alive_key IS NULL OR (e.alive_key <> \(key) AND pg_try_advisory_xact_lock_shared(e.alive_key)))
             """,
             on: connection,
             doing: "sweeping live endpoints of processes gone"
@@ -236,12 +244,15 @@ final class NotificationHub: Sendable {
         if !endpoints.isEmpty {
             try connections.run(
                 """
-                INSERT INTO wormhole.live_endpoints (grp, endpoint, identifier, kind, backend_pid, backend_start)
-                SELECT \(group), e, i, k, \(pid), (SELECT backend_start FROM pg_stat_activity WHERE pid = \(pid))
+                INSERT INTO wormhole.live_endpoints
+                    (grp, endpoint, identifier, kind, backend_pid, backend_start, alive_key)
+                SELECT \(group), e, i, k, \(pid), (SELECT backend_start FROM pg_stat_activity WHERE pid = \(pid)),
+                    \(key)
                 FROM unnest(\(endpoints.map(\.key))::text[], \(endpoints.map(\.value.identifier))::text[],
                     \(endpoints.map(\.value.kind))::text[]) AS t(e, i, k)
                 ON CONFLICT (grp, endpoint) DO UPDATE
-                SET backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start
+                SET backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
+                    alive_key = EXCLUDED.alive_key
                 """,
                 on: connection,
                 doing: "registering live endpoints again"
@@ -249,6 +260,7 @@ final class NotificationHub: Sendable {
         }
         let first = state.withLock { state in
             state.backendPID = pid
+            state.aliveKey = key
             state.connection = connection
             state.connections += 1
             return state.connections == 1
@@ -294,20 +306,33 @@ final class NotificationHub: Sendable {
             for observer in observers { observer.wake() }
             return
         }
+        // Every process of the group hears every notification, its own included: what no endpoint here wants is
+        // skipped after its head, without reading its body.
+        guard let head = LiveEnvelope.peek(payload) else {
+            logger.debug("PostgreSQL engine: an unreadable notification was ignored")
+            return
+        }
+        let targets: [Endpoint] = state.withLock { state in
+            switch head.kind {
+            case .message:
+                return state.endpoints.values.filter { $0.kind == "listen" && $0.identifier == head.identifier }
+            case .request: return state.endpoints[head.target].map { [$0] } ?? []
+            case .reply: return []
+            }
+        }
+        if head.kind == .reply {
+            guard head.target == replyEndpoint else { return }
+        } else if targets.isEmpty {
+            return
+        }
         guard let envelope = LiveEnvelope(notification: payload) else {
             logger.debug("PostgreSQL engine: an unreadable notification was ignored")
             return
         }
         switch envelope.kind {
-        case .message:
-            let targets = state.withLock { state in
-                state.endpoints.values.filter { $0.kind == "listen" && $0.identifier == envelope.identifier }
-            }
+        case .message, .request:
             for endpoint in targets { endpoint.receive(envelope) }
-        case .request:
-            if let endpoint = state.withLock({ $0.endpoints[envelope.target] }) { endpoint.receive(envelope) }
         case .reply:
-            guard envelope.target == replyEndpoint else { return }
             if let waiter = replies.withLock({ $0[envelope.requestID] }) { waiter(envelope) }
         }
     }

@@ -173,7 +173,104 @@ enum Schema {
                     "CREATE POLICY group_members ON wormhole.\(table) USING (wormhole.may_use(grp)) "
                         + "WITH CHECK (wormhole.may_use(grp))",
                 ]
-            }
+            },
+        // Version 2: the statements on the paths of every message, as PL/pgSQL functions, whose plans each session
+        // keeps after the first call: sent as plain statements, they were parsed and planned again on every call,
+        // which cost more than running them. They run as the caller (SECURITY INVOKER): row-level security applies
+        // as to the statements they replace. Every name in them is qualified.
+        [
+            // An endpoint is alive while its process's listening session holds a session-level advisory lock on
+            // the endpoint's `alive_key`, a random 64-bit number of that session: a sender tries the lock in shared
+            // mode, which fails while the holder lives and is released when the sender's statement commits. This
+            // replaces reading every backend's status (pg_stat_get_activity), which copied them all on each send.
+            // Rows of builds before this version have no key: they count as gone, and the next sweep removes them.
+            "ALTER TABLE wormhole.live_endpoints ADD COLUMN alive_key bigint",
+            // A live message: counts the endpoints listening whose process is alive, and notifies only if there
+            // are any, in one statement, so that what is counted is what was listening at the notification.
+            """
+            CREATE FUNCTION wormhole.live_send(p_grp text, p_identifier text, p_channel text, p_notification text)
+            RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                v_count bigint;
+            BEGIN
+                SELECT count(*) INTO v_count FROM wormhole.live_endpoints e
+                WHERE e.grp = p_grp AND e.identifier = p_identifier AND e.kind = 'listen'
+                    AND e.alive_key IS NOT NULL AND NOT pg_catalog.pg_try_advisory_xact_lock_shared(e.alive_key);
+                IF v_count > 0 THEN
+                    PERFORM pg_catalog.pg_notify(p_channel, p_notification);
+                END IF;
+                RETURN v_count;
+            END
+            $$
+            """,
+            // An append: offsets from the queue's head row, which stays locked until the append commits, so that
+            // appends commit in offset order. Returns the first offset.
+            """
+            CREATE FUNCTION wormhole.queue_append(
+                p_grp text, p_queue text, p_sender text, p_time_ns bigint, p_payloads bytea[], p_channel text,
+                p_notification text
+            ) RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                v_count bigint := pg_catalog.cardinality(p_payloads);
+                v_first bigint;
+            BEGIN
+                INSERT INTO wormhole.queues AS q (grp, queue, next_offset) VALUES (p_grp, p_queue, v_count)
+                ON CONFLICT (grp, queue) DO UPDATE SET next_offset = q.next_offset + EXCLUDED.next_offset
+                RETURNING q.next_offset - v_count INTO v_first;
+                INSERT INTO wormhole.queue_records (grp, queue, "offset", sender, time_ns, payload)
+                SELECT p_grp, p_queue, v_first + p.ordinal - 1, p_sender, p_time_ns, p.payload
+                FROM pg_catalog.unnest(p_payloads) WITH ORDINALITY AS p(payload, ordinal);
+                PERFORM pg_catalog.pg_notify(p_channel, p_notification);
+                RETURN v_first;
+            END
+            $$
+            """,
+            // A consumer's read, after acknowledging through `p_end` when it is not null: one round trip per batch.
+            // Rows of the records from the consumer's stored position, up to `p_maximum` of them and about
+            // `p_byte_limit` bytes (at least one); one row with a null offset when there is none or `p_maximum` is
+            // 0; no row when the consumer is not registered. Each row carries the consumer's position.
+            """
+            CREATE FUNCTION wormhole.queue_read(
+                p_grp text, p_queue text, p_consumer text, p_end bigint, p_maximum integer, p_byte_limit bigint
+            ) RETURNS TABLE (consumer_position bigint, record_offset bigint, record_sender text,
+                record_time_ns bigint, record_payload bytea)
+            LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                v_position bigint;
+            BEGIN
+                IF p_end IS NULL THEN
+                    SELECT c.position INTO v_position FROM wormhole.queue_consumers c
+                    WHERE c.grp = p_grp AND c.queue = p_queue AND c.consumer = p_consumer;
+                ELSE
+                    UPDATE wormhole.queue_consumers c
+                    SET position = greatest(c.position, p_end), seen = pg_catalog.now()
+                    WHERE c.grp = p_grp AND c.queue = p_queue AND c.consumer = p_consumer
+                    RETURNING c.position INTO v_position;
+                END IF;
+                IF v_position IS NULL THEN
+                    RETURN;
+                END IF;
+                IF p_maximum < 1 THEN
+                    RETURN QUERY SELECT v_position, NULL::bigint, NULL::text, NULL::bigint, NULL::bytea;
+                    RETURN;
+                END IF;
+                RETURN QUERY
+                    SELECT v_position, b."offset", b.sender, b.time_ns, b.payload FROM (
+                        SELECT r."offset", r.sender, r.time_ns, r.payload,
+                            sum(octet_length(r.payload)) OVER (ORDER BY r."offset") - octet_length(r.payload)
+                                AS before
+                        FROM wormhole.queue_records r
+                        WHERE r.grp = p_grp AND r.queue = p_queue AND r."offset" >= v_position
+                        ORDER BY r."offset" LIMIT p_maximum) b
+                    WHERE b.before < p_byte_limit
+                    ORDER BY b."offset";
+                IF NOT FOUND THEN
+                    RETURN QUERY SELECT v_position, NULL::bigint, NULL::text, NULL::bigint, NULL::bytea;
+                END IF;
+            END
+            $$
+            """,
+        ],
     ]
 
     /// Runs the migrations this database lacks; returns the version it is at now.

@@ -4,9 +4,15 @@ import PostgresNIO
 import Synchronization
 import WormholeKit
 
-/// A live message, request or reply as it rides a notification: `l` then JSON.
-struct LiveEnvelope: Codable, Sendable {
-    enum Kind: String, Codable, Sendable {
+/// A live message, request or reply as it rides a notification: `L`, then its fields, each a netstring (its length
+/// in UTF-8 bytes in decimal, `:`, the bytes) but for two one-character fields (FORMAT.md, "Notifications on
+/// PostgreSQL").
+///
+/// The target comes first, so that the server can put a request's chosen responder in front of the rest; a reader
+/// finds the kind and the identifier before the rest, and skips a message that no endpoint of its process wants
+/// without reading the rest. (It was JSON: decoding it was the largest cost of a live message on the client.)
+struct LiveEnvelope: Sendable, Equatable {
+    enum Kind: Character, Sendable {
         case message = "m"
         case request = "q"
         case reply = "r"
@@ -26,50 +32,123 @@ struct LiveEnvelope: Codable, Sendable {
     /// Else the id of the row in `wormhole.live_bodies` that holds them.
     var bodyID: String?
 
-    private enum CodingKeys: String, CodingKey {
-        case kind = "k"
-        case identifier = "i"
-        case target = "t"
-        case requestID = "q"
-        case replyTo = "r"
-        case sender = "s"
-        case failed = "f"
-        case body = "b"
-        case bodyID = "x"
-    }
-
     init(kind: Kind, identifier: String) {
         self.kind = kind
         self.identifier = identifier
     }
 
+    /// The notification's first character.
+    static let marker: Character = "L"
+
+    /// The envelope of a notification; nil when it is not one, or is damaged.
     init?(notification: String) {
-        guard notification.first == "l",
-            let decoded = try? JSONDecoder().decode(Self.self, from: Data(notification.utf8.dropFirst()))
+        var reader = Reader(notification)
+        guard reader.character() == Self.marker, let target = reader.field(), let head = Self.readHead(&reader),
+            let rest = Self.readRest(&reader), reader.isAtEnd
         else { return nil }
-        self = decoded
+        self.init(kind: head.kind, identifier: head.identifier)
+        self.target = target
+        (requestID, replyTo, sender, failed, body, bodyID) = rest
     }
 
-    /// Base64's slashes stay as they are: escaped, they would double in size.
-    private static let encoder: JSONEncoder = {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .withoutEscapingSlashes
-        return encoder
-    }()
+    /// The target, kind and identifier of a notification, without reading the rest.
+    static func peek(_ notification: String) -> (target: String, kind: Kind, identifier: String)? {
+        var reader = Reader(notification)
+        guard reader.character() == marker, let target = reader.field(), let head = readHead(&reader) else {
+            return nil
+        }
+        return (target, head.kind, head.identifier)
+    }
 
-    var notification: String {
-        // Encoding strings and booleans cannot fail.
-        "l" + String(decoding: (try? Self.encoder.encode(self)) ?? Data(), as: UTF8.self)
+    private static func readHead(_ reader: inout Reader) -> (kind: Kind, identifier: String)? {
+        guard let kind = reader.character().flatMap(Kind.init(rawValue:)), let identifier = reader.field() else {
+            return nil
+        }
+        return (kind, identifier)
+    }
+
+    private static func readRest(
+        _ reader: inout Reader
+    ) -> (String, String, String, Bool, String?, String?)? {
+        guard let requestID = reader.field(), let replyTo = reader.field(), let sender = reader.field(),
+            let failed = reader.character(), failed == "0" || failed == "1", let bodyKind = reader.character()
+        else { return nil }
+        switch bodyKind {
+        case "-": return (requestID, replyTo, sender, failed == "1", nil, nil)
+        case "b": return reader.field().map { (requestID, replyTo, sender, failed == "1", $0, nil) }
+        case "x": return reader.field().map { (requestID, replyTo, sender, failed == "1", nil, $0) }
+        default: return nil
+        }
+    }
+
+    /// The notification: the marker, the target, then ``notificationAfterTarget``.
+    var notification: String { String(Self.marker) + Self.netstring(target) + notificationAfterTarget }
+
+    /// Everything after the target: the server puts a request's chosen responder in front of it.
+    var notificationAfterTarget: String {
+        var text = String(kind.rawValue) + Self.netstring(identifier)
+        text += Self.netstring(requestID) + Self.netstring(replyTo) + Self.netstring(sender)
+        text += failed ? "1" : "0"
+        if let body {
+            text += "b" + Self.netstring(body)
+        } else if let bodyID {
+            text += "x" + Self.netstring(bodyID)
+        } else {
+            text += "-"
+        }
+        return text
+    }
+
+    private static func netstring(_ text: String) -> String { "\(text.utf8.count):" + text }
+
+    /// Reads a notification's fields from its UTF-8 bytes.
+    private struct Reader {
+        let bytes: String.UTF8View
+        var index: String.UTF8View.Index
+
+        init(_ text: String) {
+            bytes = text.utf8
+            index = bytes.startIndex
+        }
+
+        var isAtEnd: Bool { index == bytes.endIndex }
+
+        /// One ASCII character.
+        mutating func character() -> Character? {
+            guard index < bytes.endIndex, bytes[index] < 0x80 else { return nil }
+            defer { index = bytes.index(after: index) }
+            return Character(Unicode.Scalar(bytes[index]))
+        }
+
+        /// A netstring's text; nil when its length is missing, too long for what is left, or splits a character.
+        mutating func field() -> String? {
+            var length = 0
+            var digits = 0
+            while index < bytes.endIndex, bytes[index] != UInt8(ascii: ":") {
+                let byte = bytes[index]
+                guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9"), digits < 6 else { return nil }
+                length = length * 10 + Int(byte - UInt8(ascii: "0"))
+                digits += 1
+                index = bytes.index(after: index)
+            }
+            guard digits > 0, index < bytes.endIndex else { return nil }
+            let start = bytes.index(after: index)
+            guard let end = bytes.index(start, offsetBy: length, limitedBy: bytes.endIndex),
+                let text = String(bytes[start..<end])
+            else { return nil }
+            index = end
+            return text
+        }
     }
 }
 
 /// Live messages and requests over `NOTIFY`: to whoever listens now, nothing kept.
 ///
-/// Each listening or responding endpoint is a row of `wormhole.live_endpoints` naming the backend of its
-/// process's listening connection (its pid and start time; the server hides the start time of another role's
-/// backends, and then the pid alone is checked); a send counts the endpoints whose backend is alive, in the statement that
-/// notifies, so that nobody listening is `notReachable` at once. Bodies up to ``inlineLimit`` bytes ride the
-/// notification; larger ones wait in `wormhole.live_bodies` for a minute.
+/// Each listening or responding endpoint is a row of `wormhole.live_endpoints` with the `alive_key` of its process's
+/// listening connection: an advisory lock that session holds while it lives. A send counts the endpoints whose lock
+/// is held (a shared try of it fails), in the call that notifies, so that nobody listening is `notReachable` at once.
+/// Bodies up to ``inlineLimit`` bytes ride the notification; larger ones wait in `wormhole.live_bodies` for a
+/// minute.
 final class PostgresLiveTransport: LiveTransport {
     let engine: PostgresCore
     let sender: String
@@ -142,14 +221,10 @@ final class PostgresLiveTransport: LiveTransport {
         var envelope = LiveEnvelope(kind: .message, identifier: identifier)
         envelope.sender = sender
         try attach(payload, to: &envelope)
-        // Counting and notifying in one statement: what is counted is what was listening at the notification.
+        // Counting and notifying in one call: what is counted is what was listening at the notification.
         let rows = try engine.connections.query(
             """
-            SELECT t.n, (SELECT pg_notify(\(engine.channel), \(envelope.notification)) WHERE t.n > 0) IS NULL
-            FROM (SELECT count(*) AS n FROM wormhole.live_endpoints e
-                WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'listen'
-                    AND EXISTS (SELECT 1 FROM pg_stat_get_activity(e.backend_pid) a
-                        WHERE a.backend_start IS NULL OR a.backend_start = e.backend_start)) t
+            SELECT wormhole.live_send(\(engine.group), \(identifier), \(engine.channel), \(envelope.notification))
             """,
             doing: "sending a live message"
         )
@@ -219,27 +294,25 @@ final class PostgresLiveTransport: LiveTransport {
             }
         }
         defer { _ = hub.replies.withLock { $0.removeValue(forKey: envelope.requestID) } }
-        let json = String(envelope.notification.dropFirst())
+        let afterTarget = envelope.notificationAfterTarget
         // One responder, chosen at random among the live ones, in the statement that notifies it.
         let rows = try engine.connections.query(
             """
             WITH chosen AS (
-                SELECT e.endpoint, e.backend_pid, e.backend_start FROM wormhole.live_endpoints e
+                SELECT e.endpoint, e.alive_key FROM wormhole.live_endpoints e
                 WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'respond'
-                    AND EXISTS (SELECT 1 FROM pg_stat_get_activity(e.backend_pid) a
-                        WHERE a.backend_start IS NULL OR a.backend_start = e.backend_start)
+                    AND e.alive_key IS NOT NULL AND NOT pg_try_advisory_xact_lock_shared(e.alive_key)
                 ORDER BY random() LIMIT 1)
-            SELECT c.backend_pid, c.backend_start::text, (SELECT pg_notify(\(engine.channel),
-                'l' || jsonb_set(\(json)::jsonb, '{t}', to_jsonb(c.endpoint))::text
+            SELECT c.alive_key, (SELECT pg_notify(\(engine.channel),
+                'L' || octet_length(c.endpoint) || ':' || c.endpoint || \(afterTarget)
             )) IS NULL FROM chosen c
             """,
             doing: "sending a request"
         )
         guard let row = rows.first else { throw notReachable(identifier, "answers") }
-        let responder: (pid: Int32, start: String)
+        let responderKey: Int64
         do {
-            let (pid, start, _) = try row.decode((Int32, String, Bool?).self)
-            responder = (pid, start)
+            (responderKey, _) = try row.decode((Int64, Bool?).self)
         } catch {
             throw WormholeError(.serverRejected, "Unexpected columns while sending a request: \(error).")
         }
@@ -254,10 +327,7 @@ final class PostgresLiveTransport: LiveTransport {
             }
             // A responder whose process went away never answers: say so instead of waiting for the time-out.
             let alive = try engine.connections.query(
-                """
-                SELECT EXISTS (SELECT 1 FROM pg_stat_get_activity(\(responder.pid))
-                    WHERE backend_start IS NULL OR backend_start::text = \(responder.start))
-                """,
+                "SELECT NOT pg_try_advisory_xact_lock_shared(\(responderKey))",
                 doing: "checking the responder"
             )
             if try !decode(Bool.self, alive.first, doing: "checking the responder") {

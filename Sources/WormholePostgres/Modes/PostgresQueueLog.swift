@@ -43,19 +43,10 @@ final class PostgresQueueLog: QueueLog {
         }
         guard !buffers.isEmpty else { return }
         let now = Int64(Date().timeIntervalSince1970 * 1e9)
-        let count = Int64(buffers.count)
         try engine.connections.query(
             """
-            WITH head AS (
-                INSERT INTO wormhole.queues AS q (grp, queue, next_offset) VALUES (\(engine.group), \(identifier), \(count))
-                ON CONFLICT (grp, queue) DO UPDATE SET next_offset = q.next_offset + EXCLUDED.next_offset
-                RETURNING q.next_offset - \(count) AS first),
-            appended AS (
-                INSERT INTO wormhole.queue_records (grp, queue, "offset", sender, time_ns, payload)
-                SELECT \(engine.group), \(identifier), head.first + p.n - 1, \(sender), \(now), p.payload
-                FROM head, unnest(\(buffers)::bytea[]) WITH ORDINALITY AS p(payload, n)
-                RETURNING 1)
-            SELECT (SELECT count(*) FROM appended), pg_notify(\(engine.channel), \("n" + notificationName)) IS NULL
+            SELECT wormhole.queue_append(\(engine.group), \(identifier), \(sender), \(now), \(buffers)::bytea[],
+                \(engine.channel), \("n" + notificationName))
             """,
             doing: "appending to the queue \(identifier)"
         )
@@ -171,29 +162,42 @@ final class PostgresQueueCursor: QueueCursor {
     var position: UInt64 { stored.withLock { $0 } }
 
     func read(maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
+        try read(acknowledgingThrough: nil, maximumCount: max(1, maximumCount))
+    }
+
+    func acknowledge(through end: UInt64) throws(WormholeError) {
+        _ = try read(acknowledgingThrough: end, maximumCount: 0)
+    }
+
+    func acknowledge(through end: UInt64, thenRead maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
+        try read(acknowledgingThrough: end, maximumCount: max(1, maximumCount))
+    }
+
+    /// Acknowledges through `end` when it is given, then reads up to `maximumCount` records (none when 0) from the
+    /// position stored on the server, which only this consumer's acknowledgements move: one round trip.
+    private func read(acknowledgingThrough end: UInt64?, maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
         let engine = log.engine
-        let what = "reading the queue \(log.identifier) as \(consumer)"
-        // From the position stored on the server, which only this consumer's acknowledgements move.
+        let what =
+            end == nil
+            ? "reading the queue \(log.identifier) as \(consumer)"
+            : "acknowledging \(log.identifier) as \(consumer)"
         let rows = try engine.connections.query(
             """
-            SELECT "offset", sender, time_ns, payload FROM (
-                SELECT r."offset", r.sender, r.time_ns, r.payload,
-                    sum(octet_length(r.payload)) OVER (ORDER BY r."offset") - octet_length(r.payload) AS before
-                FROM wormhole.queue_records r
-                WHERE r.grp = \(engine.group) AND r.queue = \(log.identifier)
-                    AND r."offset" >= (SELECT position FROM wormhole.queue_consumers
-                        WHERE grp = \(engine.group) AND queue = \(log.identifier) AND consumer = \(consumer))
-                ORDER BY r."offset" LIMIT \(max(1, maximumCount))) batch
-            WHERE before < \(PostgresQueueLog.readLimit)
-            ORDER BY "offset"
+            SELECT * FROM wormhole.queue_read(\(engine.group), \(log.identifier), \(consumer), \(end.map(Int64.init)),
+                \(Int32(clamping: maximumCount)), \(Int64(PostgresQueueLog.readLimit)))
             """,
             doing: what
         )
         var records: [QueueRecord] = []
         records.reserveCapacity(rows.count)
+        var position: Int64?
         for row in rows {
             do {
-                let (offset, sender, time, payload) = try row.decode((Int64, String, Int64, ByteBuffer).self)
+                let (stored, offset, sender, time, payload) = try row.decode(
+                    (Int64, Int64?, String?, Int64?, ByteBuffer?).self
+                )
+                position = stored
+                guard let offset, let sender, let time, let payload else { continue }
                 records.append(
                     QueueRecord(
                         offset: UInt64(offset),
@@ -211,20 +215,7 @@ final class PostgresQueueCursor: QueueCursor {
                 )
             }
         }
-        return records
-    }
-
-    func acknowledge(through end: UInt64) throws(WormholeError) {
-        let engine = log.engine
-        let rows = try engine.connections.query(
-            """
-            UPDATE wormhole.queue_consumers SET position = greatest(position, \(Int64(end))), seen = now()
-            WHERE grp = \(engine.group) AND queue = \(log.identifier) AND consumer = \(consumer)
-            RETURNING position
-            """,
-            doing: "acknowledging \(log.identifier) as \(consumer)"
-        )
-        guard let row = rows.first else {
+        guard let position else {
             throw WormholeError(
                 .serverRejected,
                 "The consumer \(consumer) of \(log.identifier) is no longer registered: it stayed away longer than "
@@ -232,18 +223,21 @@ final class PostgresQueueCursor: QueueCursor {
                 identifier: log.identifier
             )
         }
-        let position = try decode(Int64.self, row, doing: "acknowledging")
         stored.withLock { $0 = UInt64(position) }
-        // Records every consumer has passed are deleted as consumers move on, not only when someone asks.
+        if end != nil { reclaimIfDue() }
+        return records
+    }
+
+    /// Records every consumer has passed are deleted as consumers move on, not only when someone asks.
+    private func reclaimIfDue() {
         let due = lastReclaim.withLock { last in
             guard ContinuousClock.now - last >= Self.reclaimInterval else { return false }
             last = .now
             return true
         }
-        if due {
-            do { try log.reclaimSpace() } catch {
-                engine.logger.debug("PostgreSQL engine: reclaiming space in \(log.identifier) failed: \(error)")
-            }
+        guard due else { return }
+        do { try log.reclaimSpace() } catch {
+            log.engine.logger.debug("PostgreSQL engine: reclaiming space in \(log.identifier) failed: \(error)")
         }
     }
 
