@@ -90,7 +90,12 @@ final class Connections: Sendable {
         if !kept { connection.closeQuietly() }
     }
 
-    /// Runs one statement (in a transaction of its own) and returns its rows.
+    /// Runs one statement (in a transaction of its own) and returns its rows once that transaction has committed.
+    ///
+    /// The server commits a statement outside a transaction block at the Sync that postgres-nio sends after it, and
+    /// sends the statement's end (which completes postgres-nio's future) only then, with what it kept in its output
+    /// buffer: a write never returns before it is durable and visible to other connections. A test holds to this
+    /// (`PostgresCommitTests`).
     @discardableResult
     func query(_ query: PostgresQuery, doing what: @autoclosure () -> String) throws(WormholeError) -> [PostgresRow] {
         try withConnection { (connection) throws(WormholeError) in

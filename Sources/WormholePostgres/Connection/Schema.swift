@@ -214,9 +214,16 @@ enum Schema {
                 v_count bigint := pg_catalog.cardinality(p_payloads);
                 v_first bigint;
             BEGIN
-                INSERT INTO wormhole.queues AS q (grp, queue, next_offset) VALUES (p_grp, p_queue, v_count)
-                ON CONFLICT (grp, queue) DO UPDATE SET next_offset = q.next_offset + EXCLUDED.next_offset
+                -- The head row exists but for a queue's first append: an update, without the insert an upsert
+                -- tries first.
+                UPDATE wormhole.queues q SET next_offset = q.next_offset + v_count
+                WHERE q.grp = p_grp AND q.queue = p_queue
                 RETURNING q.next_offset - v_count INTO v_first;
+                IF v_first IS NULL THEN
+                    INSERT INTO wormhole.queues AS q (grp, queue, next_offset) VALUES (p_grp, p_queue, v_count)
+                    ON CONFLICT (grp, queue) DO UPDATE SET next_offset = q.next_offset + EXCLUDED.next_offset
+                    RETURNING q.next_offset - v_count INTO v_first;
+                END IF;
                 INSERT INTO wormhole.queue_records (grp, queue, "offset", sender, time_ns, payload)
                 SELECT p_grp, p_queue, v_first + p.ordinal - 1, p_sender, p_time_ns, p.payload
                 FROM pg_catalog.unnest(p_payloads) WITH ORDINALITY AS p(payload, ordinal);
@@ -227,8 +234,9 @@ enum Schema {
             """,
             // A consumer's read, after acknowledging through `p_end` when it is not null: one round trip per batch.
             // Rows of the records from the consumer's stored position, up to `p_maximum` of them and about
-            // `p_byte_limit` bytes (at least one); one row with a null offset when there is none or `p_maximum` is
-            // 0; no row when the consumer is not registered. Each row carries the consumer's position.
+            // `p_byte_limit` bytes (at least one); one row with the offset -1 when there is none or `p_maximum` is
+            // 0; no row when the consumer is not registered. Each row carries the consumer's position. (No null
+            // column: a client decodes every row with the same types.)
             """
             CREATE FUNCTION wormhole.queue_read(
                 p_grp text, p_queue text, p_consumer text, p_end bigint, p_maximum integer, p_byte_limit bigint
@@ -251,7 +259,7 @@ enum Schema {
                     RETURN;
                 END IF;
                 IF p_maximum < 1 THEN
-                    RETURN QUERY SELECT v_position, NULL::bigint, NULL::text, NULL::bigint, NULL::bytea;
+                    RETURN QUERY SELECT v_position, -1::bigint, ''::text, 0::bigint, ''::bytea;
                     RETURN;
                 END IF;
                 RETURN QUERY
@@ -265,7 +273,7 @@ enum Schema {
                     WHERE b.before < p_byte_limit
                     ORDER BY b."offset";
                 IF NOT FOUND THEN
-                    RETURN QUERY SELECT v_position, NULL::bigint, NULL::text, NULL::bigint, NULL::bytea;
+                    RETURN QUERY SELECT v_position, -1::bigint, ''::text, 0::bigint, ''::bytea;
                 END IF;
             END
             $$

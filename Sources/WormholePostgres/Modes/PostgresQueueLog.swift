@@ -181,23 +181,44 @@ final class PostgresQueueCursor: QueueCursor {
             end == nil
             ? "reading the queue \(log.identifier) as \(consumer)"
             : "acknowledging \(log.identifier) as \(consumer)"
-        let rows = try engine.connections.query(
-            """
+        let query: PostgresQuery = """
             SELECT * FROM wormhole.queue_read(\(engine.group), \(log.identifier), \(consumer), \(end.map(Int64.init)),
                 \(Int32(clamping: maximumCount)), \(Int64(PostgresQueueLog.readLimit)))
-            """,
+            """
+        // Returns once the acknowledgement has committed: the server sends a statement's end at the Sync after
+        // it, when it commits (FORMAT.md, "Queues").
+        let (position, records) = try decodeRecords(
+            try engine.connections.query(query, doing: what),
             doing: what
         )
+        guard let position else {
+            throw WormholeError(
+                .serverRejected,
+                "The consumer \(consumer) of \(log.identifier) is no longer registered: it stayed away longer than "
+                    + "the queue's retention and was dropped. Open it again to start from the oldest record kept.",
+                identifier: log.identifier
+            )
+        }
+        stored.withLock { $0 = UInt64(position) }
+        if end != nil { reclaimIfDue() }
+        return records
+    }
+
+    /// The consumer's position (nil when no row came: the consumer is not registered) and the records.
+    private func decodeRecords(
+        _ rows: [PostgresRow],
+        doing what: String
+    ) throws(WormholeError) -> (Int64?, [QueueRecord]) {
         var records: [QueueRecord] = []
         records.reserveCapacity(rows.count)
         var position: Int64?
         for row in rows {
             do {
                 let (stored, offset, sender, time, payload) = try row.decode(
-                    (Int64, Int64?, String?, Int64?, ByteBuffer?).self
+                    (Int64, Int64, String, Int64, ByteBuffer).self
                 )
                 position = stored
-                guard let offset, let sender, let time, let payload else { continue }
+                guard offset >= 0 else { continue }
                 records.append(
                     QueueRecord(
                         offset: UInt64(offset),
@@ -215,17 +236,7 @@ final class PostgresQueueCursor: QueueCursor {
                 )
             }
         }
-        guard let position else {
-            throw WormholeError(
-                .serverRejected,
-                "The consumer \(consumer) of \(log.identifier) is no longer registered: it stayed away longer than "
-                    + "the queue's retention and was dropped. Open it again to start from the oldest record kept.",
-                identifier: log.identifier
-            )
-        }
-        stored.withLock { $0 = UInt64(position) }
-        if end != nil { reclaimIfDue() }
-        return records
+        return (position, records)
     }
 
     /// Records every consumer has passed are deleted as consumers move on, not only when someone asks.

@@ -66,3 +66,80 @@ struct PostgresLivenessTests {
         #expect(after.map(\.identifier) == ["other"] && after.allSatisfy(\.isAlive), "\(after)")
     }
 }
+
+/// The server commits a statement outside a transaction block at the Sync after it, and sends the statement's end
+/// only then: a write must not return before, or a server that dies at that moment loses what the caller was told is
+/// stored, and other connections do not see it yet. Deferred triggers that make the commit of this group's rows take
+/// half a second show that each kind of write waits for its commit, a large result included (the server sends rows
+/// beyond its 8 KiB output buffer before the commit, but the statement's end after it).
+@Suite(
+    "PostgreSQL engine: a write returns once committed",
+    .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
+    .limit(minutes: 1)
+)
+struct PostgresCommitTests {
+    @Test("An enqueue, a mailbox write and an acknowledgement return after their slow commit, seen by others at once")
+    func writesWaitForTheirCommit() async throws { try await offThePool { try writesWaitForTheirCommitBody() } }
+
+    func writesWaitForTheirCommitBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("commit")
+        let engine = try PostgresEngine(url: server.url, group: group)
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "writer")
+        let trigger = "slow_commit_\(UInt32.random(in: 0...UInt32.max))"
+        _ = try server.psql(
+            """
+            CREATE OR REPLACE FUNCTION public.wormhole_test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$;
+            CREATE CONSTRAINT TRIGGER \(trigger)_queue AFTER INSERT ON wormhole.queue_records
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.grp = '\(group)' AND NEW.queue = 'jobs')
+                EXECUTE FUNCTION public.wormhole_test_slow_commit();
+            CREATE CONSTRAINT TRIGGER \(trigger)_mailbox AFTER INSERT OR UPDATE ON wormhole.mailboxes
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.grp = '\(group)')
+                EXECUTE FUNCTION public.wormhole_test_slow_commit();
+            CREATE CONSTRAINT TRIGGER \(trigger)_consumer AFTER UPDATE ON wormhole.queue_consumers
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.grp = '\(group)' AND NEW.position > 1)
+                EXECUTE FUNCTION public.wormhole_test_slow_commit();
+            """
+        )
+        defer {
+            _ = try? server.psql(
+                """
+                DROP TRIGGER \(trigger)_queue ON wormhole.queue_records;
+                DROP TRIGGER \(trigger)_mailbox ON wormhole.mailboxes;
+                DROP TRIGGER \(trigger)_consumer ON wormhole.queue_consumers;
+                """
+            )
+        }
+        let queued = Date()
+        try wormhole.queue("jobs").enqueue("first")
+        #expect(Date().timeIntervalSince(queued) >= 0.5, "the enqueue waited for its commit")
+        #expect(try server.psql("SELECT count(*) FROM wormhole.queue_records WHERE grp = '\(group)'") == "1")
+        let passed = Date()
+        try wormhole.passMessageObject("hello", identifier: "note")
+        #expect(Date().timeIntervalSince(passed) >= 0.5, "the mailbox write waited for its commit")
+        #expect(
+            try server.psql("SELECT count(*) FROM wormhole.mailboxes WHERE grp = '\(group)' AND payload IS NOT NULL")
+                == "1"
+        )
+
+        // An acknowledgement that reads a batch larger than the server's output buffer: most records come before the
+        // commit, the statement's end after it.
+        let log = try engine.queueLog("large", sender: "writer", retention: .seconds(3600))
+        let cursor = try log.openCursor(consumer: "reader")
+        try log.append(contentsOf: (0..<40).map { _ in Data(repeating: 0x61, count: 1024) })
+        let first = try cursor.read(maximumCount: 1)
+        #expect(first.map(\.offset) == [0])
+        _ = try cursor.acknowledge(through: 1, thenRead: 10)  // the position 1 commits at once
+        let acknowledged = Date()
+        let batch = try cursor.acknowledge(through: 11, thenRead: 20)
+        #expect(batch.count == 20)
+        #expect(Date().timeIntervalSince(acknowledged) >= 0.5, "the acknowledgement waited for its commit")
+        #expect(
+            try server.psql(
+                "SELECT position FROM wormhole.queue_consumers WHERE grp = '\(group)' AND consumer = 'reader'"
+            ) == "11"
+        )
+    }
+}
