@@ -6,8 +6,9 @@ import PostgresNIO
 import Synchronization
 import WormholeKit
 
-/// One engine's `LISTEN` connection: it wakes the observers of names (mailboxes, queues, suites) and the live
-/// endpoints of this process when a notification arrives on the group's channel.
+/// One engine's `LISTEN` connection: it wakes the observers of names (mailboxes, queues, suites) when a notification
+/// arrives on the group's channel, and hands the live endpoints of this process what arrives on the channels of their
+/// identifiers (``liveChannel(for:)``) and the replies to its requests on its own reply channel.
 ///
 /// Notifications are hints; the tables hold the data. So when the connection drops (a server restart, a network
 /// cut), the hub reconnects with back-off and then wakes every observer once, which re-reads from its position; and
@@ -48,6 +49,8 @@ final class NotificationHub: Sendable {
 
     private struct State {
         var observers: [String: [UInt64: Observer]] = [:]
+        /// Who takes the records that append notifications of a queue carry, by queue.
+        var recordTakers: [String: [UInt64: @Sendable ([QueueRecord]) -> Void]] = [:]
         var endpoints: [String: Endpoint] = [:]
         var nextID: UInt64 = 1
         var started = false
@@ -68,6 +71,17 @@ final class NotificationHub: Sendable {
     /// Every this often, every observer is woken even without a notification.
     let safetyPollInterval: Duration
     private let state = Locked(State())
+
+    /// The live channels this process listens on, each with the number of its endpoints that need it, and the
+    /// listeners on the current connection. Its lock is held across the `LISTEN` round trips, so that registering an
+    /// endpoint and reconnecting never miss a channel.
+    private struct LiveChannels {
+        var wanted: [String: Int] = [:]
+        var connection: PostgresConnection?
+        var listening: [String: PostgresListenContext] = [:]
+    }
+    private nonisolated(unsafe) var liveChannels = LiveChannels()
+    private let liveChannelsLock = NSLock()
     private let listening = Condition()
 
     init(connections: Connections, group: String, channel: String, safetyPollInterval: Duration, logger: Logger) {
@@ -95,9 +109,38 @@ final class NotificationHub: Sendable {
         }
     }
 
-    /// Registers a live endpoint of this process and returns its id, once the server knows it.
+    /// Hands `handler` the records that the append notifications of `queue` carry, before the queue's observers are
+    /// woken, until the observation is cancelled or released.
+    func takeRecords(
+        of queue: String,
+        handler: @escaping @Sendable ([QueueRecord]) -> Void
+    ) -> NotifierObservation {
+        let id = state.withLock { state in
+            defer { state.nextID += 1 }
+            state.recordTakers[queue, default: [:]][state.nextID] = handler
+            return state.nextID
+        }
+        return NotifierObservation { [weak self] in
+            self?.state.withLock { _ = $0.recordTakers[queue]?.removeValue(forKey: id) }
+        }
+    }
+
+    /// Registers a live endpoint of this process and returns its id, once the server knows it and this process
+    /// listens on the endpoint's channel.
     func register(_ endpoint: Endpoint) throws(WormholeError) -> String {
         try startListening()
+        try wantLiveChannel(liveChannel(for: endpoint.identifier))
+        let id: String
+        do throws(WormholeError) {
+            id = try registerRow(endpoint)
+        } catch {
+            releaseLiveChannel(liveChannel(for: endpoint.identifier))
+            throw error
+        }
+        return id
+    }
+
+    private func registerRow(_ endpoint: Endpoint) throws(WormholeError) -> String {
         let id = Self.randomID()
         let listening = state.withLock { state in
             state.endpoints[id] = endpoint
@@ -130,7 +173,7 @@ final class NotificationHub: Sendable {
 
     /// Forgets a live endpoint: senders no longer count it once this returns.
     func unregister(_ id: String) {
-        state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
+        let endpoint = state.withLock { $0.endpoints.removeValue(forKey: id) }
         do {
             try connections.query(
                 "DELETE FROM wormhole.live_endpoints WHERE grp = \(group) AND endpoint = \(id)",
@@ -140,6 +183,117 @@ final class NotificationHub: Sendable {
             // The row outlives us only while our listening backend lives; senders skip it once that ends.
             logger.debug("PostgreSQL engine: removing live endpoint \(id) failed: \(error)")
         }
+        if let endpoint { releaseLiveChannel(liveChannel(for: endpoint.identifier)) }
+    }
+
+    // MARK: Live channels
+
+    /// The channel of the live messages and requests of `identifier`: the group's channel, `_l` and a 64-bit FNV-1a
+    /// hash of the identifier in hexadecimal. Only the processes with an endpoint for it listen there, so a live
+    /// message wakes no other process of the group (an identifier whose hash is the same shares the channel, and is
+    /// told apart by the notification).
+    func liveChannel(for identifier: String) -> String { Self.liveChannel(channel, identifier) }
+
+    static func liveChannel(_ groupChannel: String, _ identifier: String) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in identifier.utf8 {
+            hash ^= UInt64(byte)
+            hash &*= 0x100_0000_01b3
+        }
+        return groupChannel + "_l" + hexadecimal(hash)
+    }
+
+    /// The channel where replies to `replyEndpoint`'s requests go: the group's channel, `_r` and the first 16
+    /// characters of that id, which are hexadecimal digits (a reply id that is not gets the hash of it instead).
+    static func replyChannel(_ groupChannel: String, _ replyEndpoint: String) -> String {
+        let prefix = replyEndpoint.prefix(16)
+        guard prefix.count == 16, prefix.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) })
+        else { return liveChannel(groupChannel, replyEndpoint) + "r" }
+        return groupChannel + "_r" + prefix
+    }
+
+    private static func hexadecimal(_ value: UInt64) -> String {
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
+    }
+
+    /// Adds one endpoint to those that need `name`, and listens on it now if the connection is up (else the next
+    /// connection does, before it registers this process's endpoints again).
+    private func wantLiveChannel(_ name: String) throws(WormholeError) {
+        liveChannelsLock.lock()
+        defer { liveChannelsLock.unlock() }
+        liveChannels.wanted[name, default: 0] += 1
+        guard let connection = liveChannels.connection, liveChannels.listening[name] == nil else { return }
+        do throws(WormholeError) {
+            liveChannels.listening[name] = try listen(on: name, connection)
+        } catch {
+            liveChannels.wanted[name, default: 1] -= 1
+            if liveChannels.wanted[name] == 0 { liveChannels.wanted.removeValue(forKey: name) }
+            throw error
+        }
+    }
+
+    /// Removes one endpoint from those that need `name`; the last one stops listening on it.
+    private func releaseLiveChannel(_ name: String) {
+        liveChannelsLock.lock()
+        defer { liveChannelsLock.unlock() }
+        guard let count = liveChannels.wanted[name] else { return }
+        guard count <= 1 else {
+            liveChannels.wanted[name] = count - 1
+            return
+        }
+        liveChannels.wanted.removeValue(forKey: name)
+        guard let context = liveChannels.listening.removeValue(forKey: name) else { return }
+        context.stop()
+        if let connection = liveChannels.connection {
+            _ = try? connections.run(
+                PostgresQuery(unsafeSQL: "UNLISTEN \"\(name)\""),
+                on: connection,
+                doing: "no longer listening on a live channel"
+            )
+        }
+    }
+
+    /// Listens on every live channel wanted, on a new listening connection (or none, when it ended).
+    private func listenOnLiveChannels(_ connection: PostgresConnection?) throws(WormholeError) {
+        liveChannelsLock.lock()
+        defer { liveChannelsLock.unlock() }
+        for context in liveChannels.listening.values { context.stop() }
+        liveChannels.listening = [:]
+        liveChannels.connection = connection
+        guard let connection else { return }
+        for name in liveChannels.wanted.keys {
+            liveChannels.listening[name] = try listen(on: name, connection)
+        }
+    }
+
+    /// `LISTEN` on `name`, whose notifications are routed as the group's are.
+    private func listen(
+        on name: String,
+        _ connection: PostgresConnection
+    ) throws(WormholeError) -> PostgresListenContext {
+        // Only names made here reach this statement: the group's channel (`wormhole_` and hexadecimal digits) and
+        // hexadecimal digits.
+        guard name.utf8.allSatisfy({ $0 == 0x5f || ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x7a) }) else {
+            throw WormholeError(
+                .serverRejected,
+                "The group's notification channel \(name) is not one this engine made."
+            )
+        }
+        let context = connection.addListener(channel: name) { [weak self] _, notification in
+            self?.route(notification.payload)
+        }
+        do throws(WormholeError) {
+            try connections.run(
+                PostgresQuery(unsafeSQL: "LISTEN \"\(name)\""),
+                on: connection,
+                doing: "listening on \(name)"
+            )
+        } catch {
+            context.stop()
+            throw error
+        }
+        return context
     }
 
     /// The backend of the listening connection: the endpoint that replies reach.
@@ -221,6 +375,10 @@ final class NotificationHub: Sendable {
             on: connection,
             doing: "listening for the group's notifications"
         )
+        let replies = try listen(on: Self.replyChannel(channel, replyEndpoint), connection)
+        defer { replies.stop() }
+        try listenOnLiveChannels(connection)
+        defer { try? listenOnLiveChannels(nil) }
         let pid = try decode(
             Int32.self,
             connections.run("SELECT pg_backend_pid()", on: connection, doing: "reading the backend").first,
@@ -300,6 +458,22 @@ final class NotificationHub: Sendable {
     /// Routes one notification, on the event loop: wakes observers and hands live envelopes over.
     private func route(_ payload: String) {
         guard let kind = payload.first else { return }
+        if kind == "Q" {
+            // An append that carries its records: they go to the queue's takers, then its observers wake.
+            guard let queue = CarriedAppend.identifier(of: payload) else { return }
+            let (takers, observers) = state.withLock { state in
+                (
+                    state.recordTakers[queue].map { Array($0.values) } ?? [],
+                    state.observers["queue." + queue].map { Array($0.values) } ?? []
+                )
+            }
+            if !takers.isEmpty, let append = CarriedAppend(notification: payload) {
+                let records = append.records
+                for taker in takers { taker(records) }
+            }
+            for observer in observers { observer.wake() }
+            return
+        }
         if kind == "n" {
             let name = String(payload.dropFirst())
             let observers = state.withLock { $0.observers[name].map { Array($0.values) } ?? [] }

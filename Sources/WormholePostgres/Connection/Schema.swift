@@ -204,11 +204,12 @@ enum Schema {
             $$
             """,
             // An append: offsets from the queue's head row, which stays locked until the append commits, so that
-            // appends commit in offset order. Returns the first offset.
+            // appends commit in offset order. Returns the first offset. With `p_carried`, the notification carries
+            // the records: `Q`, the first offset, `:`, then `p_carried` (FORMAT.md); else it is `p_notification`.
             """
             CREATE FUNCTION wormhole.queue_append(
                 p_grp text, p_queue text, p_sender text, p_time_ns bigint, p_payloads bytea[], p_channel text,
-                p_notification text
+                p_notification text, p_carried text
             ) RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $$
             DECLARE
                 v_count bigint := pg_catalog.cardinality(p_payloads);
@@ -227,7 +228,11 @@ enum Schema {
                 INSERT INTO wormhole.queue_records (grp, queue, "offset", sender, time_ns, payload)
                 SELECT p_grp, p_queue, v_first + p.ordinal - 1, p_sender, p_time_ns, p.payload
                 FROM pg_catalog.unnest(p_payloads) WITH ORDINALITY AS p(payload, ordinal);
-                PERFORM pg_catalog.pg_notify(p_channel, p_notification);
+                IF p_carried IS NULL THEN
+                    PERFORM pg_catalog.pg_notify(p_channel, p_notification);
+                ELSE
+                    PERFORM pg_catalog.pg_notify(p_channel, 'Q' || v_first || ':' || p_carried);
+                END IF;
                 RETURN v_first;
             END
             $$

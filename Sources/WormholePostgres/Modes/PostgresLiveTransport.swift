@@ -42,7 +42,7 @@ struct LiveEnvelope: Sendable, Equatable {
 
     /// The envelope of a notification; nil when it is not one, or is damaged.
     init?(notification: String) {
-        var reader = Reader(notification)
+        var reader = NetstringReader(notification)
         guard reader.character() == Self.marker, let target = reader.field(), let head = Self.readHead(&reader),
             let rest = Self.readRest(&reader), reader.isAtEnd
         else { return nil }
@@ -53,14 +53,14 @@ struct LiveEnvelope: Sendable, Equatable {
 
     /// The target, kind and identifier of a notification, without reading the rest.
     static func peek(_ notification: String) -> (target: String, kind: Kind, identifier: String)? {
-        var reader = Reader(notification)
+        var reader = NetstringReader(notification)
         guard reader.character() == marker, let target = reader.field(), let head = readHead(&reader) else {
             return nil
         }
         return (target, head.kind, head.identifier)
     }
 
-    private static func readHead(_ reader: inout Reader) -> (kind: Kind, identifier: String)? {
+    private static func readHead(_ reader: inout NetstringReader) -> (kind: Kind, identifier: String)? {
         guard let kind = reader.character().flatMap(Kind.init(rawValue:)), let identifier = reader.field() else {
             return nil
         }
@@ -68,7 +68,7 @@ struct LiveEnvelope: Sendable, Equatable {
     }
 
     private static func readRest(
-        _ reader: inout Reader
+        _ reader: inout NetstringReader
     ) -> (String, String, String, Bool, String?, String?)? {
         guard let requestID = reader.field(), let replyTo = reader.field(), let sender = reader.field(),
             let failed = reader.character(), failed == "0" || failed == "1", let bodyKind = reader.character()
@@ -82,63 +82,71 @@ struct LiveEnvelope: Sendable, Equatable {
     }
 
     /// The notification: the marker, the target, then ``notificationAfterTarget``.
-    var notification: String { String(Self.marker) + Self.netstring(target) + notificationAfterTarget }
+    var notification: String { String(Self.marker) + netstring(target) + notificationAfterTarget }
 
     /// Everything after the target: the server puts a request's chosen responder in front of it.
     var notificationAfterTarget: String {
-        var text = String(kind.rawValue) + Self.netstring(identifier)
-        text += Self.netstring(requestID) + Self.netstring(replyTo) + Self.netstring(sender)
+        var text = String(kind.rawValue) + netstring(identifier)
+        text += netstring(requestID) + netstring(replyTo) + netstring(sender)
         text += failed ? "1" : "0"
         if let body {
-            text += "b" + Self.netstring(body)
+            text += "b" + netstring(body)
         } else if let bodyID {
-            text += "x" + Self.netstring(bodyID)
+            text += "x" + netstring(bodyID)
         } else {
             text += "-"
         }
         return text
     }
 
-    private static func netstring(_ text: String) -> String { "\(text.utf8.count):" + text }
+}
 
-    /// Reads a notification's fields from its UTF-8 bytes.
-    private struct Reader {
-        let bytes: String.UTF8View
-        var index: String.UTF8View.Index
+/// A netstring: the length of `text` in UTF-8 bytes in decimal, `:`, then `text`.
+func netstring(_ text: String) -> String { "\(text.utf8.count):" + text }
 
-        init(_ text: String) {
-            bytes = text.utf8
-            index = bytes.startIndex
+/// Reads a notification's fields from its UTF-8 bytes: single ASCII characters, netstrings and decimal numbers.
+struct NetstringReader {
+    let bytes: String.UTF8View
+    var index: String.UTF8View.Index
+
+    init(_ text: String) {
+        bytes = text.utf8
+        index = bytes.startIndex
+    }
+
+    var isAtEnd: Bool { index == bytes.endIndex }
+
+    /// One ASCII character.
+    mutating func character() -> Character? {
+        guard index < bytes.endIndex, bytes[index] < 0x80 else { return nil }
+        defer { index = bytes.index(after: index) }
+        return Character(Unicode.Scalar(bytes[index]))
+    }
+
+    /// Decimal digits up to `terminator` (consumed), at most `maximumDigits` of them.
+    mutating func number(upTo terminator: UInt8 = UInt8(ascii: ":"), maximumDigits: Int = 6) -> UInt64? {
+        var value: UInt64 = 0
+        var digits = 0
+        while index < bytes.endIndex, bytes[index] != terminator {
+            let byte = bytes[index]
+            guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9"), digits < maximumDigits else { return nil }
+            value = value * 10 + UInt64(byte - UInt8(ascii: "0"))
+            digits += 1
+            index = bytes.index(after: index)
         }
+        guard digits > 0, index < bytes.endIndex else { return nil }
+        index = bytes.index(after: index)
+        return value
+    }
 
-        var isAtEnd: Bool { index == bytes.endIndex }
-
-        /// One ASCII character.
-        mutating func character() -> Character? {
-            guard index < bytes.endIndex, bytes[index] < 0x80 else { return nil }
-            defer { index = bytes.index(after: index) }
-            return Character(Unicode.Scalar(bytes[index]))
-        }
-
-        /// A netstring's text; nil when its length is missing, too long for what is left, or splits a character.
-        mutating func field() -> String? {
-            var length = 0
-            var digits = 0
-            while index < bytes.endIndex, bytes[index] != UInt8(ascii: ":") {
-                let byte = bytes[index]
-                guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9"), digits < 6 else { return nil }
-                length = length * 10 + Int(byte - UInt8(ascii: "0"))
-                digits += 1
-                index = bytes.index(after: index)
-            }
-            guard digits > 0, index < bytes.endIndex else { return nil }
-            let start = bytes.index(after: index)
-            guard let end = bytes.index(start, offsetBy: length, limitedBy: bytes.endIndex),
-                let text = String(bytes[start..<end])
-            else { return nil }
-            index = end
-            return text
-        }
+    /// A netstring's text; nil when its length is missing, too long for what is left, or splits a character.
+    mutating func field() -> String? {
+        guard let length = number() else { return nil }
+        guard let end = bytes.index(index, offsetBy: Int(length), limitedBy: bytes.endIndex),
+            let text = String(bytes[index..<end])
+        else { return nil }
+        index = end
+        return text
     }
 }
 
@@ -224,7 +232,8 @@ final class PostgresLiveTransport: LiveTransport {
         // Counting and notifying in one call: what is counted is what was listening at the notification.
         let rows = try engine.connections.query(
             """
-            SELECT wormhole.live_send(\(engine.group), \(identifier), \(engine.channel), \(envelope.notification))
+            SELECT wormhole.live_send(
+                \(engine.group), \(identifier), \(engine.hub.liveChannel(for: identifier)), \(envelope.notification))
             """,
             doing: "sending a live message"
         )
@@ -303,7 +312,7 @@ final class PostgresLiveTransport: LiveTransport {
                 WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'respond'
                     AND e.alive_key IS NOT NULL AND NOT pg_try_advisory_xact_lock_shared(e.alive_key)
                 ORDER BY random() LIMIT 1)
-            SELECT c.alive_key, (SELECT pg_notify(\(engine.channel),
+            SELECT c.alive_key, (SELECT pg_notify(\(engine.hub.liveChannel(for: identifier)),
                 'L' || octet_length(c.endpoint) || ':' || c.endpoint || \(afterTarget)
             )) IS NULL FROM chosen c
             """,
@@ -378,6 +387,8 @@ final class PostgresLiveTransport: LiveTransport {
 
     /// Sends a reply without waiting for it: an answer may come from any thread, including Swift's cooperative pool.
     private static func answer(_ request: LiveEnvelope, failed: Bool, _ bytes: Data, _ engine: PostgresCore) {
+        // To the requester's reply channel: no other process of the group hears it.
+        let replyChannel = NotificationHub.replyChannel(engine.channel, request.replyTo)
         var reply = LiveEnvelope(kind: .reply, identifier: request.identifier)
         reply.target = request.replyTo
         reply.requestID = request.requestID
@@ -387,7 +398,7 @@ final class PostgresLiveTransport: LiveTransport {
         if bytes.count <= inlineLimit, inline.notification.utf8.count <= notificationLimit {
             reply = inline
             engine.connections.submit(
-                "SELECT pg_notify(\(engine.channel), \(reply.notification))",
+                "SELECT pg_notify(\(replyChannel), \(reply.notification))",
                 doing: "replying to a request"
             )
         } else {
@@ -397,7 +408,7 @@ final class PostgresLiveTransport: LiveTransport {
                 """
                 WITH body AS (INSERT INTO wormhole.live_bodies (grp, id, body)
                     VALUES (\(engine.group), \(id), \(ByteBuffer(data: bytes))) RETURNING 1)
-                SELECT pg_notify(\(engine.channel), \(reply.notification)) FROM body
+                SELECT pg_notify(\(replyChannel), \(reply.notification)) FROM body
                 """,
                 doing: "replying to a request"
             )

@@ -43,10 +43,11 @@ final class PostgresQueueLog: QueueLog {
         }
         guard !buffers.isEmpty else { return }
         let now = Int64(Date().timeIntervalSince1970 * 1e9)
+        let carried = CarriedAppend.carried(identifier: identifier, sender: sender, time: now, payloads: buffers)
         try engine.connections.query(
             """
             SELECT wormhole.queue_append(\(engine.group), \(identifier), \(sender), \(now), \(buffers)::bytea[],
-                \(engine.channel), \("n" + notificationName))
+                \(engine.channel), \("n" + notificationName), \(carried))
             """,
             doing: "appending to the queue \(identifier)"
         )
@@ -161,8 +162,36 @@ final class PostgresQueueCursor: QueueCursor {
 
     var position: UInt64 { stored.withLock { $0 } }
 
+    /// Records that append notifications carried, by offset: the next ones are read from here, not from the table.
+    private let carried = Locked<[UInt64: QueueRecord]>([:])
+    /// Beyond this many carried records the consumer is behind: they are dropped, and it reads the table.
+    static let carriedLimit = 4_096
+
     func read(maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
-        try read(acknowledgingThrough: nil, maximumCount: max(1, maximumCount))
+        let position = self.position
+        let fromNotifications = carried.withLock { carried -> [QueueRecord] in
+            if let lowest = carried.keys.min(), lowest < position {
+                carried = carried.filter { $0.key >= position }
+            }
+            var records: [QueueRecord] = []
+            var next = position
+            while records.count < max(1, maximumCount), let record = carried[next] {
+                records.append(record)
+                next += 1
+            }
+            return records
+        }
+        if !fromNotifications.isEmpty { return fromNotifications }
+        return try read(acknowledgingThrough: nil, maximumCount: max(1, maximumCount))
+    }
+
+    /// Keeps records an append notification carried, for the reads to come.
+    private func take(_ records: [QueueRecord]) {
+        let position = self.position
+        carried.withLock { carried in
+            for record in records where record.offset >= position { carried[record.offset] = record }
+            if carried.count > Self.carriedLimit { carried.removeAll() }
+        }
     }
 
     func acknowledge(through end: UInt64) throws(WormholeError) {
@@ -253,6 +282,99 @@ final class PostgresQueueCursor: QueueCursor {
     }
 
     func observeAppends(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
-        try log.engine.hub.observe(log.notificationName, handler: handler)
+        let records = log.engine.hub.takeRecords(of: log.identifier) { [weak self] in self?.take($0) }
+        let appends: NotifierObservation
+        do throws(WormholeError) {
+            appends = try log.engine.hub.observe(log.notificationName, handler: handler)
+        } catch {
+            records.cancel()
+            throw error
+        }
+        return NotifierObservation {
+            appends.cancel()
+            records.cancel()
+        }
+    }
+}
+
+/// An append's records as its notification carries them, when they are small: `Q`, the first offset in decimal, `:`,
+/// then netstrings of the queue's identifier, the sender, the time in nanoseconds in decimal, and each payload in
+/// Base64 (FORMAT.md, "Notifications on PostgreSQL"). A consumer whose next record is the first one carried takes
+/// them without reading the table; any other reads it as ever.
+struct CarriedAppend: Sendable, Equatable {
+    var identifier: String
+    var firstOffset: UInt64
+    var sender: String
+    var timestampNanoseconds: Int64
+    var payloads: [Data]
+
+    /// The most characters the carried part may have: the notification stays under PostgreSQL's 8,000 bytes.
+    static let limit = 6_000
+
+    /// The part after the first offset, which the server puts in front; nil when the records are too large.
+    static func carried(identifier: String, sender: String, time: Int64, payloads: [ByteBuffer]) -> String? {
+        var size = 0
+        for payload in payloads {
+            size += (payload.readableBytes + 2) / 3 * 4 + 8
+            if size > limit { return nil }
+        }
+        var text = netstring(identifier) + netstring(sender) + netstring(String(time))
+        for payload in payloads { text += netstring(Data(buffer: payload).base64EncodedString()) }
+        return text.utf8.count <= limit ? text : nil
+    }
+
+    /// The queue an append notification names, read without its records; nil when it is not one.
+    static func identifier(of notification: String) -> String? {
+        var reader = NetstringReader(notification)
+        guard reader.character() == "Q", reader.number(maximumDigits: 19) != nil else { return nil }
+        return reader.field()
+    }
+
+    init(identifier: String, firstOffset: UInt64, sender: String, timestampNanoseconds: Int64, payloads: [Data]) {
+        self.identifier = identifier
+        self.firstOffset = firstOffset
+        self.sender = sender
+        self.timestampNanoseconds = timestampNanoseconds
+        self.payloads = payloads
+    }
+
+    /// The append of a notification; nil when it is not one, or is damaged.
+    init?(notification: String) {
+        var reader = NetstringReader(notification)
+        guard reader.character() == "Q", let first = reader.number(maximumDigits: 19), let identifier = reader.field(),
+            let sender = reader.field(), let time = reader.field().flatMap({ Int64($0) })
+        else { return nil }
+        var payloads: [Data] = []
+        while !reader.isAtEnd {
+            guard let text = reader.field(), let payload = Data(base64Encoded: text) else { return nil }
+            payloads.append(payload)
+        }
+        guard !payloads.isEmpty, first <= UInt64(Int64.max) - UInt64(payloads.count) else { return nil }
+        self.init(
+            identifier: identifier,
+            firstOffset: first,
+            sender: sender,
+            timestampNanoseconds: time,
+            payloads: payloads
+        )
+    }
+
+    /// The notification, as the server makes it.
+    var notification: String {
+        "Q\(firstOffset):" + netstring(identifier) + netstring(sender) + netstring(String(timestampNanoseconds))
+            + payloads.map { netstring($0.base64EncodedString()) }.joined()
+    }
+
+    /// The records, as a read of the table gives them.
+    var records: [QueueRecord] {
+        payloads.enumerated().map { index, payload in
+            QueueRecord(
+                offset: firstOffset + UInt64(index),
+                end: firstOffset + UInt64(index) + 1,
+                sender: sender,
+                timestampNanoseconds: timestampNanoseconds,
+                payload: payload
+            )
+        }
     }
 }

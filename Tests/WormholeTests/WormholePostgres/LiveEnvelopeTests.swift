@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 import Testing
 
 @testable import WormholePostgres
@@ -63,6 +64,69 @@ struct LiveEnvelopeTests {
         }
         for text in ["", "L", "l{}", "L99999999:", "L-1:", "L0:z0:", "L0:m0:0:0:0:2-", "L0:m0:0:0:0:0b"] {
             #expect(LiveEnvelope(notification: text) == nil, "\(text)")
+        }
+    }
+
+    @Test("Live and reply channels: PostgreSQL's 63-byte names, the group's channel first, one per identifier")
+    func channels() {
+        let group = "wormhole_" + String(repeating: "0123456789abcdef", count: 2)
+        let identifiers = ["", "cursor", "Cursor", String(repeating: "é", count: 100), "a\"b;DROP TABLE x"]
+        let names = identifiers.map { NotificationHub.liveChannel(group, $0) }
+        #expect(Set(names).count == identifiers.count)
+        let reply = NotificationHub.replyChannel(group, NotificationHub.randomID())
+        let odd = NotificationHub.replyChannel(group, "not hexadecimal at all")
+        for name in names + [reply, odd] {
+            #expect(name.hasPrefix(group + "_") && name.utf8.count <= 63, "\(name)")
+            #expect(name.utf8.allSatisfy { $0 == 0x5f || (0x30...0x39).contains($0) || (0x61...0x7a).contains($0) })
+        }
+        #expect(NotificationHub.liveChannel(group, "cursor") == names[1], "the same identifier, the same channel")
+    }
+}
+
+/// The records an append notification carries: `Q`, the first offset, `:`, then netstrings (FORMAT.md).
+@Suite("Queue appends carried by PostgreSQL notifications")
+struct CarriedAppendTests {
+    @Test("An append reads back as written, records and all; one too large is not carried")
+    func roundTrip() throws {
+        let payloads = [Data("one".utf8), Data(), Data([0, 255, 10])]
+        let carried = try #require(
+            CarriedAppend.carried(
+                identifier: "jobs.é",
+                sender: "app[1]:2",
+                time: -5,
+                payloads: payloads.map { ByteBuffer(data: $0) }
+            )
+        )
+        let notification = "Q41:" + carried
+        let append = try #require(CarriedAppend(notification: notification))
+        #expect(append.notification == notification)
+        #expect(CarriedAppend.identifier(of: notification) == "jobs.é")
+        #expect(append.records.map(\.offset) == [41, 42, 43])
+        #expect(append.records.map(\.end) == [42, 43, 44])
+        #expect(append.records.map(\.payload) == payloads)
+        #expect(append.records.allSatisfy { $0.sender == "app[1]:2" && $0.timestampNanoseconds == -5 })
+        let large = [ByteBuffer(data: Data(repeating: 1, count: 5_000))]
+        #expect(CarriedAppend.carried(identifier: "jobs", sender: "s", time: 0, payloads: large) == nil)
+    }
+
+    @Test("Cut at any byte or with bytes added: nil, never a crash or other records")
+    func damaged() throws {
+        let notification =
+            "Q7:" + CarriedAppend.carried(
+                identifier: "q",
+                sender: "s",
+                time: 1,
+                payloads: [
+                    ByteBuffer(data: Data("payload".utf8))
+                ]
+            )!
+        let bytes = Array(notification.utf8)
+        for length in 0..<bytes.count {
+            #expect(CarriedAppend(notification: String(decoding: bytes[..<length], as: UTF8.self)) == nil)
+        }
+        #expect(CarriedAppend(notification: notification + "1") == nil)
+        for text in ["", "Q", "Q:", "Qx:1:q1:s1:11:A", "Q1:1:q1:s1:x4:AAAA", "Q1:1:q1:s1:1", "n queue.q"] {
+            #expect(CarriedAppend(notification: text) == nil, "\(text)")
         }
     }
 }
