@@ -82,6 +82,9 @@ final class NotificationHub: Sendable {
     }
     private nonisolated(unsafe) var liveChannels = LiveChannels()
     private let liveChannelsLock = NSLock()
+    /// Held while this process's endpoints and their rows change together (a registration, a removal, the rows
+    /// written again after a reconnection), so that a row removed is never written back.
+    private let endpointRowsLock = NSLock()
     private let listening = Condition()
 
     init(connections: Connections, group: String, channel: String, safetyPollInterval: Duration, logger: Logger) {
@@ -141,6 +144,8 @@ final class NotificationHub: Sendable {
     }
 
     private func registerRow(_ endpoint: Endpoint) throws(WormholeError) -> String {
+        endpointRowsLock.lock()
+        defer { endpointRowsLock.unlock() }
         let id = Self.randomID()
         let listening = state.withLock { state in
             state.endpoints[id] = endpoint
@@ -173,6 +178,7 @@ final class NotificationHub: Sendable {
 
     /// Forgets a live endpoint: senders no longer count it once this returns.
     func unregister(_ id: String) {
+        endpointRowsLock.lock()
         let endpoint = state.withLock { $0.endpoints.removeValue(forKey: id) }
         do {
             try connections.query(
@@ -183,6 +189,7 @@ final class NotificationHub: Sendable {
             // The row outlives us only while our listening backend lives; senders skip it once that ends.
             logger.debug("PostgreSQL engine: removing live endpoint \(id) failed: \(error)")
         }
+        endpointRowsLock.unlock()
         if let endpoint { releaseLiveChannel(liveChannel(for: endpoint.identifier)) }
     }
 
@@ -262,8 +269,16 @@ final class NotificationHub: Sendable {
         liveChannels.listening = [:]
         liveChannels.connection = connection
         guard let connection else { return }
-        for name in liveChannels.wanted.keys {
-            liveChannels.listening[name] = try listen(on: name, connection)
+        do throws(WormholeError) {
+            for name in liveChannels.wanted.keys {
+                liveChannels.listening[name] = try listen(on: name, connection)
+            }
+        } catch {
+            // Until the next connection, registrations only add to what is wanted.
+            for context in liveChannels.listening.values { context.stop() }
+            liveChannels.listening = [:]
+            liveChannels.connection = nil
+            throw error
         }
     }
 
@@ -398,24 +413,7 @@ final class NotificationHub: Sendable {
             on: connection,
             doing: "sweeping live endpoints of processes gone"
         )
-        let endpoints = state.withLock { Array($0.endpoints) }
-        if !endpoints.isEmpty {
-            try connections.run(
-                """
-                INSERT INTO wormhole.live_endpoints
-                    (grp, endpoint, identifier, kind, backend_pid, backend_start, alive_key)
-                SELECT \(group), e, i, k, \(pid), (SELECT backend_start FROM pg_stat_activity WHERE pid = \(pid)),
-                    \(key)
-                FROM unnest(\(endpoints.map(\.key))::text[], \(endpoints.map(\.value.identifier))::text[],
-                    \(endpoints.map(\.value.kind))::text[]) AS t(e, i, k)
-                ON CONFLICT (grp, endpoint) DO UPDATE
-                SET backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
-                    alive_key = EXCLUDED.alive_key
-                """,
-                on: connection,
-                doing: "registering live endpoints again"
-            )
-        }
+        try writeEndpointRowsAgain(on: connection, pid: pid, key: key)
         let first = state.withLock { state in
             state.backendPID = pid
             state.aliveKey = key
@@ -441,6 +439,35 @@ final class NotificationHub: Sendable {
             }
             // A ping: a connection that no longer answers is given up, and the loop reconnects.
             try connections.run("SELECT 1", on: connection, doing: "checking the listening connection")
+        }
+    }
+
+    /// Writes this process's endpoints again with the new connection's backend and key, while no registration or
+    /// removal comes in between (a row removed meanwhile would otherwise come back, alive).
+    private func writeEndpointRowsAgain(
+        on connection: PostgresConnection,
+        pid: Int32,
+        key: Int64
+    ) throws(WormholeError) {
+        endpointRowsLock.lock()
+        defer { endpointRowsLock.unlock() }
+        let endpoints = state.withLock { Array($0.endpoints) }
+        if !endpoints.isEmpty {
+            try connections.run(
+                """
+                INSERT INTO wormhole.live_endpoints
+                    (grp, endpoint, identifier, kind, backend_pid, backend_start, alive_key)
+                SELECT \(group), e, i, k, \(pid), (SELECT backend_start FROM pg_stat_activity WHERE pid = \(pid)),
+                    \(key)
+                FROM unnest(\(endpoints.map(\.key))::text[], \(endpoints.map(\.value.identifier))::text[],
+                    \(endpoints.map(\.value.kind))::text[]) AS t(e, i, k)
+                ON CONFLICT (grp, endpoint) DO UPDATE
+                SET backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
+                    alive_key = EXCLUDED.alive_key
+                """,
+                on: connection,
+                doing: "registering live endpoints again"
+            )
         }
     }
 

@@ -216,10 +216,16 @@ final class PostgresQueueCursor: QueueCursor {
             """
         // Returns once the acknowledgement has committed: the server sends a statement's end at the Sync after
         // it, when it commits (FORMAT.md, "Queues").
-        let (position, records) = try decodeRecords(
-            try engine.connections.query(query, doing: what),
-            doing: what
-        )
+        let position: Int64?
+        let records: [QueueRecord]
+        do throws(WormholeError) {
+            (position, records) = try decodeRecords(try engine.connections.query(query, doing: what), doing: what)
+        } catch {
+            // An acknowledgement that failed here may have committed there: the position kept here is no longer
+            // sure, so the next read is the table's, never records carried from before.
+            carried.withLock { $0.removeAll() }
+            throw error
+        }
         guard let position else {
             throw WormholeError(
                 .serverRejected,

@@ -59,7 +59,8 @@ func blocking<Value: Sendable>(_ body: @escaping @Sendable () throws -> Value) a
 ///
 /// Every test that does input and output runs its body this way. At most ``BlockingTestGate/shared``'s width of
 /// them run at once: the pool's width used to limit them, and with every test at once a 2-core machine misses the
-/// tests' deadlines.
+/// tests' deadlines. A test's time limit counts its wait at the gate too: the limits of such tests are 3 minutes,
+/// twice what the whole suite takes here.
 func offThePool<Value: Sendable>(_ body: () throws -> Value) async throws -> Value {
     let gate = BlockingTestGate.shared
     await gate.enter()
@@ -75,7 +76,8 @@ func offThePool<Value: Sendable>(_ body: () throws -> Value) async throws -> Val
 
 /// A counting gate that suspends, never blocks: the tests' blocking bodies wait their turn here.
 actor BlockingTestGate {
-    /// As many bodies at once as the machine has processors, and at least 2.
+    /// As many bodies at once as the machine has processors, and at least 2 (the width of Swift's cooperative pool,
+    /// which limited them before): more at once overload a 2-core machine, whose tests then miss their deadlines.
     static let shared = BlockingTestGate(width: max(2, ProcessInfo.processInfo.activeProcessorCount))
 
     private var available: Int

@@ -3,7 +3,7 @@ import Testing
 import WormholeKit
 
 /// Any JSON value: literals, accessors, exact integers, and passage through real mailboxes, queues and suites.
-@Suite("JSON values", .limit(minutes: 1))
+@Suite("JSON values", .limit(minutes: 3))
 struct JSONValueTests {
     let directory = TemporaryDirectory()
 

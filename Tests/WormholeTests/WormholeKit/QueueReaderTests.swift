@@ -5,7 +5,7 @@ import WormholeCrashStates
 @testable import WormholeKit
 
 /// The queue reader on logs written by hand: whole records, records torn at every length, records longer than a read.
-@Suite("Queue reader", .limit(minutes: 1))
+@Suite("Queue reader", .limit(minutes: 3))
 struct QueueReaderTests {
     let directory = TemporaryDirectory()
 

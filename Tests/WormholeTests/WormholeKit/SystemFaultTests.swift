@@ -7,7 +7,7 @@ import Testing
 /// which can switch to `nobody` with setpriv and mount a tiny tmpfs in a private mount namespace with unshare.
 @Suite(
     "System faults",
-    .limit(minutes: 1),
+    .limit(minutes: 3),
     .enabled(
         if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
             && FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"),

@@ -64,7 +64,7 @@ struct WormholeTestingTests {
     }
 }
 
-@Suite("The demo", .limit(minutes: 1))
+@Suite("The demo", .limit(minutes: 3))
 struct DemoTests {
     @Test("wormhole demo runs an app, a widget and a late reader, and exits 0")
     func demo() async throws {

@@ -5,7 +5,7 @@ import Testing
 
 @testable import WormholeKit
 
-@Suite("Wormhole in one process", .limit(minutes: 1))
+@Suite("Wormhole in one process", .limit(minutes: 3))
 struct WormholeTests {
     let directory = TemporaryDirectory()
 
@@ -359,7 +359,7 @@ extension ListenerRegistry {
     var isEmpty: Bool { countForTesting == 0 }
 }
 
-@Suite("Notifiers", .limit(minutes: 1))
+@Suite("Notifiers", .limit(minutes: 3))
 struct NotifierTests {
     let directory = TemporaryDirectory()
 

@@ -75,7 +75,7 @@ struct PostgresLivenessTests {
 @Suite(
     "PostgreSQL engine: a write returns once committed",
     .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
-    .limit(minutes: 1)
+    .limit(minutes: 3)
 )
 struct PostgresCommitTests {
     @Test("An enqueue, a mailbox write and an acknowledgement return after their slow commit, seen by others at once")

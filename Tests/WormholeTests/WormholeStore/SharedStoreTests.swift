@@ -329,7 +329,7 @@ extension JSONDecoder {
     }
 }
 
-@Suite("The store demo", .limit(minutes: 1))
+@Suite("The store demo", .limit(minutes: 3))
 struct StoreDemoTests {
     @Test("wormhole demo store: two processes each see the other's increments, and the counter ends at their sum")
     func demoStore() async throws {
