@@ -250,15 +250,8 @@ final class NotificationHub: Sendable {
             return
         }
         liveChannels.wanted.removeValue(forKey: name)
-        guard let context = liveChannels.listening.removeValue(forKey: name) else { return }
-        context.stop()
-        if let connection = liveChannels.connection {
-            _ = try? connections.run(
-                PostgresQuery(unsafeSQL: "UNLISTEN \"\(name)\""),
-                on: connection,
-                doing: "no longer listening on a live channel"
-            )
-        }
+        // postgres-nio sends `UNLISTEN` itself when a channel's last listener stops.
+        liveChannels.listening.removeValue(forKey: name)?.stop()
     }
 
     /// Listens on every live channel wanted, on a new listening connection (or none, when it ended).
@@ -298,6 +291,8 @@ final class NotificationHub: Sendable {
         let context = connection.addListener(channel: name) { [weak self] _, notification in
             self?.route(notification.payload)
         }
+        // postgres-nio sends a `LISTEN` for the listener without saying when it took effect; this one, after it on
+        // the same connection, returns only once both have, so that nothing sent after this returns is missed.
         do throws(WormholeError) {
             try connections.run(
                 PostgresQuery(unsafeSQL: "LISTEN \"\(name)\""),
@@ -381,15 +376,8 @@ final class NotificationHub: Sendable {
             ("tcp_keepalives_idle", "5"), ("tcp_keepalives_interval", "2"), ("tcp_keepalives_count", "3"),
         ])
         defer { connection.closeQuietly() }
-        let context = connection.addListener(channel: channel) { [weak self] _, notification in
-            self?.route(notification.payload)
-        }
-        defer { context.stop() }
-        try connections.run(
-            PostgresQuery(unsafeSQL: "LISTEN \"\(channel)\""),
-            on: connection,
-            doing: "listening for the group's notifications"
-        )
+        let groupListener = try listen(on: channel, connection)
+        defer { groupListener.stop() }
         let replies = try listen(on: Self.replyChannel(channel, replyEndpoint), connection)
         defer { replies.stop() }
         try listenOnLiveChannels(connection)
