@@ -26,7 +26,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case invalidIdentifier, directoryUnavailable, untrustedFile, corruptMessage, truncatedMessage
             case unsupportedFormatVersion, encodingFailed, decodingFailed, messageTooLarge, diskFull
             case ioFailure, notifierUnavailable, notReachable, timedOut, remoteFailure, handlerFailed, unsupported
-            case serverUnavailable, serverRejected
+            case serverUnavailable, serverRejected, notActivated, counterpartUnknown
         }
         private let value: Value
         private init(_ value: Value) { self.value = value }
@@ -76,6 +76,11 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         /// The engine's server refused a statement: the schema is missing or older than this build (run
         /// `wormhole postgres setup`), or the role may not use this group.
         public static let serverRejected = Code(.serverRejected)
+        /// The ``WormholeSession`` is not activated: call ``WormholeSession/activate()`` before sending.
+        public static let notActivated = Code(.notActivated)
+        /// The session's counterpart has never activated a session with this one, so a live message has nobody to
+        /// go to; queued modes (context, user info, files) wait for it instead.
+        public static let counterpartUnknown = Code(.counterpartUnknown)
 
         public var description: String {
             switch value {
@@ -98,6 +103,8 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case .unsupported: "unsupported"
             case .serverUnavailable: "server unavailable"
             case .serverRejected: "server rejected"
+            case .notActivated: "not activated"
+            case .counterpartUnknown: "counterpart unknown"
             }
         }
     }

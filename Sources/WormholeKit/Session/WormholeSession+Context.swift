@@ -1,0 +1,118 @@
+import Foundation
+
+extension WormholeSession {
+    // MARK: Application context
+
+    /// Replaces the application context sent to the counterpart (`updateApplicationContext(_:)`).
+    ///
+    /// The context is stored at once: the counterpart receives it when it next activates (at once if it is
+    /// activated), even if this process has exited by then. Only the newest context reaches it: updates made while
+    /// it was away are not replayed one by one, and its handlers hear the keys that changed since the context it
+    /// received before.
+    ///
+    /// - Throws: ``WormholeError/Code/notActivated``, ``WormholeError/Code/encodingFailed``, the engine's errors.
+    public func updateApplicationContext(_ context: [String: JSONValue]) throws(WormholeError) {
+        try requireActivated("update its application context")
+        let record = SessionContextRecord(
+            id: UUID().uuidString.lowercased(),
+            context: context,
+            sender: wormhole.sender,
+            nanoseconds: ProcessFacts.wallClockNanoseconds()
+        )
+        _ = try wormhole.passMessageData(try Self.encode(record), identifier: outgoing.context)
+    }
+
+    /// Changes some keys of the application context sent to the counterpart, keeping the others, in one step.
+    ///
+    /// MMWormhole's context transiting works this way: each identifier is a key of the context.
+    ///
+    /// - Parameters:
+    ///   - changes: The keys to set; a value of nil removes its key.
+    func mergeApplicationContext(_ changes: [String: JSONValue?]) throws(WormholeError) {
+        var context = try applicationContext
+        for (key, value) in changes { context[key] = value }
+        try updateApplicationContext(context)
+    }
+
+    /// The application context this side sent last (`applicationContext`); empty when none.
+    public var applicationContext: [String: JSONValue] {
+        get throws(WormholeError) {
+            guard let envelope = try wormhole.envelope(withIdentifier: outgoing.context) else { return [:] }
+            return try Self.decode(SessionContextRecord.self, from: envelope.payload, identifier: outgoing.context)
+                .context
+        }
+    }
+
+    /// The application context this side last received from the counterpart (`receivedApplicationContext`);
+    /// empty when none. Readable at any time, activated or not.
+    public var receivedApplicationContext: [String: JSONValue] {
+        get throws(WormholeError) {
+            try receivedContext()?.context ?? [:]
+        }
+    }
+
+    private func receivedContext() throws(WormholeError) -> SessionReceivedContext? {
+        guard let envelope = try wormhole.envelope(withIdentifier: incoming.receivedContext) else { return nil }
+        return try Self.decode(
+            SessionReceivedContext.self,
+            from: envelope.payload,
+            identifier: incoming.receivedContext
+        )
+    }
+
+    /// Hands a new context to the handlers, with the keys changed since the last one received; on the session's
+    /// receiving queue, in order.
+    func receiveContext(_ envelope: Envelope) {
+        do throws(WormholeError) {
+            let record = try Self.decode(
+                SessionContextRecord.self,
+                from: envelope.payload,
+                identifier: incoming.context
+            )
+            let previous = try receivedContext()
+            guard previous?.id != record.id else { return }
+            let changed = record.context.changedKeys(comparedTo: previous?.context ?? [:])
+            if !changed.isEmpty {
+                contextHandlers.deliverAndWait(
+                    SessionContextUpdate(
+                        context: record.context,
+                        changedKeys: changed,
+                        sender: record.sender,
+                        date: Date(timeIntervalSince1970: Double(record.nanoseconds) / 1e9)
+                    )
+                )
+            }
+            // Written after the handlers: a process killed in between gets this context again, never misses it.
+            let received = SessionReceivedContext(id: record.id, context: record.context)
+            _ = try wormhole.passMessageData(try Self.encode(received), identifier: incoming.receivedContext)
+        } catch {
+            report(error)
+        }
+    }
+
+    /// Calls `handler` with each application context received, with the keys that changed; only when `keys` (if
+    /// given) holds one of them.
+    ///
+    /// Register it before ``activate()`` to get the context sent while this side was away.
+    public func onApplicationContext(
+        keys: Set<String>? = nil,
+        on execution: CallbackExecution = .serialQueue,
+        handler: @escaping @Sendable (SessionContextUpdate) -> Void
+    ) -> SessionListener {
+        let id = contextHandlers.add(on: execution) { update in
+            guard let keys else { return handler(update) }
+            var filtered = update
+            filtered.changedKeys = update.changedKeys.intersection(keys)
+            if !filtered.changedKeys.isEmpty { handler(filtered) }
+        }
+        return SessionListener { [contextHandlers] in contextHandlers.remove(id) }
+    }
+
+    /// The application contexts received, as an `AsyncSequence`; see
+    /// ``onApplicationContext(keys:on:handler:)``.
+    public func applicationContexts(keys: Set<String>? = nil) -> ListeningSequence<SessionContextUpdate> {
+        ListeningSequence { continuation in
+            onApplicationContext(keys: keys, on: .notifierThread) { continuation.yield($0) }
+        }
+    }
+}

@@ -1,0 +1,305 @@
+import Foundation
+
+extension WormholeSession {
+    // MARK: User info
+
+    /// Queues a dictionary for the counterpart (`transferUserInfo(_:)`): delivered in order and once, when the
+    /// counterpart is activated with a user info handler, across restarts of either side.
+    ///
+    /// - Returns: The transfer, which ``cancelUserInfoTransfer(_:)`` can cancel until the counterpart takes it.
+    /// - Throws: ``WormholeError/Code/notActivated``, ``WormholeError/Code/encodingFailed``, the engine's errors
+    ///   (nothing is queued then).
+    @discardableResult
+    public func transferUserInfo(_ userInfo: [String: JSONValue]) throws(WormholeError) -> SessionUserInfoTransfer {
+        try queueUserInfo(userInfo, current: false)
+    }
+
+    /// Queues a dictionary as the "current" one (`transferCurrentComplicationUserInfo(_:)`): delivered as
+    /// ``transferUserInfo(_:)`` delivers, except that it replaces a current one the counterpart has not taken yet,
+    /// which is then cancelled: the counterpart gets the newest.
+    @discardableResult
+    public func transferCurrentComplicationUserInfo(
+        _ userInfo: [String: JSONValue]
+    ) throws(WormholeError) -> SessionUserInfoTransfer {
+        try queueUserInfo(userInfo, current: true)
+    }
+
+    private func queueUserInfo(
+        _ userInfo: [String: JSONValue],
+        current: Bool
+    ) throws(WormholeError) -> SessionUserInfoTransfer {
+        try requireActivated("transfer user info")
+        let transfer = SessionUserInfoTransfer(
+            id: UUID().uuidString.lowercased(),
+            userInfo: userInfo,
+            isCurrentComplicationInfo: current,
+            sender: wormhole.sender,
+            queuedNanoseconds: ProcessFacts.wallClockNanoseconds()
+        )
+        let outbox = try wormhole.suite(outgoing.userInfoOutbox)
+        // In the outbox first: the receiver delivers only what the outbox still holds, so an entry written after
+        // the queue's record could be taken for a cancelled one.
+        try outbox.update(direction: "queued") { values in
+            if current {
+                for key in values.keys {
+                    if let entry = values[key, as: SessionOutboxEntry.self], entry.transfer.isCurrentComplicationInfo,
+                        entry.state == .queued
+                    {
+                        values.removeValue(forKey: key)
+                    }
+                }
+            }
+            try values.set(SessionOutboxEntry(transfer: transfer, state: .queued), forKey: transfer.id)
+        }
+        do throws(WormholeError) {
+            try wormhole.queue(outgoing.userInfo).enqueueData(try Self.encode(transfer))
+        } catch {
+            try? outbox.update(direction: "cancelled") { values in values.removeValue(forKey: transfer.id) }
+            throw error
+        }
+        running.withLock { $0.sentUserInfo[transfer.id] = transfer }
+        return transfer
+    }
+
+    /// The user info transfers this side queued that the counterpart has not received yet
+    /// (`outstandingUserInfoTransfers`), oldest first.
+    public var outstandingUserInfoTransfers: [SessionUserInfoTransfer] {
+        get throws(WormholeError) {
+            let values = try wormhole.suite(outgoing.userInfoOutbox).snapshot()
+            return values.keys.compactMap { values[$0, as: SessionOutboxEntry.self]?.transfer }
+                .sorted { ($0.queuedNanoseconds, $0.id) < ($1.queuedNanoseconds, $1.id) }
+        }
+    }
+
+    /// Cancels a user info transfer the counterpart has not taken yet. Returns false when it was taken (or is being
+    /// handled) already, or is unknown.
+    @discardableResult
+    public func cancelUserInfoTransfer(_ transfer: SessionUserInfoTransfer) throws(WormholeError) -> Bool {
+        var cancelled = false
+        try wormhole.suite(outgoing.userInfoOutbox).update(direction: "cancelled") { values in
+            guard let entry = values[transfer.id, as: SessionOutboxEntry.self], entry.state == .queued else { return }
+            values.removeValue(forKey: transfer.id)
+            cancelled = true
+        }
+        if cancelled { _ = running.withLock { $0.sentUserInfo.removeValue(forKey: transfer.id) } }
+        return cancelled
+    }
+
+    /// Takes the counterpart's user info transfers in order while a handler is there.
+    func consumeUserInfo() throws(WormholeError) -> QueueConsumer {
+        let outbox = try wormhole.suite(incoming.userInfoOutbox)
+        return try wormhole.queue(incoming.userInfo).consumeData(
+            consumer: name,
+            errorHandler: { [weak self] error in self?.report(error) }
+        ) { [weak self] message in
+            guard let self else { throw CancellationError() }
+            let transfer = try Self.decode(
+                SessionUserInfoTransfer.self,
+                from: message.value,
+                identifier: incoming.userInfo
+            )
+            // Claimed in the outbox before the handlers run: from then on it cannot be cancelled, and if this
+            // process dies before it is done, it comes again and is delivered.
+            var claimed = false
+            try outbox.update(direction: "delivering") { values in
+                guard var entry = values[transfer.id, as: SessionOutboxEntry.self] else { return }
+                entry.state = .delivering
+                try values.set(entry, forKey: transfer.id)
+                claimed = true
+            }
+            // Not in the outbox: cancelled, or replaced by a newer current one, or delivered before a crash.
+            guard claimed else { return }
+            guard userInfoHandlers.deliverAndWait(transfer) else {
+                throw WormholeError(.handlerFailed, "No user info handler is left; the transfer waits for the next.")
+            }
+            try outbox.update(direction: "delivered") { values in values.removeValue(forKey: transfer.id) }
+        }
+    }
+
+    /// Calls `handler` with each user info transfer from the counterpart, in order, once each
+    /// (`didReceiveUserInfo`). The transfer is acknowledged when every handler has returned; a process killed before
+    /// that gets it again.
+    ///
+    /// User info is taken from its queue only while at least one such handler is registered and the session is
+    /// activated.
+    public func onUserInfo(
+        on execution: CallbackExecution = .serialQueue,
+        handler: @escaping @Sendable (SessionUserInfoTransfer) -> Void
+    ) -> SessionListener {
+        let id = userInfoHandlers.add(on: execution, handler)
+        startConsumersReporting()
+        return SessionListener { [weak self, userInfoHandlers] in
+            if userInfoHandlers.remove(id) { self?.stopConsumersWithoutHandlers() }
+        }
+    }
+
+    /// The user info transfers received, as an `AsyncSequence`; see ``onUserInfo(on:handler:)``.
+    ///
+    /// A transfer is acknowledged once it is handed to the sequence: one the iteration has not reached when the
+    /// sequence ends is not delivered again. Use ``onUserInfo(on:handler:)`` to acknowledge after handling.
+    public func userInfoTransfers() -> ListeningSequence<SessionUserInfoTransfer> {
+        ListeningSequence { continuation in
+            onUserInfo(on: .notifierThread) { continuation.yield($0) }
+        }
+    }
+
+    /// Calls `handler` when the counterpart has received a user info transfer this side queued
+    /// (`didFinish userInfoTransfer`), while this side is activated.
+    public func onUserInfoTransferFinished(
+        on execution: CallbackExecution = .serialQueue,
+        handler: @escaping @Sendable (SessionUserInfoTransfer) -> Void
+    ) -> SessionListener {
+        let id = userInfoFinishedHandlers.add(on: execution, handler)
+        return SessionListener { [userInfoFinishedHandlers] in userInfoFinishedHandlers.remove(id) }
+    }
+
+    // MARK: Files
+
+    /// Queues a file for the counterpart (`transferFile(_:metadata:)`): copied into the wormhole in chunks, so
+    /// the original may change or go afterwards, and delivered once into the counterpart's
+    /// ``receivedFilesDirectory``, across restarts of either side.
+    ///
+    /// - Parameters:
+    ///   - path: The file.
+    ///   - name: The name the counterpart gets it under; the file's own by default.
+    ///   - metadata: Anything the counterpart should know, as strings.
+    ///   - progress: Called after each chunk copied.
+    /// - Returns: The transfer, which ``cancelFileTransfer(_:)`` can cancel until the counterpart takes it.
+    /// - Throws: ``WormholeError/Code/notActivated``, ``WormholeError/Code/ioFailure`` when the file cannot be read,
+    ///   ``WormholeError/Code/diskFull``; nothing is queued then.
+    @discardableResult
+    public func transferFile(
+        _ path: String,
+        name: String? = nil,
+        metadata: [String: String] = [:],
+        progress: (@Sendable (TransferProgress) -> Void)? = nil
+    ) throws(WormholeError) -> FileTransfer {
+        try requireActivated("transfer a file")
+        let transfer = try wormhole.transfers(outgoing.files).send(
+            file: path,
+            name: name,
+            metadata: metadata,
+            progress: progress
+        )
+        running.withLock { $0.sentFiles[transfer.id] = transfer }
+        do throws(WormholeError) {
+            try wormhole.suite(outgoing.filesOutbox).set(transfer, forKey: transfer.id, direction: "queued")
+        } catch {
+            // Queued already: the counterpart gets it; only the list of outstanding transfers misses it.
+            report(error)
+        }
+        return transfer
+    }
+
+    /// The file transfers this side queued that the counterpart has not received yet (`outstandingFileTransfers`).
+    public var outstandingFileTransfers: [FileTransfer] {
+        get throws(WormholeError) {
+            let pending = Set(try wormhole.transfers(outgoing.files).pendingTransferIDs())
+            let values = try wormhole.suite(outgoing.filesOutbox).snapshot()
+            return values.keys.filter(pending.contains).compactMap { values[$0, as: FileTransfer.self] }
+                .sorted { $0.id < $1.id }
+        }
+    }
+
+    /// Cancels a file transfer the counterpart has not taken yet. Returns false when it was taken already.
+    @discardableResult
+    public func cancelFileTransfer(_ transfer: FileTransfer) throws(WormholeError) -> Bool {
+        let cancelled = try wormhole.transfers(outgoing.files).cancel(transfer.id)
+        if cancelled {
+            try wormhole.suite(outgoing.filesOutbox).removeValue(forKey: transfer.id, direction: "cancelled")
+            _ = running.withLock { $0.sentFiles.removeValue(forKey: transfer.id) }
+        }
+        return cancelled
+    }
+
+    /// Takes the counterpart's files in order while a handler is there.
+    func receiveFiles() throws(WormholeError) -> QueueConsumer {
+        let outbox = try wormhole.suite(incoming.filesOutbox)
+        return try wormhole.transfers(incoming.files).receive(
+            consumer: name,
+            into: receivedFilesDirectory,
+            errorHandler: { [weak self] error in self?.report(error) }
+        ) { [weak self] file in
+            guard let self else { throw CancellationError() }
+            guard fileHandlers.deliverAndWait(file) else {
+                throw WormholeError(.handlerFailed, "No file handler is left; the file waits for the next.")
+            }
+            try outbox.removeValue(forKey: file.transfer.id, direction: "delivered")
+        }
+    }
+
+    /// Calls `handler` with each file from the counterpart, in order, once each (`didReceive file`). The file is in
+    /// ``receivedFilesDirectory`` and is yours: move it or remove it. The transfer is acknowledged when every handler
+    /// has returned.
+    ///
+    /// Files are taken from their queue only while at least one such handler is registered and the session is
+    /// activated.
+    public func onFile(
+        on execution: CallbackExecution = .serialQueue,
+        handler: @escaping @Sendable (ReceivedFile) -> Void
+    ) -> SessionListener {
+        let id = fileHandlers.add(on: execution, handler)
+        startConsumersReporting()
+        return SessionListener { [weak self, fileHandlers] in
+            if fileHandlers.remove(id) { self?.stopConsumersWithoutHandlers() }
+        }
+    }
+
+    /// The files received, as an `AsyncSequence`; see ``onFile(on:handler:)``. A file is acknowledged once it is
+    /// handed to the sequence.
+    public func files() -> ListeningSequence<ReceivedFile> {
+        ListeningSequence { continuation in
+            onFile(on: .notifierThread) { continuation.yield($0) }
+        }
+    }
+
+    /// Calls `handler` when the counterpart has received a file this side sent (`didFinish fileTransfer`), while
+    /// this side is activated.
+    public func onFileTransferFinished(
+        on execution: CallbackExecution = .serialQueue,
+        handler: @escaping @Sendable (FileTransfer) -> Void
+    ) -> SessionListener {
+        let id = fileFinishedHandlers.add(on: execution, handler)
+        return SessionListener { [fileFinishedHandlers] in fileFinishedHandlers.remove(id) }
+    }
+
+    // MARK: Plumbing
+
+    private func startConsumersReporting() {
+        do throws(WormholeError) {
+            try startConsumers()
+        } catch {
+            report(error)
+        }
+    }
+
+    /// Watches this side's outboxes for the counterpart's deliveries, to tell the "finished" handlers.
+    func observeOutboxes() throws(WormholeError) -> [any WormholeCancellable] {
+        // Everything outstanding now may finish while this side is activated.
+        let userInfoOutbox = try wormhole.suite(outgoing.userInfoOutbox)
+        let filesOutbox = try wormhole.suite(outgoing.filesOutbox)
+        let outstandingUserInfo = try outstandingUserInfoTransfers
+        let filesValues = try filesOutbox.snapshot()
+        let outstandingFiles = filesValues.keys.compactMap { filesValues[$0, as: FileTransfer.self] }
+        running.withLock { running in
+            for transfer in outstandingUserInfo { running.sentUserInfo[transfer.id] = transfer }
+            for transfer in outstandingFiles { running.sentFiles[transfer.id] = transfer }
+        }
+        let userInfo = try userInfoOutbox.observe(includingOwnChanges: true, direction: "delivered") {
+            [weak self] change in
+            guard let self else { return }
+            let finished = running.withLock { running in
+                change.keys.sorted().compactMap { running.sentUserInfo.removeValue(forKey: $0) }
+            }
+            for transfer in finished { userInfoFinishedHandlers.deliver(transfer) }
+        }
+        let files = try filesOutbox.observe(includingOwnChanges: true, direction: "delivered") { [weak self] change in
+            guard let self else { return }
+            let finished = running.withLock { running in
+                change.keys.sorted().compactMap { running.sentFiles.removeValue(forKey: $0) }
+            }
+            for transfer in finished { fileFinishedHandlers.deliver(transfer) }
+        }
+        return [userInfo, files]
+    }
+}

@@ -1,0 +1,407 @@
+import Dispatch
+import Foundation
+import Logging
+
+/// A session between this process and one named counterpart: WatchConnectivity's `WCSession`, and MMWormhole's
+/// `MMWormholeSession`, between two processes on one host (a directory engine) or on two hosts (the PostgreSQL
+/// engine).
+///
+/// ```swift
+/// let session = try WormholeSession(wormhole: wormhole, name: "phone", counterpart: "watch")
+/// let contexts = session.onApplicationContext { update in print(update.changedKeys) }   // before activate()
+/// try session.activate()
+/// try session.updateApplicationContext(["face": "modular"])   // the watch gets it when it next activates
+/// let reply = try await session.sendMessage(["ping": 1])      // only while the watch is reachable
+/// try session.transferUserInfo(["steps": 4200])              // queued; in order and once
+/// try session.transferFile("/tmp/track.gpx", metadata: ["kind": "track"])
+/// ```
+///
+/// Four ways to reach the counterpart, as WatchConnectivity has them:
+///
+/// - **Application context** (``updateApplicationContext(_:)``): the latest state, replacing the one before. The
+///   counterpart receives it when it next activates, even if this process has exited; only the newest reaches it,
+///   and its handlers hear which keys changed since the context it received before.
+/// - **Messages** (``sendMessage(_:timeout:)``): live, only while the counterpart is activated; exactly one of a
+///   reply or an error.
+/// - **User info** (``transferUserInfo(_:)``): queued, delivered in order and once, across restarts of either side;
+///   outstanding transfers can be listed and cancelled.
+/// - **Files** (``transferFile(_:name:metadata:progress:)``): queued, streamed, delivered once, with metadata.
+///
+/// Register handlers (``onApplicationContext(keys:on:handler:)``, ``onMessage(on:handler:)``,
+/// ``onUserInfo(on:handler:)``, ``onFile(on:handler:)``, or their `AsyncSequence` forms) before ``activate()``, as
+/// WatchConnectivity asks of its delegate: a user info transfer or a file is taken from its queue only while a
+/// handler is there to get it, so none is lost. Each side of a pair names itself and its counterpart, and the names
+/// must mirror each other (`phone`→`watch` on one side, `watch`→`phone` on the other). One process should hold a
+/// name's session at a time.
+///
+/// A session is `Sendable`: use it from any thread or task.
+public final class WormholeSession: Sendable {
+    /// This side's name.
+    public let name: String
+    /// The counterpart's name.
+    public let counterpart: String
+    /// The wormhole the session rides; its engine keeps everything the session stores.
+    public let wormhole: Wormhole
+    /// Where files received from the counterpart are put.
+    public let receivedFilesDirectory: String
+
+    let outgoing: SessionChannels
+    let incoming: SessionChannels
+    let logger: Logger
+
+    let contextHandlers = SessionHandlers<SessionContextUpdate>(label: "context")
+    let messageHandlers = SessionHandlers<SessionMessage>(label: "message")
+    let userInfoHandlers = SessionHandlers<SessionUserInfoTransfer>(label: "userinfo")
+    let fileHandlers = SessionHandlers<ReceivedFile>(label: "file")
+    let userInfoFinishedHandlers = SessionHandlers<SessionUserInfoTransfer>(label: "userinfo.finished")
+    let fileFinishedHandlers = SessionHandlers<FileTransfer>(label: "file.finished")
+    let activationHandlers = SessionHandlers<SessionActivationState>(label: "activation")
+    let reachabilityHandlers = SessionHandlers<Bool>(label: "reachability")
+    let errorHandlers = SessionHandlers<WormholeError>(label: "error")
+
+    /// What the session runs while activated, and its state; one lock, never held across a call to a handler.
+    let running = Locked(Running())
+    /// Serialises what the session receives: context updates and reachability checks, in order.
+    let receiving: DispatchQueue
+
+    struct Running {
+        var state: SessionActivationState = .notActivated
+        var isReachable = false
+        var listeners: [any WormholeCancellable] = []
+        var userInfoConsumer: QueueConsumer?
+        var fileReceiver: QueueConsumer?
+        var timer: (any DispatchSourceTimer)?
+        /// The transfers this side sent and not yet known as delivered, by id: what "finished" handlers are told.
+        var sentUserInfo: [String: SessionUserInfoTransfer] = [:]
+        var sentFiles: [String: FileTransfer] = [:]
+    }
+
+    /// How often an activated session checks that its counterpart is still reachable, besides the checks that its
+    /// counterpart's activation and deactivation trigger: a counterpart killed says nothing.
+    public static let reachabilityCheckInterval: Duration = .seconds(2)
+
+    /// Creates a session from this process, `name`, to `counterpart`, over `wormhole`.
+    ///
+    /// - Parameters:
+    ///   - wormhole: The wormhole; on a directory for two processes of one host, on the PostgreSQL engine for two
+    ///     hosts.
+    ///   - name: This side's name: 1 to 64 letters, digits, `-` or `_`.
+    ///   - counterpart: The counterpart's name, by the same rules.
+    ///   - receivedFilesDirectory: Where received files go (created with mode 0700); by default a directory named
+    ///     after the session in the system's temporary directory.
+    /// - Throws: ``WormholeError/Code/invalidIdentifier`` for a bad name, or a name equal to the counterpart's.
+    public init(
+        wormhole: Wormhole,
+        name: String,
+        counterpart: String,
+        receivedFilesDirectory: String? = nil
+    ) throws(WormholeError) {
+        try Self.validate(name: name, role: "name")
+        try Self.validate(name: counterpart, role: "counterpart")
+        guard name != counterpart else {
+            throw WormholeError(
+                .invalidIdentifier,
+                "A session's name and its counterpart's must differ; both are \"\(name)\"."
+            )
+        }
+        self.wormhole = wormhole
+        self.name = name
+        self.counterpart = counterpart
+        self.receivedFilesDirectory =
+            receivedFilesDirectory
+            ?? URL(fileURLWithPath: NSTemporaryDirectory())
+            .appendingPathComponent("wormhole-session-\(name)-from-\(counterpart)-\(getuid())").path
+        self.outgoing = SessionChannels(from: name, to: counterpart)
+        self.incoming = SessionChannels(from: counterpart, to: name)
+        self.logger = wormhole.logger
+        self.receiving = DispatchQueue(label: "wormhole.session.\(name).receiving")
+    }
+
+    static func validate(name: String, role: String) throws(WormholeError) {
+        let allowed = name.utf8.allSatisfy { byte in
+            (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z"))
+                || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
+                || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9"))
+                || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
+        }
+        guard !name.isEmpty, name.utf8.count <= 64, allowed else {
+            throw WormholeError(
+                .invalidIdentifier,
+                "The session's \(role) \(name.debugDescription) is not 1 to 64 letters, digits, '-' or '_'."
+            )
+        }
+    }
+
+    // MARK: Activation
+
+    /// The session's activation state.
+    public var activationState: SessionActivationState { running.withLock { $0.state } }
+
+    /// Whether the counterpart is activated and answering now, as this side last found out (at activation, when
+    /// the counterpart activates or deactivates, after each message, and every ``reachabilityCheckInterval``).
+    public var isReachable: Bool { running.withLock { $0.isReachable } }
+
+    /// Starts the session: receives what the counterpart sent while this side was away (the newest application
+    /// context at once, then queued user info and files, for the handlers registered), answers messages, and tells
+    /// the counterpart it is reachable. Activating an activated session does nothing.
+    ///
+    /// - Throws: the engine's errors (``WormholeError/Code/serverUnavailable``,
+    ///   ``WormholeError/Code/directoryUnavailable``…); the session stays not activated then.
+    public func activate() throws(WormholeError) {
+        let starting = running.withLock { (running) -> Bool in
+            guard running.state == .notActivated else { return false }
+            running.state = .activated
+            return true
+        }
+        guard starting else { return }
+        do throws(WormholeError) {
+            try start()
+        } catch {
+            stop(finalState: .notActivated, announce: false)
+            throw error
+        }
+        activationHandlers.deliver(.activated)
+    }
+
+    /// Stops the session: it takes nothing more, stops answering messages, and tells the counterpart it is not
+    /// reachable. What the counterpart sends meanwhile (context, user info, files) waits for the next activation.
+    public func deactivate() {
+        let stopping = running.withLock { (running) -> Bool in
+            guard running.state == .activated else { return false }
+            running.state = .inactive
+            return true
+        }
+        guard stopping else { return }
+        activationHandlers.deliver(.inactive)
+        stop(finalState: .notActivated, announce: true)
+        activationHandlers.deliver(.notActivated)
+    }
+
+    deinit {
+        let listeners = running.withLock { (running) -> [any WormholeCancellable] in
+            running.timer?.cancel()
+            return running.listeners + [running.userInfoConsumer, running.fileReceiver].compactMap { $0 }
+        }
+        for listener in listeners { listener.cancel() }
+    }
+
+    private func start() throws(WormholeError) {
+        // Endpoints first, so that the counterpart finds this side reachable once it reads the presence below.
+        let probe = try wormhole.listenForLiveMessageData(withIdentifier: incoming.probe, on: .notifierThread) { _ in }
+        let responder = try respondToMessages()
+        let presence = try wormhole.listenForEnvelopes(withIdentifier: incoming.presence, on: .notifierThread) {
+            [weak self] _ in self?.checkReachability()
+        }
+        let contexts = try wormhole.listenForEnvelopes(
+            withIdentifier: incoming.context,
+            deliveringCurrentMessage: true,
+            on: .queue(receiving),
+            errorHandler: { [weak self] error in self?.report(error) }
+        ) { [weak self] envelope in self?.receiveContext(envelope) }
+        let outboxes = try observeOutboxes()
+        running.withLock { $0.listeners = [probe, responder, presence, contexts] + outboxes }
+        try announce(.activated)
+        try startConsumers()
+        let timer = DispatchSource.makeTimerSource(queue: receiving)
+        let interval = Self.reachabilityCheckInterval.components
+        let milliseconds = Int(interval.seconds * 1000 + interval.attoseconds / 1_000_000_000_000_000)
+        timer.schedule(deadline: .now(), repeating: .milliseconds(milliseconds))
+        timer.setEventHandler { [weak self] in self?.checkReachabilityNow() }
+        running.withLock { $0.timer = timer }
+        timer.resume()
+    }
+
+    private func stop(finalState: SessionActivationState, announce: Bool) {
+        let (listeners, timer) = running.withLock {
+            (running) -> ([any WormholeCancellable], (any DispatchSourceTimer)?) in
+            defer {
+                running.listeners = []
+                running.userInfoConsumer = nil
+                running.fileReceiver = nil
+                running.timer = nil
+            }
+            return (
+                running.listeners + [running.userInfoConsumer, running.fileReceiver].compactMap { $0 },
+                running.timer
+            )
+        }
+        timer?.cancel()
+        for listener in listeners { listener.cancel() }
+        if announce {
+            do throws(WormholeError) {
+                try self.announce(.notActivated)
+            } catch {
+                report(error)
+            }
+        }
+        let wasReachable = running.withLock { (running) -> Bool in
+            running.state = finalState
+            defer { running.isReachable = false }
+            return running.isReachable
+        }
+        if wasReachable { reachabilityHandlers.deliver(false) }
+    }
+
+    /// Writes this side's presence, which wakes the counterpart's reachability check.
+    private func announce(_ state: SessionActivationState) throws(WormholeError) {
+        let presence = SessionPresence(
+            state: state,
+            sender: wormhole.sender,
+            nanoseconds: ProcessFacts.wallClockNanoseconds()
+        )
+        _ = try wormhole.passMessageData(try Self.encode(presence), identifier: outgoing.presence)
+    }
+
+    /// Starts the consumers of user info and files that have handlers, if the session is activated.
+    func startConsumers() throws(WormholeError) {
+        let (needsUserInfo, needsFiles) = running.withLock { running in
+            (
+                running.state == .activated && running.userInfoConsumer == nil && !userInfoHandlers.isEmpty,
+                running.state == .activated && running.fileReceiver == nil && !fileHandlers.isEmpty
+            )
+        }
+        if needsUserInfo {
+            let consumer = try consumeUserInfo()
+            let kept = running.withLock { (running) -> Bool in
+                guard running.state == .activated, running.userInfoConsumer == nil else { return false }
+                running.userInfoConsumer = consumer
+                return true
+            }
+            if !kept { consumer.cancel() }
+        }
+        if needsFiles {
+            let receiver = try receiveFiles()
+            let kept = running.withLock { (running) -> Bool in
+                guard running.state == .activated, running.fileReceiver == nil else { return false }
+                running.fileReceiver = receiver
+                return true
+            }
+            if !kept { receiver.cancel() }
+        }
+    }
+
+    /// Stops a consumer whose last handler went, so that what comes next waits for a handler.
+    func stopConsumersWithoutHandlers() {
+        let stopped = running.withLock { (running) -> [QueueConsumer] in
+            var stopped: [QueueConsumer] = []
+            if userInfoHandlers.isEmpty, let consumer = running.userInfoConsumer {
+                stopped.append(consumer)
+                running.userInfoConsumer = nil
+            }
+            if fileHandlers.isEmpty, let receiver = running.fileReceiver {
+                stopped.append(receiver)
+                running.fileReceiver = nil
+            }
+            return stopped
+        }
+        for consumer in stopped { consumer.cancel() }
+    }
+
+    func requireActivated(_ action: String) throws(WormholeError) {
+        let state = activationState
+        guard state == .activated else {
+            throw WormholeError(
+                .notActivated,
+                "The session \(name)→\(counterpart) is \(state), so it cannot \(action); call activate() first."
+            )
+        }
+    }
+
+    // MARK: Reachability
+
+    /// Checks whether the counterpart is reachable, on the session's queue.
+    func checkReachability() {
+        receiving.async { [weak self] in self?.checkReachabilityNow() }
+    }
+
+    private func checkReachabilityNow() {
+        guard activationState == .activated else { return }
+        let reachable: Bool
+        do throws(WormholeError) {
+            reachable = try wormhole.sendMessageData(Data(), identifier: outgoing.probe) > 0
+        } catch  where error.code == .notReachable {
+            reachable = false
+        } catch {
+            report(error)
+            reachable = false
+        }
+        setReachable(reachable)
+    }
+
+    func setReachable(_ reachable: Bool) {
+        let changed = running.withLock { (running) -> Bool in
+            guard running.state == .activated, running.isReachable != reachable else { return false }
+            running.isReachable = reachable
+            return true
+        }
+        if changed { reachabilityHandlers.deliver(reachable) }
+    }
+
+    /// Whether the counterpart ever activated a session with this side.
+    func counterpartIsKnown() throws(WormholeError) -> Bool {
+        try wormhole.envelope(withIdentifier: incoming.presence) != nil
+    }
+
+    // MARK: Errors and encoding
+
+    /// Hands an error to the error handlers, or logs it: a session never drops one.
+    func report(_ error: WormholeError) {
+        if !errorHandlers.isEmpty {
+            errorHandlers.deliver(error)
+        } else {
+            logger.error("session \(name)→\(counterpart): \(error)")
+        }
+    }
+
+    static let coder = JSONMessageCoder()
+
+    static func encode(_ value: some Encodable) throws(WormholeError) -> Data {
+        do {
+            return try coder.encode(value)
+        } catch {
+            throw WormholeError(.encodingFailed, "The session could not encode \(error).", underlyingError: error)
+        }
+    }
+
+    static func decode<Value: Decodable>(
+        _ type: Value.Type,
+        from data: Data,
+        identifier: String
+    ) throws(WormholeError) -> Value {
+        do {
+            return try coder.decode(type, from: data)
+        } catch {
+            throw WormholeError(
+                .decodingFailed,
+                "The session's record is not a \(Value.self) this build reads: \(error).",
+                identifier: identifier,
+                underlyingError: error
+            )
+        }
+    }
+}
+
+/// The identifiers a session uses for one direction, `from` to `to` (FORMAT.md, "Sessions").
+struct SessionChannels: Sendable {
+    let prefix: String
+    init(from: String, to: String) { prefix = "session.\(from).\(to)" }
+
+    /// The sender's presence: a mailbox of ``SessionPresence``.
+    var presence: String { prefix + ".presence" }
+    /// What the receiver listens on while activated, so that the sender can check it is reachable.
+    var probe: String { prefix + ".probe" }
+    /// The application context: a mailbox of ``SessionContextRecord``.
+    var context: String { prefix + ".context" }
+    /// The last context the receiver handed over: a mailbox of ``SessionReceivedContext``.
+    var receivedContext: String { prefix + ".context-received" }
+    /// Live messages, as requests.
+    var message: String { prefix + ".message" }
+    /// The queue of user info transfers.
+    var userInfo: String { prefix + ".userinfo" }
+    /// The sender's outbox of user info transfers: a suite of ``SessionOutboxEntry`` by id.
+    var userInfoOutbox: String { prefix + ".userinfo-outbox" }
+    /// The file transfers' channel.
+    var files: String { prefix + ".files" }
+    /// The sender's outbox of file transfers: a suite of ``FileTransfer`` by id.
+    var filesOutbox: String { prefix + ".files-outbox" }
+}
