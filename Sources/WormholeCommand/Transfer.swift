@@ -33,25 +33,9 @@ struct TransferSend: ParsableCommand {
             }
             pairs[String(pair[..<equals])] = String(pair[pair.index(after: equals)...])
         }
-        let lastPercent = Locked(-1)
+        let bar = ProgressBar()
         let transfer = try location.makeWormhole().transfers(channel).send(file: file, name: name, metadata: pairs) {
-            progress in
-            let percent = Int(progress.fraction * 100)
-            let changed = lastPercent.withLock { last in
-                defer { last = percent }
-                return last != percent
-            }
-            guard changed else { return }
-            let filled = percent / 4
-            let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 25 - filled)
-            let text = String(
-                format: "\r[%@] %3d%% %.1f / %.1f MiB",
-                bar,
-                percent,
-                Double(progress.bytesCopied) / 1_048_576,
-                Double(progress.totalBytes) / 1_048_576
-            )
-            FileHandle.standardError.write(Data(text.utf8))
+            bar.show($0)
         }
         FileHandle.standardError.write(Data("\n".utf8))
         Output.line(transfer.id)

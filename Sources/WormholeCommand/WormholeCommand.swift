@@ -22,7 +22,7 @@ struct WormholeCommand: ParsableCommand {
         subcommands: [
             Send.self, Read.self, Listen.self, Clear.self, List.self, Enqueue.self, Consume.self,
             QueueStatusCommand.self, Request.self, Respond.self, LiveSend.self, LiveListen.self, Defaults.self,
-            TransferCommand.self,
+            TransferCommand.self, SessionCommand.self,
             StoreCommand.self,
             PostgresCommand.self,
             Demo.self,
