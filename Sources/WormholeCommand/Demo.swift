@@ -33,9 +33,9 @@ struct Demo: ParsableCommand {
             left in the mailbox. Runs on the default group root ($WORMHOLE_APP_GROUPS or \
             ~/.local/share/app-groups), in the group \(DemoDefaults.group). `wormhole demo store` shows a \
             shared SQLite store instead; `wormhole demo hosts` shows the app and the widget on two hosts, through \
-            PostgreSQL.
+            PostgreSQL; `wormhole demo session` a phone and its watch through a session, as WatchConnectivity's.
             """,
-        subcommands: [DemoStore.self, DemoHosts.self]
+        subcommands: [DemoStore.self, DemoHosts.self, DemoSession.self]
     )
 
     @Option(help: "How many taps the app passes.")

@@ -184,6 +184,8 @@ struct SessionTransferFile: ParsableCommand {
     @Option(name: .customLong("meta"), help: "Metadata as KEY=VALUE (repeat for several).") var metadata: [String] = []
     @Flag(help: "List the transfers the counterpart has not received yet.") var list = false
     @Option(help: "Cancel the transfer with this id; exit status 1 if it was received already.") var cancel: String?
+    @Flag(help: ArgumentHelp("Print the progress as lines on standard output instead of a bar.", visibility: .hidden))
+    var progressLines = false
 
     func run() throws {
         let session = try names.makeSession(location)
@@ -215,26 +217,35 @@ struct SessionTransferFile: ParsableCommand {
         }
         try session.activate()
         defer { session.deactivate() }
-        let bar = ProgressBar()
+        let bar = ProgressBar(asLines: progressLines)
         let transfer = try session.transferFile(file, name: name, metadata: pairs) { bar.show($0) }
-        FileHandle.standardError.write(Data("\n".utf8))
+        if !progressLines { FileHandle.standardError.write(Data("\n".utf8)) }
         Output.line(transfer.id)
     }
 }
 
-/// A progress bar on standard error, redrawn when the percentage changes.
+/// A progress bar on standard error, redrawn when the percentage changes; or, for the demo, which shows a child's
+/// progress, a line on standard output at each quarter.
 final class ProgressBar: Sendable {
     private let lastPercent = Locked(-1)
+    private let asLines: Bool
+
+    init(asLines: Bool = false) { self.asLines = asLines }
 
     func show(_ progress: TransferProgress) {
         let percent = Int(progress.fraction * 100)
+        let shown = asLines ? percent / 25 * 25 : percent
         let changed = lastPercent.withLock { last in
-            defer { last = percent }
-            return last != percent
+            defer { last = shown }
+            return last != shown
         }
         guard changed else { return }
         let filled = percent / 4
         let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 25 - filled)
+        if asLines {
+            Output.line("progress [\(bar)] \(shown)%")
+            return
+        }
         let text = String(
             format: "\r[%@] %3d%% %.1f / %.1f MiB",
             bar,
