@@ -37,7 +37,8 @@ struct DemoSession: ParsableCommand {
         try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: scratch) }
         let group = "group.com.example.wormhole-demo.session-\(UInt32.random(in: 0...UInt32.max))"
-        let given = postgres ?? ProcessInfo.processInfo.environment["WORMHOLE_POSTGRES_URL"].flatMap { $0.isEmpty ? nil : $0 }
+        let given =
+            postgres ?? ProcessInfo.processInfo.environment["WORMHOLE_POSTGRES_URL"].flatMap { $0.isEmpty ? nil : $0 }
         let unavailable = NetworkHosts.unavailableReason() ?? LocalPostgresServer.unavailableReason()
 
         if let given {
@@ -133,7 +134,9 @@ struct DemoSession: ParsableCommand {
             Output.line(watchLabel + Self.describe(line))
         }
         defer { watchProcess.terminate() }
-        guard ready.wait(timeout: .now() + 30) == .success else { throw Output.fail("the watch did not activate in 30 s") }
+        guard ready.wait(timeout: .now() + 30) == .success else {
+            throw Output.fail("the watch did not activate in 30 s")
+        }
         let arrived = events.wait(timeout: 30) { lines in
             ["\"context\"", "\"userInfo\"", "\"file\""].allSatisfy { kind in lines.contains { $0.contains(kind) } }
         }

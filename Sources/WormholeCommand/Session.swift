@@ -174,7 +174,8 @@ struct SessionTransferUserInfo: ParsableCommand {
 struct SessionTransferFile: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "transfer-file",
-        abstract: "Queue a file for the counterpart (delivered once, resumable), list the outstanding ones, or cancel one.",
+        abstract:
+            "Queue a file for the counterpart (delivered once, resumable), list the outstanding ones, or cancel one.",
         discussion: "Prints the transfer id; a progress bar goes to standard error while the file is copied."
     )
     @OptionGroup var location: LocationOptions
