@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 
 /// The callbacks a session holds for one kind of event, each with where it runs.
 ///
@@ -45,8 +46,20 @@ final class SessionHandlers<Value: Sendable>: Sendable {
     /// Hands `value` to every handler where it runs, without waiting.
     func deliver(_ value: Value) {
         for entry in entries.withLock({ $0.sorted { $0.key < $1.key }.map(\.value) }) {
-            entry.schedule { entry.handler(value) }
+            entry.schedule { Self.run(entry.handler, value) }
         }
+    }
+
+    private static var markerKey: String { "wormhole.session.handler" }
+
+    /// Runs a handler with the calling thread marked, so that the session knows not to wait for a delivery that
+    /// waits for this very handler.
+    private static func run(_ handler: @Sendable (Value) -> Void, _ value: Value) {
+        let dictionary = Thread.current.threadDictionary
+        let outer = dictionary[markerKey] != nil
+        dictionary[markerKey] = true
+        defer { if !outer { dictionary.removeObject(forKey: markerKey) } }
+        handler(value)
     }
 
     /// Hands `value` to every handler and returns when all have returned: what is acknowledged afterwards (a user
@@ -60,17 +73,31 @@ final class SessionHandlers<Value: Sendable>: Sendable {
         let group = DispatchGroup()
         for entry in current {
             if entry.runsInline {
-                entry.handler(value)
+                Self.run(entry.handler, value)
             } else {
                 group.enter()
                 entry.schedule {
-                    entry.handler(value)
+                    Self.run(entry.handler, value)
                     group.leave()
                 }
             }
         }
         group.wait()
         return true
+    }
+}
+
+/// Whether the calling thread is running a session's handler.
+var isRunningSessionHandler: Bool { Thread.current.threadDictionary["wormhole.session.handler"] != nil }
+
+/// Stops consumers: at once, waiting for a delivery under way, unless called from a handler, which that delivery
+/// may be waiting for; then in the background.
+func cancelConsumers(_ consumers: [any WormholeCancellable]) {
+    guard !consumers.isEmpty else { return }
+    if isRunningSessionHandler {
+        DispatchQueue.global().async { for consumer in consumers { consumer.cancel() } }
+    } else {
+        for consumer in consumers { consumer.cancel() }
     }
 }
 

@@ -90,14 +90,27 @@ extension WormholeSession {
         let outbox = try wormhole.suite(incoming.userInfoOutbox)
         return try wormhole.queue(incoming.userInfo).consumeData(
             consumer: name,
-            errorHandler: { [weak self] error in self?.report(error) }
+            errorHandler: { [weak self] error in self?.reportUnlessStopping(error) }
         ) { [weak self] message in
-            guard let self else { throw CancellationError() }
-            let transfer = try Self.decode(
-                SessionUserInfoTransfer.self,
-                from: message.value,
-                identifier: incoming.userInfo
-            )
+            guard let self, activationState == .activated, !userInfoHandlers.isEmpty else { throw NoHandlerLeft() }
+            let transfer: SessionUserInfoTransfer
+            do throws(WormholeError) {
+                transfer = try Self.decode(
+                    SessionUserInfoTransfer.self,
+                    from: message.value,
+                    identifier: incoming.userInfo
+                )
+            } catch {
+                // Unreadable now, unreadable later: offering it again would stop the queue for good.
+                report(
+                    WormholeError(
+                        error.code,
+                        error.message + " The record is passed over.",
+                        identifier: incoming.userInfo
+                    )
+                )
+                return
+            }
             // Claimed in the outbox before the handlers run: from then on it cannot be cancelled, and if this
             // process dies before it is done, it comes again and is delivered.
             var claimed = false
@@ -109,9 +122,7 @@ extension WormholeSession {
             }
             // Not in the outbox: cancelled, or replaced by a newer current one, or delivered before a crash.
             guard claimed else { return }
-            guard userInfoHandlers.deliverAndWait(transfer) else {
-                throw WormholeError(.handlerFailed, "No user info handler is left; the transfer waits for the next.")
-            }
+            guard userInfoHandlers.deliverAndWait(transfer) else { throw NoHandlerLeft() }
             try outbox.update(direction: "delivered") { values in values.removeValue(forKey: transfer.id) }
         }
     }
@@ -218,11 +229,11 @@ extension WormholeSession {
         return try wormhole.transfers(incoming.files).receive(
             consumer: name,
             into: receivedFilesDirectory,
-            errorHandler: { [weak self] error in self?.report(error) }
+            errorHandler: { [weak self] error in self?.reportUnlessStopping(error) }
         ) { [weak self] file in
-            guard let self else { throw CancellationError() }
-            guard fileHandlers.deliverAndWait(file) else {
-                throw WormholeError(.handlerFailed, "No file handler is left; the file waits for the next.")
+            guard let self, activationState == .activated, fileHandlers.deliverAndWait(file) else {
+                // Moved into the directory already: the next receiver finds it there and does not move it again.
+                throw NoHandlerLeft()
             }
             try outbox.removeValue(forKey: file.transfer.id, direction: "delivered")
         }
@@ -265,6 +276,13 @@ extension WormholeSession {
 
     // MARK: Plumbing
 
+    /// Reports an error of a consumer, except the refusal of a consumer that is stopping, whose transfer stays for
+    /// the next one.
+    private func reportUnlessStopping(_ error: WormholeError) {
+        if error.underlyingError is NoHandlerLeft { return }
+        report(error)
+    }
+
     private func startConsumersReporting() {
         do throws(WormholeError) {
             try startConsumers()
@@ -303,3 +321,7 @@ extension WormholeSession {
         return [userInfo, files]
     }
 }
+
+/// What a session's consumer throws when the session stopped, or its last handler went, while a transfer came: the
+/// transfer stays unacknowledged, for the next activation or handler.
+struct NoHandlerLeft: Error, Sendable {}

@@ -226,7 +226,7 @@ public final class WormholeSession: Sendable {
             )
         }
         timer?.cancel()
-        for listener in listeners { listener.cancel() }
+        cancelConsumers(listeners)
         if announce {
             do throws(WormholeError) {
                 try self.announce(.notActivated)
@@ -294,7 +294,7 @@ public final class WormholeSession: Sendable {
             }
             return stopped
         }
-        for consumer in stopped { consumer.cancel() }
+        cancelConsumers(stopped)
     }
 
     func requireActivated(_ action: String) throws(WormholeError) {

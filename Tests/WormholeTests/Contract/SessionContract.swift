@@ -198,6 +198,34 @@ struct SessionContract {
         }
     }
 
+    @Test(
+        "A handler that deactivates its session: no deadlock, nothing lost or repeated",
+        arguments: [EngineKind.directory, .inMemory]
+    )
+    func deactivateFromHandler(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let phone = try Self.session(fixture, "phone", "watch")
+            try phone.activate()
+            for number in 1...3 { try phone.transferUserInfo(["n": .integer(Int64(number))]) }
+            let watch = try Self.session(fixture, "watch", "phone")
+            let received = Collector<Int>()
+            let handler = watch.onUserInfo { transfer in
+                received.append(transfer.userInfo["n"]?.intValue ?? -1)
+                if received.count == 1 { watch.deactivate() }
+            }
+            try watch.activate()
+            #expect(eventually { watch.activationState == .notActivated })
+            usleep(300_000)
+            #expect(received.values == [1], "nothing is taken once the session is deactivated")
+            try watch.activate()
+            #expect(eventually { received.count == 3 })
+            usleep(200_000)
+            #expect(received.values == [1, 2, 3])
+            withExtendedLifetime(handler) {}
+        }
+    }
+
     @Test("Files: progress, metadata, delivered once; cancel before delivery", arguments: EngineKind.allCases)
     func files(kind: EngineKind) async throws {
         try await offThePool {
