@@ -35,6 +35,11 @@ struct SessionScenario {
         // While the watch is away: three contexts, ten user info transfers, six files.
         for n in 1...3 { try finish(0, ["session", "context", "{\"n\":\(n)}"] + Self.phone) }
         for n in 0..<10 { try finish(0, ["session", "transfer-user-info", "{\"n\":\(n)}"] + Self.phone) }
+        // One cancelled, and two "current" ones of which only the second is to arrive.
+        let cancelled = try finish(0, ["session", "transfer-user-info", "{\"n\":100}"] + Self.phone).lines.first ?? ""
+        try finish(0, ["session", "transfer-user-info", "--cancel", cancelled] + Self.phone)
+        try finish(0, ["session", "transfer-user-info", "--current", "{\"c\":1}"] + Self.phone)
+        try finish(0, ["session", "transfer-user-info", "--current", "{\"c\":2}"] + Self.phone)
         var originals: [String: Data] = [:]
         for index in 0..<files {
             let path = scratch + "/f\(index).bin"
@@ -42,7 +47,7 @@ struct SessionScenario {
             try finish(0, ["session", "transfer-file", path] + Self.phone)
         }
         let outstanding = try finish(0, ["session", "transfer-user-info", "--list"] + Self.phone)
-        #expect(outstanding.lines.count == 10)
+        #expect(outstanding.lines.count == 11, "ten, and the second current one")
 
         // The watch activates and is killed once the first file is in.
         let first = try start(1, ["session", "watch", "--timeout", "120"] + watch)
@@ -79,6 +84,8 @@ struct SessionScenario {
         let later = Self.numbers(secondLines)
         numbers += later.first == numbers.last ? Array(later.dropFirst()) : later
         #expect(numbers == Array(0..<15))
+        let currents = Self.events(firstLines + secondLines, "userInfo").compactMap { $0["userInfo"]?["c"]?.intValue }
+        #expect(Set(currents) == [2], "the newest current one only")
 
         // Every file once, whole: a delivery cut by the kill resumed, and was not made twice.
         let received = try FileManager.default.contentsOfDirectory(atPath: inbox).sorted()
