@@ -29,6 +29,11 @@ public final class QueueConsumer: WormholeCancellable {
     private let storedPosition: Atomic<UInt64>
     /// The thread delivering right now, so that `cancel()` called from a handler does not wait for itself.
     private let deliveringThread = Atomic<UInt>(0)
+    /// The end of a batch handled whose acknowledgement failed (0 when none): it is retried before anything is read,
+    /// so that a handled batch is not delivered again while this consumer lives. Changed under the cursor's lock.
+    private let owedAcknowledgement = Atomic<UInt64>(0)
+    /// The wait before the next try of an owed acknowledgement, in milliseconds: 50, doubling to 2,000.
+    private let retryDelay = Atomic<Int>(50)
     /// The consumer's name.
     public let name: String
 
@@ -74,9 +79,20 @@ public final class QueueConsumer: WormholeCancellable {
             return watch
         }
         watch?.cancel()
-        // Wait for a delivery under way, unless this is that delivery's own thread.
+        // Wait for a delivery under way, unless this is that delivery's own thread; then one last try of an owed
+        // acknowledgement, so that a consumer stopped while its engine was away does not leave it undone.
         if deliveringThread.load(ordering: .acquiring) != currentThreadID() {
-            cursor.withLock { _ in }
+            cursor.withLock { cursor in
+                let owed = owedAcknowledgement.load(ordering: .acquiring)
+                guard owed != 0 else { return }
+                do throws(WormholeError) {
+                    try cursor.acknowledge(through: owed)
+                    owedAcknowledgement.store(0, ordering: .releasing)
+                    storedPosition.store(cursor.position, ordering: .releasing)
+                } catch {
+                    reportError(error)
+                }
+            }
         }
     }
 
@@ -96,15 +112,41 @@ public final class QueueConsumer: WormholeCancellable {
             deliveringThread.store(currentThreadID(), ordering: .releasing)
             defer { deliveringThread.store(0, ordering: .releasing) }
             do throws(WormholeError) {
-                var batch = try cursor.read(maximumCount: batchSize)
+                var batch: [QueueRecord]
+                let owed = owedAcknowledgement.load(ordering: .acquiring)
+                if owed != 0 {
+                    // Handled already: acknowledged now, never handed over again.
+                    batch = try cursor.acknowledge(through: owed, thenRead: batchSize)
+                    acknowledged(cursor)
+                } else {
+                    batch = try cursor.read(maximumCount: batchSize)
+                }
                 while !cancelled.load(ordering: .relaxed) {
                     guard let last = batch.last, deliver(batch) else { return }
+                    owedAcknowledgement.store(last.end, ordering: .releasing)
                     batch = try cursor.acknowledge(through: last.end, thenRead: batchSize)
-                    storedPosition.store(cursor.position, ordering: .releasing)
+                    acknowledged(cursor)
                 }
             } catch {
                 reportError(error)
+                if owedAcknowledgement.load(ordering: .acquiring) != 0 { retryLater() }
             }
+        }
+    }
+
+    private func acknowledged(_ cursor: any QueueCursor) {
+        owedAcknowledgement.store(0, ordering: .releasing)
+        retryDelay.store(50, ordering: .relaxed)
+        storedPosition.store(cursor.position, ordering: .releasing)
+    }
+
+    /// Wakes the consumer again after a back-off, to retry an owed acknowledgement even when nothing is appended.
+    private func retryLater() {
+        let delay = retryDelay.load(ordering: .relaxed)
+        retryDelay.store(min(delay * 2, 2_000), ordering: .relaxed)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(delay)) { [weak self] in
+            guard let self, !isCancelled else { return }
+            wake()
         }
     }
 }
