@@ -28,10 +28,7 @@ struct SessionNames: ParsableArguments {
     @Option(help: "The counterpart's name.")
     var counterpart: String
 
-    @Option(help: "Where received files go (by default a directory of the session's in the temporary directory).")
-    var into: String?
-
-    func makeSession(_ location: LocationOptions) throws -> WormholeSession {
+    func makeSession(_ location: LocationOptions, receivingFilesInto into: String? = nil) throws -> WormholeSession {
         try WormholeSession(
             wormhole: try location.makeWormhole(sender: name),
             name: name,
@@ -265,24 +262,30 @@ struct SessionWatch: ParsableCommand {
         discussion: """
             Prints {"event": "context" | "message" | "userInfo" | "file" | "reachable", …}. On activation, what \
             the counterpart sent while this side was away comes first: the newest context, then queued user info and \
-            files. Messages are answered with --reply. --count counts contexts, messages, user info and files. \
+            files. Messages are answered with --reply. --count counts contexts, messages, user info and files; the \
+            session stops taking them at the count. \
             "watching NAME→COUNTERPART" goes to standard error when ready.
             """
     )
     @OptionGroup var location: LocationOptions
     @OptionGroup var names: SessionNames
     @Option(help: "The reply to each message, a JSON object.") var reply: String = "{}"
+    @Option(help: "Where received files go (by default a directory of the session's in the temporary directory).")
+    var into: String?
     @OptionGroup var limits: ListeningLimits
 
     func run() throws {
         let answer = try jsonObject(reply, what: "reply")
-        let session = try names.makeSession(location)
+        let session = try names.makeSession(location, receivingFilesInto: into)
         // Printing and counting in one place, in order: each line is out before the event counts.
         let output = DispatchQueue(label: "wormhole.session.watch")
         try limits.listen(ready: "watching \(names.name)→\(names.counterpart)") { tally in
             @Sendable func print(_ fields: [String: JSONValue], counts: Bool = true) {
                 Output.line(sessionLine(fields))
-                if counts { tally.add() }
+                guard counts else { return }
+                tally.add()
+                // Past --count, take nothing more: what comes next stays for the next command.
+                if tally.isReached { session.deactivate() }
             }
             let handlers: [SessionListener] = [
                 session.onApplicationContext(on: .queue(output)) { update in

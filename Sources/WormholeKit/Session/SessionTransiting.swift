@@ -9,7 +9,8 @@ public enum SessionTransitingType: String, Sendable, Hashable, CaseIterable {
     /// Messages must be JSON (the default coder).
     case sessionContext
     /// Each message is a session message: only while the counterpart is reachable; passing throws
-    /// ``WormholeError/Code/notReachable`` otherwise.
+    /// ``WormholeError/Code/notReachable`` otherwise (``WormholeError/Code/counterpartUnknown`` when it never
+    /// activated).
     case sessionMessage
     /// Each message is written to a file and sent as a session file transfer: queued, delivered once, in order.
     case sessionFile
@@ -60,6 +61,8 @@ final class SessionTransiting: Transiting, Notifier {
     private let nextID = Locked<UInt64>(0)
     private let generation = UInt64.random(in: 1...UInt64.max)
     private let listener = Locked<SessionListener?>(nil)
+    /// What was cleared since it was received: not read back from the received context.
+    private let cleared = Locked<(all: Bool, identifiers: Set<String>)>((false, []))
 
     static let identifierKey = "wormhole.identifier"
     static let payloadKey = "wormhole.payload"
@@ -86,13 +89,11 @@ final class SessionTransiting: Transiting, Notifier {
         case .sessionMessage:
             handle = session.onMessage(on: .notifierThread) { [weak self] message in
                 guard let self else { return }
+                // Another's message (the session's own sendMessage): left to the session's other handlers.
                 guard case .string(let identifier)? = message.message[Self.identifierKey],
                     case .string(let encoded)? = message.message[Self.payloadKey],
                     let payload = Data(base64Encoded: encoded)
-                else {
-                    message.fail("not a message of a session wormhole")
-                    return
-                }
+                else { return }
                 store(payload, identifier: identifier, sender: message.sender)
             }
         case .sessionFile:
@@ -125,6 +126,7 @@ final class SessionTransiting: Transiting, Notifier {
             )
             return
         }
+        cleared.withLock { _ = $0.identifiers.remove(identifier) }
         received.withLock { received in
             guard let payload else {
                 received[identifier] = nil
@@ -197,20 +199,39 @@ final class SessionTransiting: Transiting, Notifier {
 
     func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
-        return received.withLock { $0[identifier] }
+        if let envelope = received.withLock({ $0[identifier] }) { return envelope }
+        // After a relaunch, the context received before is still the newest: MMWormhole read it there too.
+        guard type == .sessionContext, !cleared.withLock({ $0.all || $0.identifiers.contains(identifier) }),
+            let value = try session.receivedApplicationContext[identifier]
+        else { return nil }
+        return Envelope(
+            sequence: 0,
+            generation: generation,
+            sender: session.counterpart,
+            timestampNanoseconds: 0,
+            payload: try WormholeSession.encode(value)
+        )
     }
 
     func deleteMessage(identifier: String) throws(WormholeError) {
         try MessageIdentifier.validate(identifier)
         _ = received.withLock { $0.removeValue(forKey: identifier) }
+        cleared.withLock { _ = $0.identifiers.insert(identifier) }
     }
 
+    /// Clears what this side received; what was sent stays in the counterpart's hands.
     func deleteAllMessages() throws(WormholeError) {
         received.withLock { $0 = [:] }
+        cleared.withLock { $0 = (true, []) }
     }
 
     func identifiers() throws(WormholeError) -> [String] {
-        received.withLock { $0.keys.sorted() }
+        var identifiers = Set(received.withLock { $0.keys })
+        if type == .sessionContext, !cleared.withLock({ $0.all }) {
+            let gone = cleared.withLock { $0.identifiers }
+            identifiers.formUnion(try session.receivedApplicationContext.keys.filter { !gone.contains($0) })
+        }
+        return identifiers.sorted()
     }
 
     // MARK: Notifier

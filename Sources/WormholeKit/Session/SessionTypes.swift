@@ -55,6 +55,25 @@ public final class SessionMessage: Sendable {
         self.request = request
     }
 
+    /// Creates a message whose answer goes to `answer`, once: to test a message handler of yours.
+    ///
+    /// - Parameters:
+    ///   - answer: Called with the reply as JSON bytes, or the failure's description; with a failure when the
+    ///     message is released unanswered.
+    public convenience init(
+        message: [String: JSONValue],
+        sender: String,
+        expectsReply: Bool,
+        answer: @escaping @Sendable (LiveAnswer) -> Void
+    ) {
+        self.init(
+            message: message,
+            sender: sender,
+            expectsReply: expectsReply,
+            request: LiveRequest(sender: sender, payload: Data(), answer: answer)
+        )
+    }
+
     /// Replies; later answers are ignored.
     public func reply(_ reply: [String: JSONValue]) {
         do {

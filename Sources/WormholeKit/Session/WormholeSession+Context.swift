@@ -29,9 +29,12 @@ extension WormholeSession {
     /// - Parameters:
     ///   - changes: The keys to set; a value of nil removes its key.
     func mergeApplicationContext(_ changes: [String: JSONValue?]) throws(WormholeError) {
-        var context = try applicationContext
-        for (key, value) in changes { context[key] = value }
-        try updateApplicationContext(context)
+        // Read, changed and written under one lock: two passes at once must not lose a key.
+        try merging.withLock { (_) throws(WormholeError) in
+            var context = try applicationContext
+            for (key, value) in changes { context[key] = value }
+            try updateApplicationContext(context)
+        }
     }
 
     /// The application context this side sent last (`applicationContext`); empty when none.
@@ -63,6 +66,8 @@ extension WormholeSession {
     /// Hands a new context to the handlers, with the keys changed since the last one received; on the session's
     /// receiving queue, in order.
     func receiveContext(_ envelope: Envelope) {
+        // With no handler, the context waits: recorded as received, it would never reach a handler registered later.
+        guard !contextHandlers.isEmpty else { return }
         do throws(WormholeError) {
             let record = try Self.decode(
                 SessionContextRecord.self,
@@ -93,7 +98,8 @@ extension WormholeSession {
     /// Calls `handler` with each application context received, with the keys that changed; only when `keys` (if
     /// given) holds one of them.
     ///
-    /// Register it before ``activate()`` to get the context sent while this side was away.
+    /// A context is received (and ``receivedApplicationContext`` changes) only while a handler is there: one that
+    /// comes while none is waits for the first, which gets it at once.
     public func onApplicationContext(
         keys: Set<String>? = nil,
         on execution: CallbackExecution = .serialQueue,
@@ -105,6 +111,8 @@ extension WormholeSession {
             filtered.changedKeys = update.changedKeys.intersection(keys)
             if !filtered.changedKeys.isEmpty { handler(filtered) }
         }
+        // A context that came while no handler was there is handed to this one.
+        if activationState == .activated { receiveCurrentContext() }
         return SessionListener { [contextHandlers] in contextHandlers.remove(id) }
     }
 
@@ -113,6 +121,18 @@ extension WormholeSession {
     public func applicationContexts(keys: Set<String>? = nil) -> ListeningSequence<SessionContextUpdate> {
         ListeningSequence { continuation in
             onApplicationContext(keys: keys, on: .notifierThread) { continuation.yield($0) }
+        }
+    }
+
+    /// Reads the counterpart's context now and hands it over if it is new, on the receiving queue.
+    func receiveCurrentContext() {
+        receiving.async { [weak self] in
+            guard let self else { return }
+            do throws(WormholeError) {
+                if let envelope = try wormhole.envelope(withIdentifier: incoming.context) { receiveContext(envelope) }
+            } catch {
+                report(error)
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ extension WormholeSession {
     /// - Throws: ``WormholeError/Code/notActivated`` (this side), ``WormholeError/Code/notReachable`` (the
     ///   counterpart is not activated now), ``WormholeError/Code/counterpartUnknown`` (it never activated),
     ///   ``WormholeError/Code/timedOut``, ``WormholeError/Code/remoteFailure`` (its handler failed, it has no message
-    ///   handler, or it ended before replying), ``WormholeError/Code/messageTooLarge`` (over 64 KiB).
+    ///   handler, or it ended before replying), ``WormholeError/Code/messageTooLarge`` (over 60 KiB encoded).
     @discardableResult
     public func sendMessage(
         _ message: [String: JSONValue],
@@ -40,19 +40,21 @@ extension WormholeSession {
     ///
     /// With no `replyHandler`, the counterpart does not reply, and `errorHandler` is called only on failure. With
     /// no `errorHandler` either, a failure is logged (or goes to ``onError(on:handler:)``'s handlers): it is never
-    /// dropped.
+    /// dropped. The handlers run where `execution` says; the waiting happens on a thread of its own.
     public func sendMessage(
         _ message: [String: JSONValue],
         replyHandler: (@Sendable ([String: JSONValue]) -> Void)?,
         errorHandler: (@Sendable (WormholeError) -> Void)?,
-        timeout: Duration = .seconds(10)
+        timeout: Duration = .seconds(10),
+        on execution: CallbackExecution = .serialQueue
     ) {
+        let schedule = execution.makeScheduler(label: "wormhole.session.\(name).reply")
         Thread { [self] in
             do throws(WormholeError) {
                 let reply = try sendMessageWaiting(message, expectsReply: replyHandler != nil, timeout: timeout)
-                replyHandler?(reply)
+                if let replyHandler { schedule { replyHandler(reply) } }
             } catch {
-                if let errorHandler { errorHandler(error) } else { report(error) }
+                if let errorHandler { schedule { errorHandler(error) } } else { report(error) }
             }
         }.start()
     }

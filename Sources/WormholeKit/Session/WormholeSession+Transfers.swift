@@ -37,6 +37,7 @@ extension WormholeSession {
             queuedNanoseconds: ProcessFacts.wallClockNanoseconds()
         )
         let outbox = try wormhole.suite(outgoing.userInfoOutbox)
+        var superseded: [String] = []
         // In the outbox first: the receiver delivers only what the outbox still holds, so an entry written after
         // the queue's record could be taken for a cancelled one.
         try outbox.update(direction: "queued") { values in
@@ -46,6 +47,7 @@ extension WormholeSession {
                         entry.state == .queued
                     {
                         values.removeValue(forKey: key)
+                        superseded.append(key)
                     }
                 }
             }
@@ -57,7 +59,10 @@ extension WormholeSession {
             try? outbox.update(direction: "cancelled") { values in values.removeValue(forKey: transfer.id) }
             throw error
         }
-        running.withLock { $0.sentUserInfo[transfer.id] = transfer }
+        running.withLock { running in
+            running.sentUserInfo[transfer.id] = transfer
+            for id in superseded { running.sentUserInfo[id] = nil }
+        }
         return transfer
     }
 
@@ -202,7 +207,8 @@ extension WormholeSession {
         return transfer
     }
 
-    /// The file transfers this side queued that the counterpart has not received yet (`outstandingFileTransfers`).
+    /// The file transfers this side queued that the counterpart has not received yet (`outstandingFileTransfers`),
+    /// ordered by id (the order they were queued in is not kept).
     public var outstandingFileTransfers: [FileTransfer] {
         get throws(WormholeError) {
             let pending = Set(try wormhole.transfers(outgoing.files).pendingTransferIDs())
@@ -280,6 +286,11 @@ extension WormholeSession {
     /// the next one.
     private func reportUnlessStopping(_ error: WormholeError) {
         if error.underlyingError is NoHandlerLeft { return }
+        if error.underlyingError is TransferCancelled {
+            // The sender cancelled it: its outbox entry went with it, and nobody waits for it.
+            logger.debug("session \(name)←\(counterpart): \(error.message)")
+            return
+        }
         report(error)
     }
 

@@ -21,7 +21,7 @@ import Logging
 /// - **Application context** (``updateApplicationContext(_:)``): the latest state, replacing the one before. The
 ///   counterpart receives it when it next activates, even if this process has exited; only the newest reaches it,
 ///   and its handlers hear which keys changed since the context it received before.
-/// - **Messages** (``sendMessage(_:timeout:)``): live, only while the counterpart is activated; exactly one of a
+/// - **Messages** (``sendMessage(_:expectsReply:timeout:)``): live, only while the counterpart is activated; exactly one of a
 ///   reply or an error.
 /// - **User info** (``transferUserInfo(_:)``): queued, delivered in order and once, across restarts of either side;
 ///   outstanding transfers can be listed and cancelled.
@@ -63,9 +63,14 @@ public final class WormholeSession: Sendable {
     let running = Locked(Running())
     /// Serialises what the session receives: context updates and reachability checks, in order.
     let receiving: DispatchQueue
+    /// Held while a context is read, changed and written by ``mergeApplicationContext(_:)``.
+    let merging = Locked(())
 
     struct Running {
         var state: SessionActivationState = .notActivated
+        /// Between `activate()`'s call and its return: the state is still `notActivated`, so that nothing is sent
+        /// before everything is set up, and a second `activate()` does nothing.
+        var starting = false
         var isReachable = false
         var listeners: [any WormholeCancellable] = []
         var userInfoConsumer: QueueConsumer?
@@ -149,14 +154,15 @@ public final class WormholeSession: Sendable {
     ///   ``WormholeError/Code/directoryUnavailable``…); the session stays not activated then.
     public func activate() throws(WormholeError) {
         let starting = running.withLock { (running) -> Bool in
-            guard running.state == .notActivated else { return false }
-            running.state = .activated
+            guard running.state == .notActivated, !running.starting else { return false }
+            running.starting = true
             return true
         }
         guard starting else { return }
         do throws(WormholeError) {
             try start()
         } catch {
+            running.withLock { $0.starting = false }
             stop(finalState: .notActivated, announce: false)
             throw error
         }
@@ -201,6 +207,10 @@ public final class WormholeSession: Sendable {
         let outboxes = try observeOutboxes()
         running.withLock { $0.listeners = [probe, responder, presence, contexts] + outboxes }
         try announce(.activated)
+        running.withLock { running in
+            running.starting = false
+            running.state = .activated
+        }
         try startConsumers()
         let timer = DispatchSource.makeTimerSource(queue: receiving)
         let interval = Self.reachabilityCheckInterval.components

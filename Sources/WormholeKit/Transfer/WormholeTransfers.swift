@@ -130,7 +130,8 @@ public final class WormholeTransfers: Sendable {
                     WormholeError(
                         .ioFailure,
                         "Transfer \(transfer.id) (\(transfer.name)) was cancelled before it was received.",
-                        identifier: identifier
+                        identifier: identifier,
+                        underlyingError: TransferCancelled()
                     ),
                     to: errorHandler
                 )
@@ -177,3 +178,7 @@ extension Wormhole {
         try WormholeTransfers(identifier: identifier, wormhole: self)
     }
 }
+
+/// The ``WormholeError/underlyingError`` of the report that a transfer was cancelled before it was received: what a
+/// receiver that expects cancellations (a session) passes over quietly.
+struct TransferCancelled: Error, Sendable {}

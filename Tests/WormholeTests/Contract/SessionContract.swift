@@ -99,6 +99,45 @@ struct SessionContract {
         }
     }
 
+    @Test(
+        "A context waits for a handler; a context wormhole reads it back after a relaunch",
+        arguments: [EngineKind.directory]
+    )
+    func contextWaitsForHandler(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let phone = try Self.session(fixture, "phone", "watch")
+            try phone.activate()
+            try phone.updateApplicationContext(["theme": "dark"])
+            let watch = try Self.session(fixture, "watch", "phone")
+            try watch.activate()
+            usleep(300_000)
+            #expect(try watch.receivedApplicationContext == [:], "nobody took it")
+            let updates = Collector<SessionContextUpdate>()
+            let handler = watch.onApplicationContext { updates.append($0) }
+            #expect(eventually { updates.count == 1 }, "the first handler gets it at once")
+            #expect(try watch.receivedApplicationContext == ["theme": "dark"])
+            handler.cancel()
+            watch.deactivate()
+
+            // Relaunched: the context wormhole reads the context received before, and can clear it.
+            let relaunched = try Self.session(fixture, "watch", "phone")
+            let wormhole = Wormhole(session: relaunched, transitingType: .sessionContext)
+            #expect(try wormhole.message(withIdentifier: "theme", as: String.self) == "dark")
+            #expect(try wormhole.identifiers() == ["theme"])
+            try wormhole.clearMessageContents(forIdentifier: "theme")
+            #expect(try wormhole.message(withIdentifier: "theme", as: String.self) == nil)
+
+            // A message wormhole on the phone leaves the session's own messages to their handler.
+            let phoneMessages = Wormhole(session: relaunched, transitingType: .sessionMessage)
+            let replier = relaunched.onMessage { $0.reply(["ok": true]) }
+            try relaunched.activate()
+            #expect(eventually { phone.isReachable })
+            #expect(try Self.send(phone, ["plain": 1]).get() == ["ok": true])
+            withExtendedLifetime((phoneMessages, replier)) {}
+        }
+    }
+
     @Test("Messages: a reply, or not reachable, counterpart unknown, not activated", arguments: EngineKind.allCases)
     func messages(kind: EngineKind) async throws {
         try await offThePool {
