@@ -58,6 +58,9 @@ public final class SessionMessage: Sendable {
     /// Creates a message whose answer goes to `answer`, once: to test a message handler of yours.
     ///
     /// - Parameters:
+    ///   - message: The message.
+    ///   - sender: The sender's name.
+    ///   - expectsReply: Whether a reply is expected.
     ///   - answer: Called with the reply as JSON bytes, or the failure's description; with a failure when the
     ///     message is released unanswered.
     public convenience init(

@@ -3,6 +3,7 @@ import GRDB
 import Synchronization
 import Testing
 import WormholeKit
+import WormholePostgres
 import WormholeStore
 import WormholeTesting
 
@@ -354,6 +355,213 @@ enum DocumentationExamples {
         }
     }
 
+    // MARK: - WormholeKit.docc/Sessions.md
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Overview".
+    static func sessionsOverview(wormhole: Wormhole) throws -> (WormholeSession, WormholeSession) {
+        // In the phone's process:
+        let phone = try WormholeSession(wormhole: wormhole, name: "phone", counterpart: "watch")
+
+        // In the watch's process, the same two names the other way round:
+        let watch = try WormholeSession(wormhole: wormhole, name: "watch", counterpart: "phone")
+        return (phone, watch)  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Activation".
+    static func sessionsActivation(wormhole: Wormhole) throws -> (WormholeSession, [SessionListener]) {
+        let watch = try WormholeSession(wormhole: wormhole, name: "watch", counterpart: "phone")
+
+        // Handlers first: what the phone sent while the watch was away is handed to them at activation.
+        let contexts = watch.onApplicationContext { update in
+            print("context", update.context, "changed", update.changedKeys)
+        }
+        let userInfo = watch.onUserInfo { transfer in
+            print("user info", transfer.userInfo)
+        }
+        let states = watch.onActivationStateChange { state in
+            print("the session is", state)
+        }
+        try watch.activate()
+        // Keep `contexts`, `userInfo` and `states`: releasing a SessionListener removes its handler.
+        return (watch, [contexts, userInfo, states])  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Application context".
+    static func sessionsApplicationContext(phone: WormholeSession, watch: WormholeSession) throws -> SessionListener {
+        // The phone:
+        try phone.updateApplicationContext(["face": "modular", "nextEvent": "standup at 9:10"])
+        print(try phone.applicationContext)  // what the phone sent last
+
+        // The watch:
+        let faces = watch.onApplicationContext(keys: ["face"]) { update in
+            print("the face is now", update.context["face"]?.stringValue ?? "none")
+        }
+        print(try watch.receivedApplicationContext)  // what the watch received last, activated or not
+        return faces  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Messages".
+    static func sessionsMessages(
+        phone: WormholeSession,
+        watch: WormholeSession
+    ) async -> (SessionListener, [String: JSONValue]?) {
+        var received: [String: JSONValue]? = nil  // (not in the docs)
+
+        // The watch answers, with a handler registered before activate():
+        let replier = watch.onMessage { message in
+            if message.expectsReply {
+                message.reply(["pong": message.message["ping"] ?? nil])
+            }
+        }
+
+        // The phone asks:
+        do {
+            let reply = try await phone.sendMessage(["ping": 1])
+            print(reply["pong"]?.intValue ?? 0)  // 1
+            received = reply  // (not in the docs)
+        } catch WormholeError.Code.notReachable {
+            // The watch's session is not activated now: a context, user info or a file would wait for it.
+        } catch WormholeError.Code.counterpartUnknown {
+            // The watch has never activated a session with the phone.
+        } catch {
+            print(error)  // notActivated, timedOut, remoteFailure, messageTooLarge
+        }
+        return (replier, received)  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Messages" (WatchConnectivity's form).
+    // Compile-only: its handlers run on the main queue, which the tests do not wait for.
+    static func sessionsSendMessageWithHandlers(phone: WormholeSession) {
+        phone.sendMessage(
+            ["ping": 1],
+            replyHandler: { reply in print("reply", reply) },
+            errorHandler: { error in print("failed:", error.code) },
+            on: .main  // where the handler runs; a serial queue of its own by default
+        )
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "User info".
+    static func sessionsUserInfo(
+        phone: WormholeSession,
+        watch: WormholeSession
+    ) throws -> (SessionListener, SessionListener) {
+        // The phone:
+        let transfer = try phone.transferUserInfo(["steps": 4200])
+        try phone.transferCurrentComplicationUserInfo(["heartRate": 72])  // replaces a current one not yet taken
+        for outstanding in try phone.outstandingUserInfoTransfers {
+            print(outstanding.id, outstanding.userInfo)
+        }
+        if try phone.cancelUserInfoTransfer(transfer) == false {
+            print("too late: the watch has taken it")
+        }
+        let finished = phone.onUserInfoTransferFinished { delivered in
+            print("the watch has", delivered.id)
+        }
+
+        // The watch:
+        let steps = watch.onUserInfo { transfer in
+            print(transfer.userInfo["steps"]?.intValue ?? 0, transfer.isCurrentComplicationInfo)
+        }
+        return (finished, steps)  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Files".
+    // Compile-only: it needs /tmp/workout.gpx.
+    static func sessionsFiles(phone: WormholeSession, watch: WormholeSession) throws -> SessionListener {
+        // The phone:
+        let transfer = try phone.transferFile("/tmp/workout.gpx", metadata: ["kind": "workout"]) { progress in
+            print(Int(progress.fraction * 100), "%")  // after each chunk copied
+        }
+        print(try phone.outstandingFileTransfers.map(\.id))
+        try phone.cancelFileTransfer(transfer)  // false when the watch has taken it already
+
+        // The watch:
+        let files = watch.onFile { file in
+            print(file.transfer.name, file.transfer.metadata, "at", file.path)
+        }
+        return files  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Reachability".
+    static func sessionsReachability(phone: WormholeSession) -> SessionListener {
+        let reachability = phone.onReachabilityChange(on: .main) { reachable in
+            print(reachable ? "the watch is there" : "the watch is away")
+        }
+        return reachability  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "As AsyncSequences".
+    // Compile-only: the loop answers messages until the sequence ends, and the task is not kept.
+    static func sessionsAsAsyncSequences(watch: WormholeSession) throws {
+        let messages = watch.messages()  // registered now, before activate()
+        try watch.activate()
+        Task {
+            for try await message in messages {
+                if message.expectsReply { message.reply(["seen": true]) }
+            }
+        }
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Errors".
+    static func sessionsErrors(watch: WormholeSession) -> SessionListener {
+        let errors = watch.onError { error in
+            print("session:", error)
+        }
+        return errors  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Across hosts".
+    // Compile-only: it needs a PostgreSQL server at db.example.com.
+    static func sessionsAcrossHosts() throws -> WormholeSession {
+        // "WormholePostgres" in your target's dependencies, beside "WormholeKit".
+        let engine = try PostgresEngine(url: "postgres://app@db.example.com/app", group: "group.com.example.app")
+        let wormhole = Wormhole(engine: engine, sender: "phone")
+        let phone = try WormholeSession(wormhole: wormhole, name: "phone", counterpart: "watch")
+        return phone  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "MMWormhole's form".
+    static func sessionsMMWormholeForm(
+        wormhole: Wormhole,
+        phone: WormholeSession
+    ) throws -> (WormholeSession, Wormhole, MessageListener, Wormhole) {
+        struct Tap: Codable, Sendable { var number: Int }
+
+        // The watch: listeners first, then activate(), as MMWormhole's activateSessionListening asked.
+        let session = try WormholeSession(wormhole: wormhole, name: "watch", counterpart: "phone")
+        let taps = Wormhole(session: session, transitingType: .sessionContext)
+        let listener = try taps.listenForMessage(withIdentifier: "button", as: Tap.self) { tap in
+            print("tapped", tap.number)
+        }
+        try session.activate()
+
+        // The phone, with its own session activated:
+        let phoneTaps = Wormhole(session: phone, transitingType: .sessionContext)
+        try phoneTaps.passMessageObject(Tap(number: 1), identifier: "button")
+        return (session, taps, listener, phoneTaps)  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/Sessions.md, "Testing".
+    static func sessionsTestingAMessageHandler() throws {
+        // The handler under test, as the app gives it to onMessage:
+        let answerPing: @Sendable (SessionMessage) -> Void = { message in
+            message.reply(["pong": message.message["ping"] ?? nil])
+        }
+
+        // In the test:
+        let answers = Mutex<[LiveAnswer]>([])
+        answerPing(
+            SessionMessage(message: ["ping": 1], sender: "phone", expectsReply: true) { answer in
+                answers.withLock { $0.append(answer) }
+            }
+        )
+        guard case .reply(let data)? = answers.withLock({ $0.first }) else {
+            Issue.record("no reply")
+            return
+        }
+        #expect(try JSONMessageCoder().decode([String: JSONValue].self, from: data) == ["pong": 1])
+    }
+
     // MARK: - WormholeKit.docc/MigratingFromMMWormhole.md
     // ("Creating a wormhole" opens with the example of GettingStarted.md's "Choose a directory", above.)
 
@@ -397,6 +605,20 @@ enum DocumentationExamples {
             print("tapped", tap.number)
         }  // keep `listener`: releasing it stops listening
         return listener  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/MigratingFromMMWormhole.md, "Sessions".
+    static func migratingSessions(wormhole: Wormhole) throws -> (WormholeSession, Wormhole, MessageListener) {
+        struct Tap: Codable, Sendable { var number: Int }
+
+        // The watch: listeners first, then activate(), as activateSessionListening asked.
+        let session = try WormholeSession(wormhole: wormhole, name: "watch", counterpart: "phone")
+        let taps = Wormhole(session: session, transitingType: .sessionContext)
+        let listener = try taps.listenForMessage(withIdentifier: "button", as: Tap.self) { tap in
+            print("tapped", tap.number)
+        }
+        try session.activate()
+        return (session, taps, listener)  // (not in the docs)
     }
 
     // MARK: - WormholeKit.docc/TestingYourCode.md
@@ -522,6 +744,21 @@ enum DocumentationExamples {
             // merge: reload the objects whose primary keys changed
             _ = transaction  // (not in the docs)
         }
+    }
+
+    // MARK: - README.md
+    // (Only the example of "Sessions" under "Delivery modes"; the README's other examples are not mirrored here.)
+
+    // README.md, "Delivery modes" (sessions).
+    // Compile-only: the watch must be activated to reply.
+    static func readmeSessions(wormhole: Wormhole) async throws -> (WormholeSession, [String: JSONValue]) {
+        // The watch makes its own session, with the two names swapped.
+        let phone = try WormholeSession(wormhole: wormhole, name: "phone", counterpart: "watch")
+        try phone.activate()  // after its handlers: onMessage, onUserInfo…
+        try phone.updateApplicationContext(["face": "modular"])  // the watch gets the newest, now or when it activates
+        try phone.transferUserInfo(["steps": 4200])  // queued: in order, once, across restarts
+        let reply = try await phone.sendMessage(["ping": 1])  // only while the watch is activated; else notReachable
+        return (phone, reply)  // (not in the docs)
     }
 
     // MARK: - Doc comments of WormholeKit
@@ -746,6 +983,31 @@ enum DocumentationExamples {
         return (transfer, receiver)  // (not in the docs)
     }
 
+    // Sources/WormholeKit/Session/WormholeSession.swift, `WormholeSession`.
+    // Compile-only: it needs /tmp/track.gpx, and the watch activated to reply.
+    static func wormholeSessionOverview(
+        wormhole: Wormhole
+    ) async throws -> (SessionListener, [String: JSONValue]) {
+        let session = try WormholeSession(wormhole: wormhole, name: "phone", counterpart: "watch")
+        let contexts = session.onApplicationContext { update in print(update.changedKeys) }  // before activate()
+        try session.activate()
+        try session.updateApplicationContext(["face": "modular"])  // the watch gets it when it next activates
+        let reply = try await session.sendMessage(["ping": 1])  // only while the watch is reachable
+        try session.transferUserInfo(["steps": 4200])  // queued; in order and once
+        try session.transferFile("/tmp/track.gpx", metadata: ["kind": "track"])
+        return (contexts, reply)  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/Session/SessionTransiting.swift, `Wormhole.init(session:transitingType:coder:)`.
+    static func wormholeInitSession(wormhole: Wormhole) throws -> (WormholeSession, Wormhole, MessageListener) {
+        let session = try WormholeSession(wormhole: wormhole, name: "phone", counterpart: "watch")
+        let phone = Wormhole(session: session, transitingType: .sessionContext)
+        let listener = try phone.listenForMessage(withIdentifier: "steps", as: Int.self) { print($0) }
+        try session.activate()  // after the listeners, as MMWormhole asks
+        try phone.passMessageObject(4200, identifier: "steps")  // errors are thrown, never dropped
+        return (session, phone, listener)  // (not in the docs)
+    }
+
     // MARK: - Doc comments of WormholeTesting
 
     // Sources/WormholeTesting/InMemoryEngine.swift, `InMemoryEngine`.
@@ -964,5 +1226,67 @@ struct DocumentationExamplesTests {
         try Examples.testingDecideWhenListenersRun()
         try Examples.testingMailboxesAlone()
         try Examples.testingDirectoryEngine()
+    }
+
+    @Test("The session examples run as written, a phone and a watch on one in-memory engine")
+    func sessionExamplesRun() async throws {
+        // The overview: two sessions, the names mirrored.
+        let (onePhone, oneWatch) = try Examples.sessionsOverview(wormhole: Wormhole(engine: InMemoryEngine()))
+        #expect(onePhone.name == "phone" && onePhone.counterpart == "watch")
+        #expect(oneWatch.name == "watch" && oneWatch.counterpart == "phone")
+
+        // A message handler tested alone: the example checks itself.
+        try Examples.sessionsTestingAMessageHandler()
+
+        // Activation: the watch, its handlers first; then the phone.
+        let engine = InMemoryEngine()
+        let watchWormhole = Wormhole(engine: engine, sender: "watch")
+        let (watch, watchHandlers) = try Examples.sessionsActivation(wormhole: watchWormhole)
+        #expect(watch.activationState == .activated)
+        let phone = try WormholeSession(
+            wormhole: Wormhole(engine: engine, sender: "phone"),
+            name: "phone",
+            counterpart: "watch"
+        )
+        try phone.activate()
+
+        // The application context reaches the watch, whose handlers are there.
+        let faces = try Examples.sessionsApplicationContext(phone: phone, watch: watch)
+        let context: [String: JSONValue] = ["face": "modular", "nextEvent": "standup at 9:10"]
+        #expect(try phone.applicationContext == context)
+        #expect(await waitUntil { (try? watch.receivedApplicationContext) == context })
+
+        // A message and its reply.
+        let (replier, reply) = await Examples.sessionsMessages(phone: phone, watch: watch)
+        #expect(reply == ["pong": 1])
+
+        // User info: whether the cancellation came in time or not, nothing stays outstanding.
+        let (finished, steps) = try Examples.sessionsUserInfo(phone: phone, watch: watch)
+        #expect(await waitUntil { (try? phone.outstandingUserInfoTransfers)?.isEmpty == true })
+
+        let reachability = Examples.sessionsReachability(phone: phone)
+        let errors = Examples.sessionsErrors(watch: watch)
+
+        // MMWormhole's form, with a watch session of its own (one session of a name at a time): the tap passed by
+        // the phone reaches the watch's mailbox.
+        watch.deactivate()
+        let (tapsSession, taps, tapListener, phoneTaps) = try Examples.sessionsMMWormholeForm(
+            wormhole: watchWormhole,
+            phone: phone
+        )
+        #expect(try phone.applicationContext["button"] == ["number": 1])
+        #expect(await waitUntil { (try? taps.message(withIdentifier: "button", as: Examples.Tap.self))?.number == 1 })
+
+        // Wormhole.init(session:transitingType:coder:)'s example: the pass is a key of the context sent.
+        let (stepsSession, stepsWormhole, stepsListener) = try Examples.wormholeInitSession(
+            wormhole: Wormhole(engine: InMemoryEngine(), sender: "phone")
+        )
+        #expect(try stepsSession.applicationContext == ["steps": 4200])
+
+        for listener in watchHandlers + [faces, replier, finished, steps, reachability, errors] { listener.cancel() }
+        tapListener.cancel()
+        stepsListener.cancel()
+        for session in [tapsSession, phone, stepsSession] { session.deactivate() }
+        withExtendedLifetime((phoneTaps, stepsWormhole)) {}
     }
 }
