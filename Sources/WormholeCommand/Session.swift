@@ -98,6 +98,10 @@ struct SessionSend: ParsableCommand {
     @Option(help: "Seconds to wait for the reply.") var timeout: Double = 10
     @Flag(help: "Ask for no reply: the counterpart's handlers only receive it.") var noReply = false
 
+    func validate() throws {
+        guard timeout > 0, timeout <= 86_400 else { throw ValidationError("--timeout must be between 0 and 86400.") }
+    }
+
     func run() throws {
         let message = try jsonObject(json, what: "message")
         let session = try names.makeSession(location)

@@ -98,6 +98,13 @@ public final class QueueConsumer: WormholeCancellable {
 
     deinit { cancel() }
 
+    /// Reads again from the stored position, as an append would make it: for an owner that left a batch
+    /// unacknowledged on purpose and is now ready for it.
+    func wakeUp() {
+        guard !isCancelled else { return }
+        wake()
+    }
+
     private func wake() {
         // Coalesce: one pass reads everything appended so far.
         guard !scheduled.exchange(true, ordering: .acquiringAndReleasing) else { return }
@@ -108,6 +115,8 @@ public final class QueueConsumer: WormholeCancellable {
     }
 
     private func deliverPending() {
+        // Cancelled: the cancel made its own last try of an owed acknowledgement.
+        guard !isCancelled else { return }
         cursor.withLock { cursor in
             deliveringThread.store(currentThreadID(), ordering: .releasing)
             defer { deliveringThread.store(0, ordering: .releasing) }
@@ -129,6 +138,9 @@ public final class QueueConsumer: WormholeCancellable {
                 }
             } catch {
                 reportError(error)
+                let owed = owedAcknowledgement.load(ordering: .acquiring)
+                // Acknowledged, then the read failed: nothing is owed any more.
+                if owed != 0, cursor.position >= owed { acknowledged(cursor) }
                 if owedAcknowledgement.load(ordering: .acquiring) != 0 { retryLater() }
             }
         }

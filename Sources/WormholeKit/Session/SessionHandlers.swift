@@ -7,6 +7,7 @@ import Foundation
 /// (as WatchConnectivity asks of its delegate) and the session starts taking events of a kind only once one is there.
 final class SessionHandlers<Value: Sendable>: Sendable {
     private struct Entry: Sendable {
+        let id: Int
         let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
         let runsInline: Bool
         let handler: @Sendable (Value) -> Void
@@ -24,6 +25,7 @@ final class SessionHandlers<Value: Sendable>: Sendable {
             return next
         }
         let entry = Entry(
+            id: id,
             schedule: execution.makeScheduler(label: "wormhole.session.\(label).\(id)"),
             runsInline: execution.runsOnNotifierThread,
             handler: handler
@@ -46,9 +48,15 @@ final class SessionHandlers<Value: Sendable>: Sendable {
     /// Hands `value` to every handler where it runs, without waiting.
     func deliver(_ value: Value) {
         for entry in entries.withLock({ $0.sorted { $0.key < $1.key }.map(\.value) }) {
-            entry.schedule { Self.run(entry.handler, value) }
+            entry.schedule { [self] in
+                // Removed since: a handler is not called after its listener was cancelled.
+                guard contains(entry.id) else { return }
+                Self.run(entry.handler, value)
+            }
         }
     }
+
+    private func contains(_ id: Int) -> Bool { entries.withLock { $0[id] != nil } }
 
     private static var markerKey: String { "wormhole.session.handler" }
 
@@ -76,8 +84,8 @@ final class SessionHandlers<Value: Sendable>: Sendable {
                 Self.run(entry.handler, value)
             } else {
                 group.enter()
-                entry.schedule {
-                    Self.run(entry.handler, value)
+                entry.schedule { [self] in
+                    if contains(entry.id) { Self.run(entry.handler, value) }
                     group.leave()
                 }
             }

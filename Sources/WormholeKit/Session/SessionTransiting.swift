@@ -60,6 +60,9 @@ final class SessionTransiting: Transiting, Notifier {
     private let observers = Locked<[String: [UInt64: @Sendable () -> Void]]>([:])
     private let nextID = Locked<UInt64>(0)
     private let generation = UInt64.random(in: 1...UInt64.max)
+    /// The sequence of the last message received: it only grows, so that a listener never takes a message sent
+    /// after a clear for one it has seen.
+    private let lastSequence = Locked<UInt64>(0)
     private let listener = Locked<SessionListener?>(nil)
     /// What was cleared since it was received: not read back from the received context.
     private let cleared = Locked<(all: Bool, identifiers: Set<String>)>((false, []))
@@ -132,7 +135,10 @@ final class SessionTransiting: Transiting, Notifier {
                 received[identifier] = nil
                 return
             }
-            let sequence = (received.values.map(\.sequence).max() ?? 0) + 1
+            let sequence = lastSequence.withLock { (last) -> UInt64 in
+                last += 1
+                return last
+            }
             received[identifier] = Envelope(
                 sequence: sequence,
                 generation: generation,

@@ -63,12 +63,16 @@ extension WormholeSession {
         )
     }
 
-    /// Hands a new context to the handlers, with the keys changed since the last one received; on the session's
-    /// receiving queue, in order.
-    func receiveContext(_ envelope: Envelope) {
+    /// Hands the counterpart's newest context to the handlers if it is new, with the keys changed since the last
+    /// one received; on the session's receiving queue, in order.
+    ///
+    /// The mailbox is read here rather than taken from the wake-up that asked for it: a wake-up handled late must
+    /// never hand over an older context after a newer one.
+    func receiveContext() {
         // With no handler, the context waits: recorded as received, it would never reach a handler registered later.
-        guard !contextHandlers.isEmpty else { return }
+        guard activationState == .activated, !contextHandlers.isEmpty else { return }
         do throws(WormholeError) {
+            guard let envelope = try wormhole.envelope(withIdentifier: incoming.context) else { return }
             let record = try Self.decode(
                 SessionContextRecord.self,
                 from: envelope.payload,
@@ -78,14 +82,13 @@ extension WormholeSession {
             guard previous?.id != record.id else { return }
             let changed = record.context.changedKeys(comparedTo: previous?.context ?? [:])
             if !changed.isEmpty {
-                contextHandlers.deliverAndWait(
-                    SessionContextUpdate(
-                        context: record.context,
-                        changedKeys: changed,
-                        sender: record.sender,
-                        date: Date(timeIntervalSince1970: Double(record.nanoseconds) / 1e9)
-                    )
+                let update = SessionContextUpdate(
+                    context: record.context,
+                    changedKeys: changed,
+                    sender: record.sender,
+                    date: Date(timeIntervalSince1970: Double(record.nanoseconds) / 1e9)
                 )
+                guard contextHandlers.deliverAndWait(update) else { return }
             }
             // Written after the handlers: a process killed in between gets this context again, never misses it.
             let received = SessionReceivedContext(id: record.id, context: record.context)
@@ -126,13 +129,6 @@ extension WormholeSession {
 
     /// Reads the counterpart's context now and hands it over if it is new, on the receiving queue.
     func receiveCurrentContext() {
-        receiving.async { [weak self] in
-            guard let self else { return }
-            do throws(WormholeError) {
-                if let envelope = try wormhole.envelope(withIdentifier: incoming.context) { receiveContext(envelope) }
-            } catch {
-                report(error)
-            }
-        }
+        receiving.async { [weak self] in self?.receiveContext() }
     }
 }

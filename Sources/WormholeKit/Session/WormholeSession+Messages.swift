@@ -115,6 +115,10 @@ extension WormholeSession {
     }
 
     private func receiveMessage(_ request: LiveRequest) {
+        guard activationState == .activated else {
+            request.fail("\(name) is not activated")
+            return
+        }
         let wire: SessionWireMessage
         do throws(WormholeError) {
             wire = try Self.decode(SessionWireMessage.self, from: request.payload, identifier: incoming.message)
@@ -136,9 +140,10 @@ extension WormholeSession {
         if wire.expectsReply {
             // Whoever keeps the message may reply later; once every reference is gone, an unanswered one fails.
             messageHandlers.deliver(message)
-        } else {
-            messageHandlers.deliverAndWait(message)
+        } else if messageHandlers.deliverAndWait(message) {
             message.reply([:])
+        } else {
+            message.fail("\(name) has no message handler")
         }
     }
 

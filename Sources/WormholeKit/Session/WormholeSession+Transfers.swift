@@ -56,7 +56,12 @@ extension WormholeSession {
         do throws(WormholeError) {
             try wormhole.queue(outgoing.userInfo).enqueueData(try Self.encode(transfer))
         } catch {
-            try? outbox.update(direction: "cancelled") { values in values.removeValue(forKey: transfer.id) }
+            do throws(WormholeError) {
+                try outbox.update(direction: "cancelled") { values in values.removeValue(forKey: transfer.id) }
+            } catch let cleanup {
+                // Listed as outstanding until removed; the counterpart never gets it, as it was never queued.
+                report(cleanup)
+            }
             throw error
         }
         running.withLock { running in
@@ -116,20 +121,48 @@ extension WormholeSession {
                 )
                 return
             }
-            // Claimed in the outbox before the handlers run: from then on it cannot be cancelled, and if this
-            // process dies before it is done, it comes again and is delivered.
-            var claimed = false
-            try outbox.update(direction: "delivering") { values in
-                guard var entry = values[transfer.id, as: SessionOutboxEntry.self] else { return }
+            if !running.withLock({ $0.handledUserInfo.contains(transfer.id) }) {
+                // Claimed in the outbox before the handlers run: from then on it cannot be cancelled, and if this
+                // process dies before it is done, it comes again and is delivered.
+                guard try claim(transfer.id, in: outbox) else { return }
+                guard userInfoHandlers.deliverAndWait(transfer) else { throw NoHandlerLeft() }
+                running.withLock { _ = $0.handledUserInfo.insert(transfer.id) }
+            }
+            // Handled: if this write fails, the transfer comes again and only this write is tried again.
+            do throws(WormholeError) {
+                try outbox.update(direction: "delivered") { values in values.removeValue(forKey: transfer.id) }
+            } catch {
+                retryConsumersLater()
+                throw error
+            }
+            running.withLock { _ = $0.handledUserInfo.remove(transfer.id) }
+        }
+    }
+
+    /// Marks a transfer of the counterpart's outbox as being delivered; false when it is not there (cancelled,
+    /// replaced by a newer current one, or delivered before a crash).
+    private func claim(_ id: String, in outbox: WormholeSuite) throws(WormholeError) -> Bool {
+        var claimed = false
+        do throws(WormholeError) {
+            try outbox.update(direction: "delivering") { (values) throws(WormholeError) in
+                guard values.json(forKey: id) != nil else { return }
+                guard var entry = values[id, as: SessionOutboxEntry.self] else {
+                    // There, but not in a form this build reads: neither delivered nor passed over.
+                    throw WormholeError(
+                        .unsupportedFormatVersion,
+                        "The outbox entry of user info transfer \(id) is not one this build reads; it stays queued.",
+                        identifier: incoming.userInfoOutbox
+                    )
+                }
                 entry.state = .delivering
-                try values.set(entry, forKey: transfer.id)
+                try values.set(entry, forKey: id)
                 claimed = true
             }
-            // Not in the outbox: cancelled, or replaced by a newer current one, or delivered before a crash.
-            guard claimed else { return }
-            guard userInfoHandlers.deliverAndWait(transfer) else { throw NoHandlerLeft() }
-            try outbox.update(direction: "delivered") { values in values.removeValue(forKey: transfer.id) }
+        } catch {
+            retryConsumersLater()
+            throw error
         }
+        return claimed
     }
 
     /// Calls `handler` with each user info transfer from the counterpart, in order, once each
@@ -144,9 +177,8 @@ extension WormholeSession {
     ) -> SessionListener {
         let id = userInfoHandlers.add(on: execution, handler)
         startConsumersReporting()
-        return SessionListener { [weak self, userInfoHandlers] in
-            if userInfoHandlers.remove(id) { self?.stopConsumersWithoutHandlers() }
-        }
+        // The consumer stays when the handler goes: with no handler, it leaves what comes for the next one.
+        return SessionListener { [userInfoHandlers] in userInfoHandlers.remove(id) }
     }
 
     /// The user info transfers received, as an `AsyncSequence`; see ``onUserInfo(on:handler:)``.
@@ -199,7 +231,14 @@ extension WormholeSession {
         )
         running.withLock { $0.sentFiles[transfer.id] = transfer }
         do throws(WormholeError) {
-            try wormhole.suite(outgoing.filesOutbox).set(transfer, forKey: transfer.id, direction: "queued")
+            let outbox = try wormhole.suite(outgoing.filesOutbox)
+            try outbox.set(transfer, forKey: transfer.id, direction: "queued")
+            // Received before its entry was written: the receiver found no entry to remove, so this side tidies up
+            // and tells its handlers.
+            if try !wormhole.transfers(outgoing.files).pendingTransferIDs().contains(transfer.id) {
+                try outbox.removeValue(forKey: transfer.id, direction: "delivered")
+                finishedFile(transfer.id)
+            }
         } catch {
             // Queued already: the counterpart gets it; only the list of outstanding transfers misses it.
             report(error)
@@ -223,8 +262,13 @@ extension WormholeSession {
     public func cancelFileTransfer(_ transfer: FileTransfer) throws(WormholeError) -> Bool {
         let cancelled = try wormhole.transfers(outgoing.files).cancel(transfer.id)
         if cancelled {
-            try wormhole.suite(outgoing.filesOutbox).removeValue(forKey: transfer.id, direction: "cancelled")
             _ = running.withLock { $0.sentFiles.removeValue(forKey: transfer.id) }
+            do throws(WormholeError) {
+                try wormhole.suite(outgoing.filesOutbox).removeValue(forKey: transfer.id, direction: "cancelled")
+            } catch {
+                // Cancelled all the same: the outstanding list leaves out what is no longer staged.
+                report(error)
+            }
         }
         return cancelled
     }
@@ -237,11 +281,20 @@ extension WormholeSession {
             into: receivedFilesDirectory,
             errorHandler: { [weak self] error in self?.reportUnlessStopping(error) }
         ) { [weak self] file in
-            guard let self, activationState == .activated, fileHandlers.deliverAndWait(file) else {
-                // Moved into the directory already: the next receiver finds it there and does not move it again.
-                throw NoHandlerLeft()
+            // Moved into the directory already: when it comes again, it is found there and not moved twice.
+            guard let self, activationState == .activated else { throw NoHandlerLeft() }
+            let id = file.transfer.id
+            if !running.withLock({ $0.handledFiles.contains(id) }) {
+                guard fileHandlers.deliverAndWait(file) else { throw NoHandlerLeft() }
+                running.withLock { _ = $0.handledFiles.insert(id) }
             }
-            try outbox.removeValue(forKey: file.transfer.id, direction: "delivered")
+            do throws(WormholeError) {
+                try outbox.removeValue(forKey: id, direction: "delivered")
+            } catch {
+                retryConsumersLater()
+                throw error
+            }
+            running.withLock { _ = $0.handledFiles.remove(id) }
         }
     }
 
@@ -257,9 +310,7 @@ extension WormholeSession {
     ) -> SessionListener {
         let id = fileHandlers.add(on: execution, handler)
         startConsumersReporting()
-        return SessionListener { [weak self, fileHandlers] in
-            if fileHandlers.remove(id) { self?.stopConsumersWithoutHandlers() }
-        }
+        return SessionListener { [fileHandlers] in fileHandlers.remove(id) }
     }
 
     /// The files received, as an `AsyncSequence`; see ``onFile(on:handler:)``. A file is acknowledged once it is
@@ -281,6 +332,13 @@ extension WormholeSession {
     }
 
     // MARK: Plumbing
+
+    /// Tells the "finished" handlers of a file sent from here, once.
+    private func finishedFile(_ id: String) {
+        if let transfer = running.withLock({ $0.sentFiles.removeValue(forKey: id) }) {
+            fileFinishedHandlers.deliver(transfer)
+        }
+    }
 
     /// Reports an error of a consumer, except the refusal of a consumer that is stopping, whose transfer stays for
     /// the next one.
@@ -324,10 +382,7 @@ extension WormholeSession {
         }
         let files = try filesOutbox.observe(includingOwnChanges: true, direction: "delivered") { [weak self] change in
             guard let self else { return }
-            let finished = running.withLock { running in
-                change.keys.sorted().compactMap { running.sentFiles.removeValue(forKey: $0) }
-            }
-            for transfer in finished { fileFinishedHandlers.deliver(transfer) }
+            for id in change.keys.sorted() { finishedFile(id) }
         }
         return [userInfo, files]
     }

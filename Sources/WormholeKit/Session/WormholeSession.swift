@@ -61,8 +61,12 @@ public final class WormholeSession: Sendable {
 
     /// What the session runs while activated, and its state; one lock, never held across a call to a handler.
     let running = Locked(Running())
-    /// Serialises what the session receives: context updates and reachability checks, in order.
+    /// Serialises what the session receives: contexts and messages, in order.
     let receiving: DispatchQueue
+    /// Serialises reachability: the probes (which may wait for a server) and the changes handed to the handlers.
+    let reachabilityQueue: DispatchQueue
+    /// Held while a consumer is made, so that two are never made for one kind.
+    let consumerCreation = Locked(())
     /// Held while a context is read, changed and written by ``mergeApplicationContext(_:)``.
     let merging = Locked(())
 
@@ -73,9 +77,18 @@ public final class WormholeSession: Sendable {
         var starting = false
         var isReachable = false
         var listeners: [any WormholeCancellable] = []
+        /// Made at the first activation with a handler of their kind, and kept until the session goes: stopping one
+        /// would wait for a delivery that may wait for the caller's queue, and a second one could deliver what the
+        /// first one is still handling. While the session is deactivated, or has no handler of their kind, they
+        /// leave each transfer unacknowledged (``NoHandlerLeft``), and are woken again at the next activation or
+        /// handler.
         var userInfoConsumer: QueueConsumer?
         var fileReceiver: QueueConsumer?
         var timer: (any DispatchSourceTimer)?
+        /// The ids of the transfers received whose handlers have run, in case the write that records it fails: the
+        /// transfer comes again, and only that write is tried again.
+        var handledUserInfo: Set<String> = []
+        var handledFiles: Set<String> = []
         /// The transfers this side sent and not yet known as delivered, by id: what "finished" handlers are told.
         var sentUserInfo: [String: SessionUserInfoTransfer] = [:]
         var sentFiles: [String: FileTransfer] = [:]
@@ -120,6 +133,7 @@ public final class WormholeSession: Sendable {
         self.incoming = SessionChannels(from: counterpart, to: name)
         self.logger = wormhole.logger
         self.receiving = DispatchQueue(label: "wormhole.session.\(name).receiving")
+        self.reachabilityQueue = DispatchQueue(label: "wormhole.session.\(name).reachability")
     }
 
     static func validate(name: String, role: String) throws(WormholeError) {
@@ -166,11 +180,15 @@ public final class WormholeSession: Sendable {
             stop(finalState: .notActivated, announce: false)
             throw error
         }
-        activationHandlers.deliver(.activated)
+        // A deactivate() that came in between has told its handlers already.
+        if activationState == .activated { activationHandlers.deliver(.activated) }
     }
 
     /// Stops the session: it takes nothing more, stops answering messages, and tells the counterpart it is not
     /// reachable. What the counterpart sends meanwhile (context, user info, files) waits for the next activation.
+    ///
+    /// It does not wait for a handler under way, which finishes (and its transfer is acknowledged): so it may be
+    /// called from a handler, or from the queue a handler runs on.
     public func deactivate() {
         let stopping = running.withLock { (running) -> Bool in
             guard running.state == .activated else { return false }
@@ -188,7 +206,7 @@ public final class WormholeSession: Sendable {
             running.timer?.cancel()
             return running.listeners + [running.userInfoConsumer, running.fileReceiver].compactMap { $0 }
         }
-        for listener in listeners { listener.cancel() }
+        cancelConsumers(listeners)
     }
 
     private func start() throws(WormholeError) {
@@ -200,25 +218,26 @@ public final class WormholeSession: Sendable {
         }
         let contexts = try wormhole.listenForEnvelopes(
             withIdentifier: incoming.context,
-            deliveringCurrentMessage: true,
             on: .queue(receiving),
             errorHandler: { [weak self] error in self?.report(error) }
-        ) { [weak self] envelope in self?.receiveContext(envelope) }
+        ) { [weak self] _ in self?.receiveContext() }
         let outboxes = try observeOutboxes()
-        running.withLock { $0.listeners = [probe, responder, presence, contexts] + outboxes }
         try announce(.activated)
-        running.withLock { running in
-            running.starting = false
-            running.state = .activated
-        }
-        try startConsumers()
-        let timer = DispatchSource.makeTimerSource(queue: receiving)
+        let timer = DispatchSource.makeTimerSource(queue: reachabilityQueue)
         let interval = Self.reachabilityCheckInterval.components
         let milliseconds = Int(interval.seconds * 1000 + interval.attoseconds / 1_000_000_000_000_000)
         timer.schedule(deadline: .now(), repeating: .milliseconds(milliseconds))
         timer.setEventHandler { [weak self] in self?.checkReachabilityNow() }
-        running.withLock { $0.timer = timer }
+        // Activated in one step with what stop() undoes, so that a deactivate() finds all of it.
+        running.withLock { running in
+            running.listeners = [probe, responder, presence, contexts] + outboxes
+            running.timer = timer
+            running.starting = false
+            running.state = .activated
+        }
         timer.resume()
+        try startConsumers()
+        receiveCurrentContext()
     }
 
     private func stop(finalState: SessionActivationState, announce: Bool) {
@@ -226,17 +245,13 @@ public final class WormholeSession: Sendable {
             (running) -> ([any WormholeCancellable], (any DispatchSourceTimer)?) in
             defer {
                 running.listeners = []
-                running.userInfoConsumer = nil
-                running.fileReceiver = nil
                 running.timer = nil
             }
-            return (
-                running.listeners + [running.userInfoConsumer, running.fileReceiver].compactMap { $0 },
-                running.timer
-            )
+            return (running.listeners, running.timer)
         }
         timer?.cancel()
-        cancelConsumers(listeners)
+        // None of these waits for a handler: the consumers, which would, are kept (see `Running`).
+        for listener in listeners { listener.cancel() }
         if announce {
             do throws(WormholeError) {
                 try self.announce(.notActivated)
@@ -249,7 +264,7 @@ public final class WormholeSession: Sendable {
             defer { running.isReachable = false }
             return running.isReachable
         }
-        if wasReachable { reachabilityHandlers.deliver(false) }
+        if wasReachable { reachabilityQueue.async { [reachabilityHandlers] in reachabilityHandlers.deliver(false) } }
     }
 
     /// Writes this side's presence, which wakes the counterpart's reachability check.
@@ -262,49 +277,37 @@ public final class WormholeSession: Sendable {
         _ = try wormhole.passMessageData(try Self.encode(presence), identifier: outgoing.presence)
     }
 
-    /// Starts the consumers of user info and files that have handlers, if the session is activated.
+    /// Makes the consumers of user info and files that have handlers, if the session is activated, and wakes
+    /// those made already: what waited for an activation or a handler is taken now.
     func startConsumers() throws(WormholeError) {
-        let (needsUserInfo, needsFiles) = running.withLock { running in
-            (
-                running.state == .activated && running.userInfoConsumer == nil && !userInfoHandlers.isEmpty,
-                running.state == .activated && running.fileReceiver == nil && !fileHandlers.isEmpty
-            )
-        }
-        if needsUserInfo {
-            let consumer = try consumeUserInfo()
-            let kept = running.withLock { (running) -> Bool in
-                guard running.state == .activated, running.userInfoConsumer == nil else { return false }
-                running.userInfoConsumer = consumer
-                return true
+        try consumerCreation.withLock { (_) throws(WormholeError) in
+            let (activated, userInfo, files) = running.withLock {
+                ($0.state == .activated, $0.userInfoConsumer, $0.fileReceiver)
             }
-            if !kept { consumer.cancel() }
-        }
-        if needsFiles {
-            let receiver = try receiveFiles()
-            let kept = running.withLock { (running) -> Bool in
-                guard running.state == .activated, running.fileReceiver == nil else { return false }
-                running.fileReceiver = receiver
-                return true
+            guard activated else { return }
+            if let userInfo {
+                userInfo.wakeUp()
+            } else if !userInfoHandlers.isEmpty {
+                let consumer = try consumeUserInfo()
+                running.withLock { $0.userInfoConsumer = consumer }
             }
-            if !kept { receiver.cancel() }
+            if let files {
+                files.wakeUp()
+            } else if !fileHandlers.isEmpty {
+                let receiver = try receiveFiles()
+                running.withLock { $0.fileReceiver = receiver }
+            }
         }
     }
 
-    /// Stops a consumer whose last handler went, so that what comes next waits for a handler.
-    func stopConsumersWithoutHandlers() {
-        let stopped = running.withLock { (running) -> [QueueConsumer] in
-            var stopped: [QueueConsumer] = []
-            if userInfoHandlers.isEmpty, let consumer = running.userInfoConsumer {
-                stopped.append(consumer)
-                running.userInfoConsumer = nil
-            }
-            if fileHandlers.isEmpty, let receiver = running.fileReceiver {
-                stopped.append(receiver)
-                running.fileReceiver = nil
-            }
-            return stopped
+    /// Wakes the consumers again after a while: a transfer left unacknowledged because a write failed is tried
+    /// again even when nothing new comes.
+    func retryConsumersLater() {
+        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(1)) { [weak self] in
+            guard let self else { return }
+            let consumers = running.withLock { [$0.userInfoConsumer, $0.fileReceiver].compactMap { $0 } }
+            for consumer in consumers { consumer.wakeUp() }
         }
-        cancelConsumers(stopped)
     }
 
     func requireActivated(_ action: String) throws(WormholeError) {
@@ -319,9 +322,9 @@ public final class WormholeSession: Sendable {
 
     // MARK: Reachability
 
-    /// Checks whether the counterpart is reachable, on the session's queue.
+    /// Checks whether the counterpart is reachable, on the reachability queue.
     func checkReachability() {
-        receiving.async { [weak self] in self?.checkReachabilityNow() }
+        reachabilityQueue.async { [weak self] in self?.checkReachabilityNow() }
     }
 
     private func checkReachabilityNow() {
@@ -335,10 +338,17 @@ public final class WormholeSession: Sendable {
             report(error)
             reachable = false
         }
-        setReachable(reachable)
+        updateReachable(reachable)
     }
 
+    /// Records what a message's outcome says of reachability; the handlers hear it in order, from the reachability
+    /// queue.
     func setReachable(_ reachable: Bool) {
+        reachabilityQueue.async { [weak self] in self?.updateReachable(reachable) }
+    }
+
+    /// On the reachability queue: changes are decided and handed over in one order.
+    private func updateReachable(_ reachable: Bool) {
         let changed = running.withLock { (running) -> Bool in
             guard running.state == .activated, running.isReachable != reachable else { return false }
             running.isReachable = reachable

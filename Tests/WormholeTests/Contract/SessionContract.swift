@@ -17,7 +17,8 @@ struct SessionContract {
         )
     }
 
-    /// Sends through the callback form and waits for exactly one of its handlers.
+    /// Sends through the callback form and waits for exactly one of its handlers; without a reply, through the
+    /// async form, which returns once the counterpart's handlers have all returned.
     static func send(
         _ session: WormholeSession,
         _ message: [String: JSONValue],
@@ -25,22 +26,25 @@ struct SessionContract {
     ) -> Result<[String: JSONValue], WormholeError> {
         let outcome = Collector<Result<[String: JSONValue], WormholeError>>()
         let done = DispatchSemaphore(value: 0)
-        var replyHandler: (@Sendable ([String: JSONValue]) -> Void)? = nil
-        if expectsReply {
-            replyHandler = { (reply: [String: JSONValue]) -> Void in
+        if !expectsReply {
+            Task {
+                do throws(WormholeError) {
+                    outcome.append(.success(try await session.sendMessage(message, expectsReply: false)))
+                } catch {
+                    outcome.append(.failure(error))
+                }
+                done.signal()
+            }
+        } else {
+            let replyHandler: @Sendable ([String: JSONValue]) -> Void = { (reply: [String: JSONValue]) -> Void in
                 outcome.append(.success(reply))
                 done.signal()
             }
-        }
-        let errorHandler: @Sendable (WormholeError) -> Void = { (error: WormholeError) -> Void in
-            outcome.append(.failure(error))
-            done.signal()
-        }
-        session.sendMessage(message, replyHandler: replyHandler, errorHandler: errorHandler, timeout: .seconds(10))
-        if !expectsReply {
-            // No reply handler: success is silence; give a failure time to come.
-            _ = done.wait(timeout: .now() + 2)
-            return outcome.values.first ?? .success([:])
+            let errorHandler: @Sendable (WormholeError) -> Void = { (error: WormholeError) -> Void in
+                outcome.append(.failure(error))
+                done.signal()
+            }
+            session.sendMessage(message, replyHandler: replyHandler, errorHandler: errorHandler, timeout: .seconds(10))
         }
         _ = done.wait(timeout: .now() + 20)
         return outcome.values.first ?? .failure(WormholeError(.timedOut, "no handler was called"))
@@ -128,13 +132,23 @@ struct SessionContract {
             try wormhole.clearMessageContents(forIdentifier: "theme")
             #expect(try wormhole.message(withIdentifier: "theme", as: String.self) == nil)
 
-            // A message wormhole on the phone leaves the session's own messages to their handler.
+            // A message wormhole on the relaunched watch leaves the session's own messages to their handler.
             let phoneMessages = Wormhole(session: relaunched, transitingType: .sessionMessage)
             let replier = relaunched.onMessage { $0.reply(["ok": true]) }
             try relaunched.activate()
             #expect(eventually { phone.isReachable })
             #expect(try Self.send(phone, ["plain": 1]).get() == ["ok": true])
-            withExtendedLifetime((phoneMessages, replier)) {}
+
+            // Cleared, then sent again: the listener hears it (sequences only grow).
+            let themes = Collector<String>()
+            let listener = try wormhole.listenForMessage(withIdentifier: "theme", as: String.self) { themes.append($0) }
+            let phoneContext = Wormhole(session: phone, transitingType: .sessionContext)
+            try phoneContext.passMessageObject("light", identifier: "theme")
+            #expect(eventually { themes.values == ["light"] })
+            try wormhole.clearMessageContents(forIdentifier: "theme")
+            try phoneContext.passMessageObject("dark", identifier: "theme")
+            #expect(eventually { themes.values == ["light", "dark"] })
+            withExtendedLifetime((phoneMessages, replier, listener)) {}
         }
     }
 
@@ -261,6 +275,75 @@ struct SessionContract {
             #expect(eventually { received.count == 3 })
             usleep(200_000)
             #expect(received.values == [1, 2, 3])
+            withExtendedLifetime(handler) {}
+        }
+    }
+
+    @Test("Deactivated at once and activated again: each user info once", arguments: [EngineKind.directory, .inMemory])
+    func reactivateAtOnce(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let phone = try Self.session(fixture, "phone", "watch")
+            try phone.activate()
+            for number in 1...20 { try phone.transferUserInfo(["n": .integer(Int64(number))]) }
+            let watch = try Self.session(fixture, "watch", "phone")
+            let received = Collector<Int>()
+            // Two handlers registered from two threads at once: one consumer all the same.
+            let group = DispatchGroup()
+            let handlers = Locked<[SessionListener]>([])
+            for _ in 0..<2 {
+                DispatchQueue.global().async(group: group) {
+                    let handler = watch.onUserInfo(on: .notifierThread) { transfer in
+                        if let number = transfer.userInfo["n"]?.intValue { received.append(number) }
+                    }
+                    handlers.withLock { $0.append(handler) }
+                }
+            }
+            group.wait()
+            for _ in 0..<5 {
+                try watch.activate()
+                watch.deactivate()
+            }
+            try watch.activate()
+            #expect(eventually { Set(received.values).count == 20 })
+            usleep(200_000)
+            let numbers = received.values
+            // Two handlers: each transfer twice, once to each, in order; never a third time.
+            #expect(numbers.count == 40, "\(numbers)")
+            #expect(Dictionary(grouping: numbers, by: { $0 }).values.allSatisfy { $0.count == 2 })
+            withExtendedLifetime(handlers) {}
+        }
+    }
+
+    @Test("Deactivating while a handler waits for its queue does not wait for it", arguments: [EngineKind.directory])
+    func deactivateWhileHandlerWaits(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let phone = try Self.session(fixture, "phone", "watch")
+            try phone.activate()
+            let watch = try Self.session(fixture, "watch", "phone")
+            // The handler's queue is busy (as the main queue of an app may be) while the transfer comes.
+            let busy = DispatchQueue(label: "busy")
+            let release = DispatchSemaphore(value: 0)
+            busy.async { release.wait() }
+            let received = Collector<Int>()
+            let handler = watch.onUserInfo(on: .queue(busy)) { transfer in
+                received.append(transfer.userInfo["n"]?.intValue ?? -1)
+            }
+            try watch.activate()
+            try phone.transferUserInfo(["n": 1])
+            usleep(300_000)
+            let returned = DispatchSemaphore(value: 0)
+            DispatchQueue.global().async {
+                watch.deactivate()
+                returned.signal()
+            }
+            #expect(returned.wait(timeout: .now() + 5) == .success, "deactivate() returned without the busy queue")
+            release.signal()
+            #expect(eventually { received.values == [1] }, "the delivery under way finishes")
+            try watch.activate()
+            usleep(300_000)
+            #expect(received.values == [1], "and is not delivered again")
             withExtendedLifetime(handler) {}
         }
     }
