@@ -37,16 +37,23 @@ final class LiveEndpoint: Sendable {
         case .failure(let errno):
             throw WormholeError.fileSystem(errno, "create a socket", identifier: identifier, path: nil)
         }
-        guard let address = UnixSocketAddress(directory: directory, name: name) else {
+        // Bound and listening under a name no sender looks for, then renamed into place: a sender that found the
+        // socket bound but not yet listening would take it for a dead one and remove it.
+        let staging = ".b." + name
+        guard let address = UnixSocketAddress(directory: directory, name: staging) else {
             socket.close()
             throw WormholeError(.ioFailure, "The socket address is too long.", identifier: identifier)
         }
         let listened = socket.bind(to: address)
-            .flatMap { directory.setMode(ofEntry: name, to: directory.filePermissions) }
+            .flatMap { directory.setMode(ofEntry: staging, to: directory.filePermissions) }
             .flatMap { socket.listen(backlog: 128) }
+            .flatMap { () -> Result<Void, Errno> in
+                if let group = directory.group { _ = directory.setGroup(ofEntry: staging, to: group) }
+                return directory.moveEntry(staging, to: directory, as: name)
+            }
         if case .failure(let errno) = listened {
             socket.close()
-            _ = directory.removeFile(named: name)
+            _ = directory.removeFile(named: staging)
             throw WormholeError.fileSystem(
                 errno,
                 "listen on a socket",
@@ -54,7 +61,6 @@ final class LiveEndpoint: Sendable {
                 path: directory.filePath(name)
             )
         }
-        if let group = directory.group { _ = directory.setGroup(ofEntry: name, to: group) }
         let wake: WakeUpSignal
         do throws(Errno) {
             wake = try WakeUpSignal()

@@ -71,27 +71,34 @@ final class SessionHandlers<Value: Sendable>: Sendable {
     }
 
     /// Hands `value` to every handler and returns when all have returned: what is acknowledged afterwards (a user
-    /// info transfer, a file) has been handled. Returns false when there was no handler.
+    /// info transfer, a file) has been handled. Returns false when no handler ran (none was there, or every one was
+    /// removed before its turn): then nothing may be acknowledged.
     ///
     /// Called on a session's own queue, never on Swift's cooperative pool.
     @discardableResult
     func deliverAndWait(_ value: Value) -> Bool {
         let current = entries.withLock { $0.sorted { $0.key < $1.key }.map(\.value) }
         guard !current.isEmpty else { return false }
+        let ran = Locked(0)
         let group = DispatchGroup()
         for entry in current {
             if entry.runsInline {
+                guard contains(entry.id) else { continue }
                 Self.run(entry.handler, value)
+                ran.withLock { $0 += 1 }
             } else {
                 group.enter()
                 entry.schedule { [self] in
-                    if contains(entry.id) { Self.run(entry.handler, value) }
+                    if contains(entry.id) {
+                        Self.run(entry.handler, value)
+                        ran.withLock { $0 += 1 }
+                    }
                     group.leave()
                 }
             }
         }
         group.wait()
-        return true
+        return ran.withLock { $0 } > 0
     }
 }
 

@@ -121,21 +121,23 @@ extension WormholeSession {
                 )
                 return
             }
-            if !running.withLock({ $0.handledUserInfo.contains(transfer.id) }) {
-                // Claimed in the outbox before the handlers run: from then on it cannot be cancelled, and if this
-                // process dies before it is done, it comes again and is delivered.
-                guard try claim(transfer.id, in: outbox) else { return }
-                guard userInfoHandlers.deliverAndWait(transfer) else { throw NoHandlerLeft() }
-                running.withLock { _ = $0.handledUserInfo.insert(transfer.id) }
+            try exclusively(incoming.userInfo, transfer.id) { () throws(WormholeError) in
+                if !running.withLock({ $0.handledUserInfo.contains(transfer.id) }) {
+                    // Claimed in the outbox before the handlers run: from then on it cannot be cancelled, and if this
+                    // process dies before it is done, it comes again and is delivered.
+                    guard try claim(transfer.id, in: outbox) else { return }
+                    guard userInfoHandlers.deliverAndWait(transfer) else { throw .noHandlerLeft }
+                    running.withLock { _ = $0.handledUserInfo.insert(transfer.id) }
+                }
+                // Handled: if this write fails, the transfer comes again and only this write is tried again.
+                do throws(WormholeError) {
+                    try outbox.update(direction: "delivered") { values in values.removeValue(forKey: transfer.id) }
+                } catch {
+                    retryConsumersLater()
+                    throw error
+                }
+                running.withLock { _ = $0.handledUserInfo.remove(transfer.id) }
             }
-            // Handled: if this write fails, the transfer comes again and only this write is tried again.
-            do throws(WormholeError) {
-                try outbox.update(direction: "delivered") { values in values.removeValue(forKey: transfer.id) }
-            } catch {
-                retryConsumersLater()
-                throw error
-            }
-            running.withLock { _ = $0.handledUserInfo.remove(transfer.id) }
         }
     }
 
@@ -284,17 +286,19 @@ extension WormholeSession {
             // Moved into the directory already: when it comes again, it is found there and not moved twice.
             guard let self, activationState == .activated else { throw NoHandlerLeft() }
             let id = file.transfer.id
-            if !running.withLock({ $0.handledFiles.contains(id) }) {
-                guard fileHandlers.deliverAndWait(file) else { throw NoHandlerLeft() }
-                running.withLock { _ = $0.handledFiles.insert(id) }
+            try exclusively(incoming.files, id) { () throws(WormholeError) in
+                if !running.withLock({ $0.handledFiles.contains(id) }) {
+                    guard fileHandlers.deliverAndWait(file) else { throw .noHandlerLeft }
+                    running.withLock { _ = $0.handledFiles.insert(id) }
+                }
+                do throws(WormholeError) {
+                    try outbox.removeValue(forKey: id, direction: "delivered")
+                } catch {
+                    retryConsumersLater()
+                    throw error
+                }
+                running.withLock { _ = $0.handledFiles.remove(id) }
             }
-            do throws(WormholeError) {
-                try outbox.removeValue(forKey: id, direction: "delivered")
-            } catch {
-                retryConsumersLater()
-                throw error
-            }
-            running.withLock { _ = $0.handledFiles.remove(id) }
         }
     }
 
@@ -344,6 +348,7 @@ extension WormholeSession {
     /// the next one.
     private func reportUnlessStopping(_ error: WormholeError) {
         if error.underlyingError is NoHandlerLeft { return }
+        if let inner = error.underlyingError as? WormholeError, inner.underlyingError is NoHandlerLeft { return }
         if error.underlyingError is TransferCancelled {
             // The sender cancelled it: its outbox entry went with it, and nobody waits for it.
             logger.debug("session \(name)←\(counterpart): \(error.message)")
@@ -391,3 +396,14 @@ extension WormholeSession {
 /// What a session's consumer throws when the session stopped, or its last handler went, while a transfer came: the
 /// transfer stays unacknowledged, for the next activation or handler.
 struct NoHandlerLeft: Error, Sendable {}
+
+extension WormholeError {
+    /// ``NoHandlerLeft`` where a `WormholeError` is thrown.
+    static var noHandlerLeft: WormholeError {
+        WormholeError(
+            .handlerFailed,
+            "No handler took the transfer; it stays queued.",
+            underlyingError: NoHandlerLeft()
+        )
+    }
+}

@@ -67,6 +67,25 @@ public final class WormholeSession: Sendable {
     let reachabilityQueue: DispatchQueue
     /// Held while a consumer is made, so that two are never made for one kind.
     let consumerCreation = Locked(())
+    /// The transfers being handed over in this process, by channel and id: a session made again under the same name
+    /// (an app that makes its session anew) must not hand over what the one before it is still handing over.
+    static let deliveriesUnderWay = Locked<Set<String>>([])
+
+    /// Runs `body` as the only delivery of `id` on `channel` in this process; throws ``NoHandlerLeft`` (the transfer
+    /// stays unacknowledged, and is tried again in a second) when another is under way.
+    func exclusively<Result>(
+        _ channel: String,
+        _ id: String,
+        _ body: () throws(WormholeError) -> Result
+    ) throws -> Result {
+        let key = channel + "/" + id
+        guard Self.deliveriesUnderWay.withLock({ $0.insert(key).inserted }) else {
+            retryConsumersLater()
+            throw NoHandlerLeft()
+        }
+        defer { _ = Self.deliveriesUnderWay.withLock { $0.remove(key) } }
+        return try body()
+    }
     /// Held while a context is read, changed and written by ``mergeApplicationContext(_:)``.
     let merging = Locked(())
 
