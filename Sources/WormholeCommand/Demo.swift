@@ -69,6 +69,26 @@ struct Demo: ParsableCommand {
         var label: String = ""
     }
 
+    /// Starts this tool as a child process with `arguments`, placed as given (behind its launcher, with its
+    /// variables).
+    static func child(
+        _ arguments: [String],
+        _ placement: Placement,
+        readyLine: String? = nil,
+        onError: (@Sendable (String) -> Void)? = nil,
+        onLine: @escaping @Sendable (String) -> Void
+    ) throws -> ChildProcess {
+        try ChildProcess(
+            executable: placement.launcher.first ?? ChildProcess.executablePath,
+            arguments: placement.launcher.isEmpty
+                ? arguments : Array(placement.launcher.dropFirst()) + [ChildProcess.executablePath] + arguments,
+            environment: placement.environment,
+            readyLine: readyLine,
+            onErrorLine: onError,
+            onLine: onLine
+        )
+    }
+
     /// Runs the widget, then the app, then the late reader, each in its own process (placed as given), and prints
     /// what they say and the round trips measured.
     static func runProcesses(
@@ -78,21 +98,6 @@ struct Demo: ParsableCommand {
         appPlacement: Placement = Placement(),
         readerPlacement: Placement = Placement()
     ) throws {
-        func child(
-            _ arguments: [String],
-            _ placement: Placement,
-            readyLine: String? = nil,
-            onLine: @escaping @Sendable (String) -> Void
-        ) throws -> ChildProcess {
-            try ChildProcess(
-                executable: placement.launcher.first ?? ChildProcess.executablePath,
-                arguments: placement.launcher.isEmpty
-                    ? arguments : Array(placement.launcher.dropFirst()) + [ChildProcess.executablePath] + arguments,
-                environment: placement.environment,
-                readyLine: readyLine,
-                onLine: onLine
-            )
-        }
         let latencies = Locked<[Double]>([])
         let widgetLabel = "  [widget\(widgetPlacement.label)] "
         let widget = try child(

@@ -89,7 +89,7 @@ struct DemoSession: ParsableCommand {
         /// Runs one phone command to its end; returns its status and the lines it printed.
         func phoneRuns(_ arguments: [String], echo: Bool = true) throws -> (Int32, [String]) {
             let lines = Collected()
-            let process = try child(arguments + phoneNames, phone, onError: { lines.add("error: " + $0) }) {
+            let process = try Demo.child(arguments + phoneNames, phone, onError: { lines.add("error: " + $0) }) {
                 lines.add($0)
                 if echo { Output.line(phoneLabel + $0) }
             }
@@ -123,7 +123,7 @@ struct DemoSession: ParsableCommand {
         Output.line("The watch activates: the newest context comes at once, then the user info and the file.")
         let events = Collected()
         let ready = DispatchSemaphore(value: 0)
-        let watchProcess = try child(
+        let watchProcess = try Demo.child(
             ["session", "watch", "--reply", "{\"pong\":\"from the watch\"}"] + watchNames,
             watch,
             onError: { line in
@@ -180,22 +180,6 @@ struct DemoSession: ParsableCommand {
         case "reachable": return "the phone is \(event["reachable"]?.boolValue == true ? "" : "not ")reachable"
         default: return line
         }
-    }
-
-    private static func child(
-        _ arguments: [String],
-        _ placement: Demo.Placement,
-        onError: @escaping @Sendable (String) -> Void,
-        onLine: @escaping @Sendable (String) -> Void
-    ) throws -> ChildProcess {
-        try ChildProcess(
-            executable: placement.launcher.first ?? ChildProcess.executablePath,
-            arguments: placement.launcher.isEmpty
-                ? arguments : Array(placement.launcher.dropFirst()) + [ChildProcess.executablePath] + arguments,
-            environment: placement.environment,
-            onErrorLine: onError,
-            onLine: onLine
-        )
     }
 }
 

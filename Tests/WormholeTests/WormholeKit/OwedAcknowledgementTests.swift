@@ -72,48 +72,55 @@ final class FailingAcknowledgementEngine: WormholeEngine {
 
 @Suite("A failed acknowledgement is retried, not redelivered", .limit(minutes: 3))
 struct OwedAcknowledgementTests {
+    /// A queue whose consumer `worker` fails its first `failures` acknowledgements, and what it handled and reported.
+    struct Fixture {
+        let queue: WormholeQueue
+        let consumer: QueueConsumer
+        let handled = Collector<Int>()
+        let errors = Collector<WormholeError>()
+
+        init(failures: Int) throws {
+            let wormhole = Wormhole(engine: FailingAcknowledgementEngine(failures: failures), sender: "test")
+            queue = try wormhole.queue("jobs")
+            let (handled, errors) = (handled, errors)
+            consumer = try queue.consume(consumer: "worker", as: Int.self, errorHandler: { errors.append($0) }) {
+                handled.append($0.value)
+            }
+        }
+    }
+
     @Test("Three failed acknowledgements: every message handled once, in order, and the position stored")
     func retried() async throws {
         try await offThePool {
-            let engine = FailingAcknowledgementEngine(failures: 3)
-            let wormhole = Wormhole(engine: engine, sender: "test")
-            let queue = try wormhole.queue("jobs")
-            let handled = Collector<Int>()
-            let errors = Collector<WormholeError>()
-            let consumer = try queue.consume(consumer: "worker", as: Int.self, errorHandler: { errors.append($0) }) {
-                handled.append($0.value)
-            }
-            for number in 1...5 { try queue.enqueue(number) }
-            #expect(eventually { handled.count == 5 && consumer.position == (try? queue.status().endOffset) })
+            let fixture = try Fixture(failures: 3)
+            for number in 1...5 { try fixture.queue.enqueue(number) }
+            #expect(
+                eventually {
+                    fixture.handled.count == 5 && fixture.consumer.position == (try? fixture.queue.status().endOffset)
+                }
+            )
             usleep(300_000)
-            #expect(handled.values == [1, 2, 3, 4, 5], "a handled message is never handed over again")
-            #expect(errors.count == 3, "each failure is reported")
-            #expect(errors.values.allSatisfy { $0.code == .serverUnavailable })
-            consumer.cancel()
+            #expect(fixture.handled.values == [1, 2, 3, 4, 5], "a handled message is never handed over again")
+            #expect(fixture.errors.count == 3, "each failure is reported")
+            #expect(fixture.errors.values.allSatisfy { $0.code == .serverUnavailable })
+            fixture.consumer.cancel()
         }
     }
 
     @Test("A consumer cancelled with an acknowledgement owed stores it on the way out")
     func storedAtCancel() async throws {
         try await offThePool {
-            let engine = FailingAcknowledgementEngine(failures: 1)
-            let wormhole = Wormhole(engine: engine, sender: "test")
-            let queue = try wormhole.queue("jobs")
-            let handled = Collector<Int>()
-            let errors = Collector<WormholeError>()
-            let consumer = try queue.consume(consumer: "worker", as: Int.self, errorHandler: { errors.append($0) }) {
-                handled.append($0.value)
-            }
-            try queue.enqueue(1)
+            let fixture = try Fixture(failures: 1)
+            try fixture.queue.enqueue(1)
             // Cancelled as soon as the acknowledgement failed, before its retry (50 ms later) is due: the cancel
             // stores it (or the retry did, if it came first).
-            #expect(eventually(timeout: 10) { errors.count == 1 })
-            consumer.cancel()
+            #expect(eventually(timeout: 10) { fixture.errors.count == 1 })
+            fixture.consumer.cancel()
             let again = Collector<Int>()
-            let next = try queue.consume(consumer: "worker", as: Int.self) { again.append($0.value) }
+            let next = try fixture.queue.consume(consumer: "worker", as: Int.self) { again.append($0.value) }
             usleep(300_000)
             #expect(again.values.isEmpty, "the handled message is not handed to the consumer's next run")
-            #expect(handled.values == [1])
+            #expect(fixture.handled.values == [1])
             next.cancel()
         }
     }

@@ -124,7 +124,7 @@ struct SessionProcessTests {
             let result = try RunningTool(
                 ["demo", "session", "--one-host"],
                 environment: ["WORMHOLE_APP_GROUPS": temporary.path]
-            ).finish(timeout: 60)
+            ).finish(timeout: 150)
             #expect(result.status == 0, "\(result.error)")
             #expect(result.output.contains("didReceiveApplicationContext"))
             #expect(result.output.contains("reply {\"pong\":\"from the watch\"}"))
