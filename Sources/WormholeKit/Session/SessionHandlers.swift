@@ -1,5 +1,4 @@
 import Dispatch
-import Foundation
 
 /// The callbacks a session holds for one kind of event, each with where it runs.
 ///
@@ -19,7 +18,7 @@ final class SessionHandlers<Value: Sendable>: Sendable {
     init(label: String) { self.label = label }
 
     /// Adds a handler; returns its id for ``remove(_:)``.
-    func add(on execution: CallbackExecution, _ handler: @escaping @Sendable (Value) -> Void) -> Int {
+    private func add(on execution: CallbackExecution, _ handler: @escaping @Sendable (Value) -> Void) -> Int {
         let id = nextID.withLock { (next) -> Int in
             next += 1
             return next
@@ -34,13 +33,15 @@ final class SessionHandlers<Value: Sendable>: Sendable {
         return id
     }
 
-    /// Removes a handler; returns whether none is left.
-    @discardableResult
-    func remove(_ id: Int) -> Bool {
-        entries.withLock { entries in
-            entries[id] = nil
-            return entries.isEmpty
-        }
+    /// Adds a handler, removed when the returned listener is cancelled or released.
+    func listen(on execution: CallbackExecution, _ handler: @escaping @Sendable (Value) -> Void) -> SessionListener {
+        let id = add(on: execution, handler)
+        return SessionListener { [self] in remove(id) }
+    }
+
+    /// Removes a handler.
+    private func remove(_ id: Int) {
+        _ = entries.withLock { $0.removeValue(forKey: id) }
     }
 
     var isEmpty: Bool { entries.withLock { $0.isEmpty } }
@@ -51,24 +52,12 @@ final class SessionHandlers<Value: Sendable>: Sendable {
             entry.schedule { [self] in
                 // Removed since: a handler is not called after its listener was cancelled.
                 guard contains(entry.id) else { return }
-                Self.run(entry.handler, value)
+                entry.handler(value)
             }
         }
     }
 
     private func contains(_ id: Int) -> Bool { entries.withLock { $0[id] != nil } }
-
-    private static var markerKey: String { "wormhole.session.handler" }
-
-    /// Runs a handler with the calling thread marked, so that the session knows not to wait for a delivery that
-    /// waits for this very handler.
-    private static func run(_ handler: @Sendable (Value) -> Void, _ value: Value) {
-        let dictionary = Thread.current.threadDictionary
-        let outer = dictionary[markerKey] != nil
-        dictionary[markerKey] = true
-        defer { if !outer { dictionary.removeObject(forKey: markerKey) } }
-        handler(value)
-    }
 
     /// Hands `value` to every handler and returns when all have returned: what is acknowledged afterwards (a user
     /// info transfer, a file) has been handled. Returns false when no handler ran (none was there, or every one was
@@ -84,13 +73,13 @@ final class SessionHandlers<Value: Sendable>: Sendable {
         for entry in current {
             if entry.runsInline {
                 guard contains(entry.id) else { continue }
-                Self.run(entry.handler, value)
+                entry.handler(value)
                 ran.withLock { $0 += 1 }
             } else {
                 group.enter()
                 entry.schedule { [self] in
                     if contains(entry.id) {
-                        Self.run(entry.handler, value)
+                        entry.handler(value)
                         ran.withLock { $0 += 1 }
                     }
                     group.leave()
@@ -99,20 +88,6 @@ final class SessionHandlers<Value: Sendable>: Sendable {
         }
         group.wait()
         return ran.withLock { $0 } > 0
-    }
-}
-
-/// Whether the calling thread is running a session's handler.
-var isRunningSessionHandler: Bool { Thread.current.threadDictionary["wormhole.session.handler"] != nil }
-
-/// Stops consumers: at once, waiting for a delivery under way, unless called from a handler, which that delivery
-/// may be waiting for; then in the background.
-func cancelConsumers(_ consumers: [any WormholeCancellable]) {
-    guard !consumers.isEmpty else { return }
-    if isRunningSessionHandler {
-        DispatchQueue.global().async { for consumer in consumers { consumer.cancel() } }
-    } else {
-        for consumer in consumers { consumer.cancel() }
     }
 }
 

@@ -108,7 +108,7 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (SessionContextUpdate) -> Void
     ) -> SessionListener {
-        let id = contextHandlers.add(on: execution) { update in
+        let listener = contextHandlers.listen(on: execution) { update in
             guard let keys else { return handler(update) }
             var filtered = update
             filtered.changedKeys = update.changedKeys.intersection(keys)
@@ -116,7 +116,7 @@ extension WormholeSession {
         }
         // A context that came while no handler was there is handed to this one.
         if activationState == .activated { receiveCurrentContext() }
-        return SessionListener { [contextHandlers] in contextHandlers.remove(id) }
+        return listener
     }
 
     /// The application contexts received, as an `AsyncSequence`; see

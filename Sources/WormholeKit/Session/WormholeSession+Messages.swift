@@ -155,8 +155,7 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (SessionMessage) -> Void
     ) -> SessionListener {
-        let id = messageHandlers.add(on: execution, handler)
-        return SessionListener { [messageHandlers] in messageHandlers.remove(id) }
+        messageHandlers.listen(on: execution, handler)
     }
 
     /// The messages received, as an `AsyncSequence`; see ``onMessage(on:handler:)``.
@@ -173,8 +172,7 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (Bool) -> Void
     ) -> SessionListener {
-        let id = reachabilityHandlers.add(on: execution, handler)
-        return SessionListener { [reachabilityHandlers] in reachabilityHandlers.remove(id) }
+        reachabilityHandlers.listen(on: execution, handler)
     }
 
     /// The changes of ``isReachable``, as an `AsyncSequence`.
@@ -190,8 +188,7 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (SessionActivationState) -> Void
     ) -> SessionListener {
-        let id = activationHandlers.add(on: execution, handler)
-        return SessionListener { [activationHandlers] in activationHandlers.remove(id) }
+        activationHandlers.listen(on: execution, handler)
     }
 
     /// The changes of ``activationState``, as an `AsyncSequence`.
@@ -207,7 +204,6 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (WormholeError) -> Void
     ) -> SessionListener {
-        let id = errorHandlers.add(on: execution, handler)
-        return SessionListener { [errorHandlers] in errorHandlers.remove(id) }
+        errorHandlers.listen(on: execution, handler)
     }
 }

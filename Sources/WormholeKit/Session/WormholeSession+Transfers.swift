@@ -177,10 +177,10 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (SessionUserInfoTransfer) -> Void
     ) -> SessionListener {
-        let id = userInfoHandlers.add(on: execution, handler)
+        let listener = userInfoHandlers.listen(on: execution, handler)
         startConsumersReporting()
         // The consumer stays when the handler goes: with no handler, it leaves what comes for the next one.
-        return SessionListener { [userInfoHandlers] in userInfoHandlers.remove(id) }
+        return listener
     }
 
     /// The user info transfers received, as an `AsyncSequence`; see ``onUserInfo(on:handler:)``.
@@ -199,8 +199,7 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (SessionUserInfoTransfer) -> Void
     ) -> SessionListener {
-        let id = userInfoFinishedHandlers.add(on: execution, handler)
-        return SessionListener { [userInfoFinishedHandlers] in userInfoFinishedHandlers.remove(id) }
+        userInfoFinishedHandlers.listen(on: execution, handler)
     }
 
     // MARK: Files
@@ -312,9 +311,9 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (ReceivedFile) -> Void
     ) -> SessionListener {
-        let id = fileHandlers.add(on: execution, handler)
+        let listener = fileHandlers.listen(on: execution, handler)
         startConsumersReporting()
-        return SessionListener { [fileHandlers] in fileHandlers.remove(id) }
+        return listener
     }
 
     /// The files received, as an `AsyncSequence`; see ``onFile(on:handler:)``. A file is acknowledged once it is
@@ -331,8 +330,7 @@ extension WormholeSession {
         on execution: CallbackExecution = .serialQueue,
         handler: @escaping @Sendable (FileTransfer) -> Void
     ) -> SessionListener {
-        let id = fileFinishedHandlers.add(on: execution, handler)
-        return SessionListener { [fileFinishedHandlers] in fileFinishedHandlers.remove(id) }
+        fileFinishedHandlers.listen(on: execution, handler)
     }
 
     // MARK: Plumbing

@@ -67,6 +67,8 @@ public final class WormholeSession: Sendable {
     let reachabilityQueue: DispatchQueue
     /// Held while a consumer is made, so that two are never made for one kind.
     let consumerCreation = Locked(())
+    /// Held while a context is read, changed and written by ``mergeApplicationContext(_:)``.
+    let merging = Locked(())
     /// The transfers being handed over in this process, by channel and id: a session made again under the same name
     /// (an app that makes its session anew) must not hand over what the one before it is still handing over.
     static let deliveriesUnderWay = Locked<Set<String>>([])
@@ -86,8 +88,6 @@ public final class WormholeSession: Sendable {
         defer { _ = Self.deliveriesUnderWay.withLock { $0.remove(key) } }
         return try body()
     }
-    /// Held while a context is read, changed and written by ``mergeApplicationContext(_:)``.
-    let merging = Locked(())
 
     struct Running {
         var state: SessionActivationState = .notActivated
@@ -225,7 +225,8 @@ public final class WormholeSession: Sendable {
             running.timer?.cancel()
             return running.listeners + [running.userInfoConsumer, running.fileReceiver].compactMap { $0 }
         }
-        cancelConsumers(listeners)
+        // Nothing is under way: a consumer's delivery holds the session.
+        for listener in listeners { listener.cancel() }
     }
 
     private func start() throws(WormholeError) {

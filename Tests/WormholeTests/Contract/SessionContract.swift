@@ -105,7 +105,7 @@ struct SessionContract {
 
     @Test(
         "A context waits for a handler; a context wormhole reads it back after a relaunch",
-        arguments: [EngineKind.directory]
+        arguments: EngineKind.allCases
     )
     func contextWaitsForHandler(kind: EngineKind) async throws {
         try await offThePool {
@@ -185,7 +185,7 @@ struct SessionContract {
         }
     }
 
-    @Test("A counterpart with no message handler fails the message at once", arguments: [EngineKind.directory])
+    @Test("A counterpart with no message handler fails the message at once", arguments: EngineKind.allCases)
     func noHandler(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -254,7 +254,7 @@ struct SessionContract {
 
     @Test(
         "A handler that deactivates its session: no deadlock, nothing lost or repeated",
-        arguments: [EngineKind.directory, .inMemory]
+        arguments: EngineKind.allCases
     )
     func deactivateFromHandler(kind: EngineKind) async throws {
         try await offThePool {
@@ -280,7 +280,7 @@ struct SessionContract {
         }
     }
 
-    @Test("Deactivated at once and activated again: each user info once", arguments: [EngineKind.directory, .inMemory])
+    @Test("Deactivated at once and activated again: each user info once", arguments: EngineKind.allCases)
     func reactivateAtOnce(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -316,7 +316,7 @@ struct SessionContract {
         }
     }
 
-    @Test("Deactivating while a handler waits for its queue does not wait for it", arguments: [EngineKind.directory])
+    @Test("Deactivating while a handler waits for its queue does not wait for it", arguments: EngineKind.allCases)
     func deactivateWhileHandlerWaits(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
