@@ -10,7 +10,8 @@ struct SessionScenario {
     let scratch: String
 
     static let phone = ["--as", "phone", "--counterpart", "watch"]
-    var watch: [String] { ["--as", "watch", "--counterpart", "phone", "--into", scratch + "/inbox"] }
+    static let watchNames = ["--as", "watch", "--counterpart", "phone"]
+    var watch: [String] { Self.watchNames + ["--into", scratch + "/inbox"] }
 
     /// Runs a command to its end; records an issue when it fails.
     @discardableResult
@@ -53,6 +54,14 @@ struct SessionScenario {
         let first = try start(1, ["session", "watch", "--timeout", "120"] + watch)
         #expect(first.waitForError(containing: "watching watch→phone", timeout: 30))
         #expect(eventually(timeout: 60) { !Self.events(first.outputLines, "file").isEmpty })
+        // Killed once it has recorded the context as received (after its handlers ran): then it never comes again.
+        // Killed before that, it would come again, as the context in flight.
+        #expect(
+            eventually(timeout: 30) {
+                let received = try? finish(1, ["session", "context"] + Self.watchNames)
+                return received?.output.contains("\"n\":3") == true
+            }
+        )
         first.kill()
         let firstLines = first.finish(timeout: 20).lines
         let contexts = Self.events(firstLines, "context")
