@@ -204,6 +204,7 @@ private struct Interpreter {
                 file.offset = Int(call.result)
             }
         case "read":
+            // power-loss does not trace reads (see its tracedCalls); followed should another trace hold them.
             if let descriptor = arguments.first?.number, let file = descriptors[descriptor] {
                 file.offset += Int(call.result)
             }
@@ -228,7 +229,7 @@ private struct Interpreter {
             let size = sizes[file.inode] ?? 0
             let offset: Int
             if call.name.hasPrefix("pwrite") {
-                guard let at = arguments[call.name == "pwrite64" ? 3 : 3].number else {
+                guard let at = arguments[3].number else {
                     throw TraceError("unreadable offset in \(call.name)")
                 }
                 offset = Int(at)

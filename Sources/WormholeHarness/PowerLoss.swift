@@ -73,7 +73,10 @@ struct PowerLoss: ParsableCommand {
         var generator = SplitMix64(seed: seed)
         var checked = 0
         let recoveries = Counter()
+        // Every problem is counted; the first 1,000 are kept to print.
+        var failureCount = 0
         var failures: [String] = []
+        let firstFailure = work + "/first-failure"
         // Each state takes the workload's own path, so that paths the files hold (a delivery's destination) stay true.
         try FileManager.default.moveItem(atPath: root, toPath: work + "/workload")
         let stateDirectory = root
@@ -94,6 +97,12 @@ struct PowerLoss: ParsableCommand {
                     count: count
                 ).run()
                 checked += 1
+                if failureCount == 0, !problems.isEmpty {
+                    // The first failing state as the power cut left it: the checks may have changed the one checked.
+                    try FileManager.default.createDirectory(atPath: firstFailure, withIntermediateDirectories: false)
+                    try state.tree.materialize(into: firstFailure)
+                }
+                failureCount += problems.count
                 for problem in problems where failures.count < 1000 {
                     failures.append(
                         "crash point \(point) of \(operations.operations.count) (\(markers.last ?? "before any call returned")); "
@@ -110,14 +119,17 @@ struct PowerLoss: ParsableCommand {
             operations.operations.count,
             points.count,
             checked,
-            failures.count,
+            failureCount,
             Date().timeIntervalSince(started),
             recoveries.value
         )
         Output.line(summary)
-        if !failures.isEmpty {
+        if failureCount > 0 {
             for failure in failures.prefix(10) { Output.error(failure) }
-            Output.error("the trace and the last state are kept in \(work)")
+            Output.error(
+                "kept in \(work): the trace, the first failing state as the power cut left it (first-failure), and "
+                    + "the last state checked, as its checks left it (root)"
+            )
             throw ExitCode(1)
         }
         try? FileManager.default.removeItem(atPath: work)

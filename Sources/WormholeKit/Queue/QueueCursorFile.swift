@@ -111,7 +111,7 @@ package final class QueueCursorFile: Sendable {
         return bytes
     }
 
-    /// Stores an offset with one 16-byte write in place (within a sector, so a power cut keeps it whole or not at
+    /// Stores an offset with one 36-byte write in place (within a sector, so a power cut keeps it whole or not at
     /// all); with `synchronize`, flushed before it returns.
     package func write(_ offset: UInt64, last: LastRecord? = nil, synchronize: Bool = false) throws(WormholeError) {
         // Without a record, the tail is rewritten too, so that an earlier one can never be taken for this offset's.
