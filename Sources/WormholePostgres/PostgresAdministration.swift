@@ -59,6 +59,7 @@ public final class PostgresAdministration: Sendable {
                     wormhole.live_endpoints, wormhole.live_bodies, wormhole.transfers, wormhole.transfer_chunks
                     TO \(quoted)
                 """,
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON \(StoreSchema.grantedTables) TO \(quoted)",
                 "GRANT SELECT, INSERT ON wormhole.groups TO \(quoted)",
                 "GRANT SELECT ON wormhole.schema_migrations, wormhole.group_roles TO \(quoted)",
             ] {

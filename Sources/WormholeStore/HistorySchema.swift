@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import WormholeKit
 
 /// The table and triggers that record a store's history.
 ///

@@ -20,23 +20,27 @@ final class Connections: Sendable {
     private let idle = Locked<[PostgresConnection]>([])
     private let closed = Atomic<Bool>(false)
     private let nextID = Atomic<Int>(1)
+    /// Settings of every connection's session (a store's `wormhole.author`), sent when it opens.
+    let sessionParameters: [(String, String)]
     /// At most this many idle connections are kept; more are closed when given back.
     private static let idleLimit = 4
 
-    init(location: PostgresLocation, timeout: Duration, logger: Logger) {
+    init(location: PostgresLocation, timeout: Duration, logger: Logger, sessionParameters: [(String, String)] = []) {
         self.location = location
         self.timeout = timeout
         self.logger = logger
+        self.sessionParameters = sessionParameters
     }
 
-    /// Opens a new connection, with `parameters` set for its session.
+    /// Opens a new connection, with ``sessionParameters`` and `parameters` set for its session.
     func connect(parameters: [(String, String)] = []) throws(WormholeError) -> PostgresConnection {
         guard !closed.load(ordering: .relaxed) else {
             throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
         }
         var configuration = location.configuration
         configuration.options.connectTimeout = .seconds(10)
-        configuration.options.additionalStartupParameters += [("application_name", "wormhole")] + parameters
+        configuration.options.additionalStartupParameters +=
+            [("application_name", "wormhole")] + sessionParameters + parameters
         let id = nextID.add(1, ordering: .relaxed).oldValue
         let future = PostgresConnection.connect(
             on: eventLoops.next(),

@@ -284,6 +284,8 @@ enum Schema {
             $$
             """,
         ],
+        // Version 3: shared stores (PostgresStore). FORMAT.md's "Stores on PostgreSQL" describes them.
+        StoreSchema.migration,
     ]
 
     /// Runs the migrations this database lacks; returns the version it is at now.

@@ -3,6 +3,7 @@ import GRDB
 import Synchronization
 import Testing
 import WormholeCLI
+import WormholeKit
 
 @testable import WormholeStore
 

@@ -1,7 +1,8 @@
-/// The error type that WormholeStore throws.
+/// The error type that shared stores throw: `SharedStore` (SQLite, in `WormholeStore`) and `PostgresStore`
+/// (in `WormholePostgres`).
 ///
-/// As `WormholeError` does for mailboxes: a stable ``code``, a message that says what went wrong and
-/// what to do, and the cause underneath (a GRDB `DatabaseError`, a `WormholeError`) in
+/// As ``WormholeError`` does for mailboxes: a stable ``code``, a message that says what went wrong and
+/// what to do, and the cause underneath (GRDB's `DatabaseError`, a ``WormholeError`` of the PostgreSQL engine) in
 /// ``underlyingError``.
 public struct StoreError: Error, Sendable, CustomStringConvertible {
     /// A stable code for a kind of failure.
@@ -12,15 +13,18 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
         private let value: Value
         private init(_ value: Value) { self.value = value }
 
-        /// The database could not be opened or created (a bad path, a missing directory, permissions).
+        /// The database could not be opened or created (a bad path, a missing directory, permissions), or its server
+        /// could not be reached.
         public static let unavailable = Code(.unavailable)
         /// A migration failed; the database keeps the migrations that were applied before it.
         public static let migrationFailed = Code(.migrationFailed)
-        /// Another process held the database longer than the busy timeout (`SQLITE_BUSY`).
+        /// Another process held the database longer than the busy timeout (SQLite's `SQLITE_BUSY`), or PostgreSQL
+        /// ended the transaction as a deadlock or a serialization failure: running it again may succeed.
         public static let busy = Code(.busy)
         /// A history row cannot be read (a malformed primary key or operation); the other rows are delivered.
         public static let corruptHistory = Code(.corruptHistory)
-        /// Another database error; ``StoreError/underlyingError`` holds GRDB's `DatabaseError`.
+        /// Another database error: ``StoreError/underlyingError`` holds GRDB's `DatabaseError`, or the PostgreSQL
+        /// engine's ``WormholeError`` with the server's message.
         public static let database = Code(.database)
         /// Other processes could not be notified, or notifications could not be observed.
         public static let notification = Code(.notification)
@@ -45,7 +49,7 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
     public var code: Code
     /// What went wrong and what to do, in a sentence or two.
     public var message: String
-    /// The database file involved.
+    /// The database file involved, or for PostgreSQL the server and the store's name (never a password).
     public var path: String?
     /// The error underneath.
     public var underlyingError: (any Error)?

@@ -1,0 +1,151 @@
+import Foundation
+import Logging
+import PostgresNIO
+import WormholeKit
+
+/// A PostgreSQL store's history, for the remote-change consumers that WormholeKit implements once for every store.
+struct PostgresStoreHistory: StoreHistory {
+    let store: PostgresStore
+
+    var author: String { store.author }
+    var location: String { store.location }
+    var logger: Logger { store.logger }
+
+    func registerConsumer(_ name: String?) throws(StoreError) -> Int64 {
+        let (group, storeName) = (store.group, store.name)
+        return try store.withConnection(doing: "register the consumer \(name ?? "")") {
+            (connection) throws(StoreError) in
+            let rows: [PostgresRow]
+            if let name {
+                // A new consumer starts at the newest committed transaction; one that exists keeps its token.
+                rows = try connection.run(
+                    """
+                    INSERT INTO wormhole.store_consumers AS c (grp, store, consumer, token)
+                    SELECT \(group), \(storeName), \(name), s.last_id FROM wormhole.stores s
+                    WHERE s.grp = \(group) AND s.store = \(storeName)
+                    ON CONFLICT (grp, store, consumer) DO UPDATE SET seen = now()
+                    RETURNING c.token
+                    """
+                )
+            } else {
+                rows = try connection.run(
+                    "SELECT last_id FROM wormhole.stores WHERE grp = \(group) AND store = \(storeName)"
+                )
+            }
+            return try PostgresStore.decode(Int64.self, rows.first, "the store's history token")
+        }
+    }
+
+    func transactions(
+        after token: Int64,
+        limit: Int,
+        tables: Set<String>?
+    ) throws(StoreError) -> (transactions: [StoreTransaction], scannedThrough: Int64) {
+        let (group, storeName) = (store.group, store.name)
+        let rows = try store.withConnection(doing: "read the history") { (connection) throws(StoreError) in
+            // Ids are given at commit, in commit order, under a lock kept until the commit ends: every id up to the
+            // newest one visible has committed, so reading by id never skips a transaction that commits later.
+            try connection.run(
+                """
+                SELECT t.id, t.author, extract(epoch FROM coalesce(t.committed, now()))::float8,
+                    coalesce(c.tbl, ''), coalesce(c.op, ''), coalesce(c.pk::text, ''), coalesce(c.seq, 0)
+                FROM (
+                    SELECT id, xid, author, committed FROM wormhole.store_transactions
+                    WHERE grp = \(group) AND store = \(storeName) AND id > \(token)
+                    ORDER BY id LIMIT \(Int64(limit))
+                ) t
+                LEFT JOIN wormhole.store_changes c ON c.grp = \(group) AND c.store = \(storeName) AND c.xid = t.xid
+                ORDER BY t.id, c.seq
+                """
+            )
+        }
+        var transactions: [StoreTransaction] = []
+        var scanned = token
+        do {
+            for row in rows {
+                let (id, author, time, table, operation, key, sequence) = try row.decode(
+                    (Int64, String, Double, String, String, String, Int64).self
+                )
+                scanned = id
+                if transactions.last?.id != id {
+                    transactions.append(
+                        StoreTransaction(id: id, author: author, date: Date(timeIntervalSince1970: time), tables: [:])
+                    )
+                }
+                guard !table.isEmpty else { continue }
+                Self.add(table, operation, key, sequence, to: &transactions[transactions.count - 1])
+            }
+        } catch {
+            throw StoreError(
+                .database,
+                "PostgreSQL returned an unexpected row while reading the history: \(error).",
+                path: location,
+                underlyingError: SendableDescription(error)
+            )
+        }
+        guard let tables else { return (transactions, scanned) }
+        let inScope = transactions.compactMap { transaction -> StoreTransaction? in
+            var kept = transaction
+            kept.tables = transaction.tables.filter { tables.contains($0.key) }
+            kept.damagedChanges = transaction.damagedChanges.filter { tables.contains($0.table) }
+            return kept.tables.isEmpty && kept.damagedChanges.isEmpty ? nil : kept
+        }
+        return (inScope, scanned)
+    }
+
+    /// Adds one recorded row change to `transaction`; one that cannot be read becomes a damaged change.
+    private static func add(
+        _ table: String,
+        _ operation: String,
+        _ key: String,
+        _ sequence: Int64,
+        to transaction: inout StoreTransaction
+    ) {
+        let primaryKey: PrimaryKey
+        do {
+            primaryKey = PrimaryKey(try JSONDecoder().decode([String: PrimaryKeyValue].self, from: Data(key.utf8)))
+        } catch {
+            transaction.damagedChanges.append(
+                DamagedChange(changeID: sequence, table: table, reason: "its primary key \(key) is not readable")
+            )
+            return
+        }
+        switch operation {
+        case "i": transaction.tables[table, default: TableChanges()].inserted.append(primaryKey)
+        case "u": transaction.tables[table, default: TableChanges()].updated.append(primaryKey)
+        case "d": transaction.tables[table, default: TableChanges()].deleted.append(primaryKey)
+        default:
+            transaction.damagedChanges.append(
+                DamagedChange(changeID: sequence, table: table, reason: "its operation \(operation) is unknown")
+            )
+        }
+    }
+
+    func storeToken(_ token: Int64, consumer: String) throws(StoreError) {
+        let (group, storeName) = (store.group, store.name)
+        _ = try store.withConnection(doing: "store the history token of \(consumer)") {
+            (connection) throws(StoreError) in
+            try connection.run(
+                """
+                UPDATE wormhole.store_consumers SET token = greatest(token, \(token)), seen = now()
+                WHERE grp = \(group) AND store = \(storeName) AND consumer = \(consumer)
+                """
+            )
+        }
+    }
+
+    func observeCommits(_ handler: @escaping @Sendable () -> Void) throws(StoreError) -> NotifierObservation {
+        do {
+            return try store.engine.core.hub.observe("store." + store.name, handler: handler)
+        } catch {
+            throw StoreError(
+                .notification,
+                "Could not observe commits: \(error.message)",
+                path: location,
+                underlyingError: error
+            )
+        }
+    }
+
+    func purgeIfDue() { store.purgeIfDue() }
+}

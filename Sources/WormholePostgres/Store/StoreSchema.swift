@@ -1,0 +1,230 @@
+/// The tables and functions of shared stores on PostgreSQL: migration 3 of ``Schema``.
+///
+/// A store is a schema of the user's tables, each with a row trigger (`wormhole_history`) that records the row's
+/// table, operation and primary key in `wormhole.store_changes`, and the transaction (its `xid8`, its author) in
+/// `wormhole.store_transactions`, once per transaction. A deferred constraint trigger on that row gives the
+/// transaction its history id at commit, from the store's row in `wormhole.stores`, whose lock it keeps until the
+/// commit ends: so ids are handed out in commit order, with no gap, whenever each transaction began (a `bigserial`
+/// would be taken at the first write, and a transaction that began earlier but commits later would appear behind a
+/// reader's back). The cost: the commits of one store pass one at a time through the end of their transaction.
+enum StoreSchema {
+    static let migration: [String] =
+        [
+            """
+            CREATE TABLE wormhole.stores (
+                grp text NOT NULL,
+                store text NOT NULL,
+                last_id bigint NOT NULL DEFAULT 0,
+                created timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (grp, store)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.store_transactions (
+                grp text NOT NULL,
+                store text NOT NULL,
+                xid xid8 NOT NULL,
+                id bigint,
+                author text NOT NULL,
+                committed timestamptz,
+                PRIMARY KEY (grp, store, xid)
+            )
+            """,
+            "CREATE UNIQUE INDEX store_transactions_id ON wormhole.store_transactions (grp, store, id)",
+            """
+            CREATE TABLE wormhole.store_changes (
+                grp text NOT NULL,
+                store text NOT NULL,
+                xid xid8 NOT NULL,
+                seq bigint GENERATED ALWAYS AS IDENTITY,
+                tbl text NOT NULL,
+                op text NOT NULL CHECK (op IN ('i', 'u', 'd')),
+                pk jsonb NOT NULL,
+                PRIMARY KEY (grp, store, xid, seq)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.store_consumers (
+                grp text NOT NULL,
+                store text NOT NULL,
+                consumer text NOT NULL,
+                token bigint NOT NULL,
+                seen timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (grp, store, consumer)
+            )
+            """,
+            """
+            CREATE TABLE wormhole.store_migrations (
+                grp text NOT NULL,
+                store text NOT NULL,
+                name text NOT NULL,
+                applied timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (grp, store, name)
+            )
+            """,
+            // The row trigger of every tracked table. Its arguments, fixed when the trigger is made: the group, the
+            // store, and the primary key's columns. The author is the session's `wormhole.author` setting, which a
+            // store's connections set when they open; any other session (psql, another service) is `external`.
+            // The transaction's row is written at its first change (a transaction-local setting remembers it).
+            """
+            CREATE FUNCTION wormhole.store_record() RETURNS trigger
+            LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                v_grp text := TG_ARGV[0];
+                v_store text := TG_ARGV[1];
+                v_key text[] := TG_ARGV[2]::text[];
+                v_xid xid8 := pg_catalog.pg_current_xact_id();
+                v_marker text;
+                v_new jsonb;
+                v_old jsonb;
+                v_new_key jsonb := '{}'::jsonb;
+                v_old_key jsonb := '{}'::jsonb;
+            BEGIN
+                v_marker := v_grp || '/' || v_store || '/' || v_xid::text;
+                IF pg_catalog.current_setting('wormhole.recording', true) IS DISTINCT FROM v_marker THEN
+                    INSERT INTO wormhole.store_transactions (grp, store, xid, author)
+                    VALUES (v_grp, v_store, v_xid,
+                        coalesce(nullif(pg_catalog.current_setting('wormhole.author', true), ''), 'external'))
+                    ON CONFLICT DO NOTHING;
+                    PERFORM pg_catalog.set_config('wormhole.recording', v_marker, true);
+                END IF;
+                IF TG_OP <> 'INSERT' THEN
+                    v_old := pg_catalog.to_jsonb(OLD);
+                    SELECT coalesce(pg_catalog.jsonb_object_agg(k, v_old -> k), '{}'::jsonb) INTO v_old_key
+                    FROM pg_catalog.unnest(v_key) AS k;
+                END IF;
+                IF TG_OP <> 'DELETE' THEN
+                    v_new := pg_catalog.to_jsonb(NEW);
+                    SELECT coalesce(pg_catalog.jsonb_object_agg(k, v_new -> k), '{}'::jsonb) INTO v_new_key
+                    FROM pg_catalog.unnest(v_key) AS k;
+                END IF;
+                IF TG_OP = 'INSERT' THEN
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
+                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'i', v_new_key);
+                ELSIF TG_OP = 'DELETE' THEN
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
+                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'd', v_old_key);
+                ELSIF v_old_key = v_new_key THEN
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
+                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'u', v_new_key);
+                ELSE
+                    -- A key that changed: the old row went and a new one came.
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
+                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'd', v_old_key),
+                        (v_grp, v_store, v_xid, TG_TABLE_NAME, 'i', v_new_key);
+                END IF;
+                RETURN NULL;
+            END
+            $$
+            """,
+            // At commit (a deferred constraint trigger), the transaction takes the next id of its store, under the
+            // lock of the store's row that it keeps until the commit ends, and notifies the group's channel.
+            """
+            CREATE FUNCTION wormhole.store_commit() RETURNS trigger
+            LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                v_id bigint;
+                v_channel text;
+            BEGIN
+                UPDATE wormhole.stores s SET last_id = s.last_id + 1
+                WHERE s.grp = NEW.grp AND s.store = NEW.store
+                RETURNING s.last_id INTO v_id;
+                IF v_id IS NULL THEN
+                    RAISE EXCEPTION 'the wormhole store % of group % is not registered', NEW.store, NEW.grp;
+                END IF;
+                UPDATE wormhole.store_transactions t SET id = v_id, committed = pg_catalog.clock_timestamp()
+                WHERE t.grp = NEW.grp AND t.store = NEW.store AND t.xid = NEW.xid;
+                SELECT g.channel INTO v_channel FROM wormhole.groups g WHERE g.grp = NEW.grp;
+                IF v_channel IS NOT NULL THEN
+                    PERFORM pg_catalog.pg_notify(v_channel, 'nstore.' || NEW.store);
+                END IF;
+                RETURN NULL;
+            END
+            $$
+            """,
+            """
+            CREATE CONSTRAINT TRIGGER store_commit_order AFTER INSERT ON wormhole.store_transactions
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION wormhole.store_commit()
+            """,
+            // Gives every table of `p_schema` but `p_untracked` the row trigger (with `p_replace`, again where it
+            // is; else only where it is missing). Names are quoted by format's %I and %L, never by the client.
+            """
+            CREATE FUNCTION wormhole.store_track(
+                p_grp text, p_store text, p_schema text, p_untracked text[], p_replace boolean
+            ) RETURNS integer LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                r record;
+                v_key text[];
+                v_count integer := 0;
+            BEGIN
+                FOR r IN
+                    SELECT c.oid, c.relname::text AS name FROM pg_catalog.pg_class c
+                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                    WHERE n.nspname = p_schema AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+                        AND NOT (c.relname::text = ANY (p_untracked))
+                    ORDER BY c.relname
+                LOOP
+                    IF p_replace OR NOT EXISTS (
+                        SELECT 1 FROM pg_catalog.pg_trigger t
+                        WHERE t.tgrelid = r.oid AND t.tgname = 'wormhole_history'
+                    ) THEN
+                        SELECT coalesce(pg_catalog.array_agg(a.attname::text ORDER BY k.ord), '{}') INTO v_key
+                        FROM pg_catalog.pg_index i
+                        CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                        JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                        WHERE i.indrelid = r.oid AND i.indisprimary;
+                        EXECUTE pg_catalog.format(
+                            'CREATE OR REPLACE TRIGGER wormhole_history AFTER INSERT OR UPDATE OR DELETE ON %I.%I '
+                                || 'FOR EACH ROW EXECUTE FUNCTION wormhole.store_record(%L, %L, %L)',
+                            p_schema, r.name, p_grp, p_store, v_key::text);
+                    END IF;
+                    v_count := v_count + 1;
+                END LOOP;
+                RETURN v_count;
+            END
+            $$
+            """,
+            // Deletes consumers not seen for `p_maximum_age` seconds, then the history every consumer left has
+            // merged, or older than `p_maximum_age`, whichever reaches further. Returns the transactions deleted.
+            """
+            CREATE FUNCTION wormhole.store_purge(p_grp text, p_store text, p_maximum_age double precision)
+            RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                v_cutoff timestamptz := pg_catalog.now() - pg_catalog.make_interval(secs => p_maximum_age);
+                v_merged bigint;
+                v_old bigint;
+                v_count bigint;
+            BEGIN
+                DELETE FROM wormhole.store_consumers c
+                WHERE c.grp = p_grp AND c.store = p_store AND c.seen < v_cutoff;
+                SELECT min(c.token) INTO v_merged FROM wormhole.store_consumers c
+                WHERE c.grp = p_grp AND c.store = p_store;
+                SELECT max(t.id) INTO v_old FROM wormhole.store_transactions t
+                WHERE t.grp = p_grp AND t.store = p_store AND t.committed < v_cutoff;
+                WITH gone AS (
+                    DELETE FROM wormhole.store_transactions t
+                    WHERE t.grp = p_grp AND t.store = p_store
+                        AND t.id <= greatest(coalesce(v_merged, 0), coalesce(v_old, 0))
+                    RETURNING t.xid),
+                changes AS (
+                    DELETE FROM wormhole.store_changes c USING gone
+                    WHERE c.grp = p_grp AND c.store = p_store AND c.xid = gone.xid)
+                SELECT count(*) INTO v_count FROM gone;
+                RETURN v_count;
+            END
+            $$
+            """,
+        ]
+        + ["stores", "store_transactions", "store_changes", "store_consumers", "store_migrations"].flatMap { table in
+            [
+                "ALTER TABLE wormhole.\(table) ENABLE ROW LEVEL SECURITY",
+                "CREATE POLICY group_members ON wormhole.\(table) USING (wormhole.may_use(grp)) "
+                    + "WITH CHECK (wormhole.may_use(grp))",
+            ]
+        }
+
+    /// The tables a role granted a group may read and write for its stores.
+    static let grantedTables =
+        "wormhole.stores, wormhole.store_transactions, wormhole.store_changes, wormhole.store_consumers, "
+        + "wormhole.store_migrations"
+}
