@@ -1,19 +1,23 @@
 import ArgumentParser
 import Foundation
 import GRDB
+import PostgresNIO
 import Synchronization
 import WormholeCLI
 import WormholeKit
+import WormholePostgres
 import WormholeStore
 
 /// `wormhole store …`: look into a shared store's history and watch other processes' commits.
 struct StoreCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "store",
-        abstract: "Read a shared SQLite store's history, watch its remote changes, run SQL through it.",
+        abstract: "Read a shared store's history, watch its remote changes, run SQL through it.",
         discussion: """
-            STORE is the path of a database file (anything with a '/'), or an application group identifier, in \
-            which case --name names the file in the group's container (store.sqlite by default).
+            STORE is the path of a SQLite database file (anything with a '/'), or an application group identifier, \
+            in which case --name names the file in the group's container (store.sqlite by default). With --postgres \
+            URL (or WORMHOLE_POSTGRES_URL), STORE is the group and --name the store's name on that server (store by \
+            default), its tables in --schema.
             """,
         subcommands: [StoreHistory.self, StoreWatch.self, StoreSQL.self, StorePurge.self]
     )
@@ -23,14 +27,30 @@ struct StoreLocation: ParsableArguments {
     @Argument(help: ArgumentHelp("The database's path, or an application group identifier.", valueName: "store"))
     var store: String
 
-    @Option(help: "With a group: the database's file name.")
-    var name = "store.sqlite"
+    @Option(help: "With a group: the database's file name (store.sqlite), or the store's name on --postgres (store).")
+    var name: String?
 
     @Option(help: "With a group: a subdirectory of the group's container.")
     var optionalDirectory: String?
 
     @Option(help: "Who this process is in the history.")
     var author = "wormhole-cli"
+
+    @Option(
+        help: ArgumentHelp(
+            "A PostgreSQL server: STORE is then a group and --name a store of it on this server.",
+            discussion: "postgres://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=MODE; WORMHOLE_POSTGRES_URL when unset.",
+            valueName: "url"
+        )
+    )
+    var postgres: String?
+
+    @Option(help: "With --postgres: the PostgreSQL schema of the store's tables.")
+    var schema = "public"
+
+    var postgresURL: String? {
+        postgres ?? ProcessInfo.processInfo.environment["WORMHOLE_POSTGRES_URL"].flatMap { $0.isEmpty ? nil : $0 }
+    }
 
     var path: String {
         get throws {
@@ -39,12 +59,121 @@ struct StoreLocation: ParsableArguments {
                 forApplicationGroupIdentifier: store,
                 optionalDirectory: optionalDirectory
             )
-            return directory + "/" + name
+            return directory + "/" + (name ?? "store.sqlite")
         }
     }
 
-    func open() throws -> SharedStore {
-        try SharedStore(path: path, configuration: .init(author: author, observesRemoteChanges: false))
+    func open() throws -> OpenedStore {
+        guard let postgresURL else {
+            return .sqlite(
+                try SharedStore(path: path, configuration: .init(author: author, observesRemoteChanges: false))
+            )
+        }
+        let engine = try PostgresEngine(url: postgresURL, group: store)
+        return .postgres(
+            try PostgresStore(
+                engine: engine,
+                name: name ?? "store",
+                schema: schema,
+                configuration: .init(author: author)
+            )
+        )
+    }
+}
+
+/// A store the tool opened: SQLite on this host, or PostgreSQL.
+enum OpenedStore {
+    case sqlite(SharedStore)
+    case postgres(PostgresStore)
+
+    func currentToken() throws -> Int64 {
+        switch self {
+        case .sqlite(let store): try store.currentToken()
+        case .postgres(let store): try store.currentToken()
+        }
+    }
+
+    func transactions(after token: Int64, limit: Int) throws -> [StoreTransaction] {
+        switch self {
+        case .sqlite(let store): try store.transactions(after: token, limit: limit)
+        case .postgres(let store): try store.transactions(after: token, limit: limit)
+        }
+    }
+
+    func observeRemoteChanges(
+        consumer: String?,
+        tables: Set<String>?,
+        includingOwnWrites: Bool,
+        errorHandler: @escaping @Sendable (StoreError) -> Void,
+        handler: @escaping @Sendable (StoreTransaction) throws -> Void
+    ) throws -> RemoteChangeObserver {
+        switch self {
+        case .sqlite(let store):
+            try store.observeRemoteChanges(
+                consumer: consumer,
+                tables: tables,
+                includingOwnWrites: includingOwnWrites,
+                errorHandler: errorHandler,
+                handler: handler
+            )
+        case .postgres(let store):
+            try store.observeRemoteChanges(
+                consumer: consumer,
+                tables: tables,
+                includingOwnWrites: includingOwnWrites,
+                errorHandler: errorHandler,
+                handler: handler
+            )
+        }
+    }
+
+    /// Runs the statements in one transaction; on PostgreSQL, tables they create are tracked from then on.
+    func execute(_ statements: [String]) throws {
+        switch self {
+        case .sqlite(let store):
+            try store.write { db in for statement in statements { try db.execute(sql: statement) } }
+        case .postgres(let store):
+            try store.write { db in
+                for statement in statements { try db.query(PostgresQuery(unsafeSQL: statement)) }
+            }
+            try store.trackNewTables()
+        }
+    }
+
+    /// The rows of a query, each as a JSON object.
+    func query(_ sql: String) throws -> [String] {
+        switch self {
+        case .sqlite(let store):
+            let rows = try store.read { db in try Row.fetchAll(db, sql: sql) }
+            return try rows.map { row in
+                var object: [String: Any] = [:]
+                for (column, value) in row {
+                    switch value.storage {
+                    case .null: object[column] = NSNull()
+                    case .int64(let number): object[column] = number
+                    case .double(let number): object[column] = number
+                    case .string(let text): object[column] = text
+                    case .blob(let data): object[column] = data.base64EncodedString()
+                    }
+                }
+                let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+                return String(decoding: data, as: UTF8.self)
+            }
+        case .postgres(let store):
+            // The server writes each row as JSON: the query is the user's, run as a subquery.
+            return try store.read { db in
+                try db.query("SELECT row_to_json(q)::text FROM (\(unescaped: sql)) q").map { row in
+                    try row.decode(String.self)
+                }
+            }
+        }
+    }
+
+    func purgeHistory(maximumAge: Duration?) throws -> Int {
+        switch self {
+        case .sqlite(let store): try store.purgeHistory(maximumAge: maximumAge)
+        case .postgres(let store): try store.purgeHistory(maximumAge: maximumAge)
+        }
     }
 }
 
@@ -137,32 +266,22 @@ struct StoreSQL: ParsableCommand {
 
     @OptionGroup var location: StoreLocation
 
-    @Argument(help: "The SQL statements.")
-    var sql: String
+    @Argument(help: "The SQL statements, one an argument (a SQLite argument may hold several), run in one transaction.")
+    var sql: [String]
 
     @Flag(help: "Run a query and print its rows.")
     var query = false
 
+    func validate() throws {
+        if query && sql.count != 1 { throw ValidationError("--query takes one SQL statement.") }
+    }
+
     func run() throws {
         let store = try location.open()
         if query {
-            let rows = try store.read { db in try Row.fetchAll(db, sql: sql) }
-            for row in rows {
-                var object: [String: Any] = [:]
-                for (column, value) in row {
-                    switch value.storage {
-                    case .null: object[column] = NSNull()
-                    case .int64(let number): object[column] = number
-                    case .double(let number): object[column] = number
-                    case .string(let text): object[column] = text
-                    case .blob(let data): object[column] = data.base64EncodedString()
-                    }
-                }
-                let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
-                Output.line(String(decoding: data, as: UTF8.self))
-            }
+            for line in try store.query(sql[0]) { Output.line(line) }
         } else {
-            try store.write { db in try db.execute(sql: sql) }
+            try store.execute(sql)
         }
     }
 }

@@ -15,7 +15,7 @@ struct WormholeHarness: ParsableCommand {
             `swift run -c release WormholeHarness bench mailbox|queue|store` prints figures for this machine.
             """,
         subcommands: [
-            Bench.self, BenchCase.self, CrashTest.self, Exercise.self, ExerciseStore.self,
+            Bench.self, BenchCase.self, CrashTest.self, Exercise.self, ExerciseStore.self, ExercisePostgresStore.self,
             CrashVictim.self, BenchPeer.self, BenchPeerStore.self, BenchCasePeer.self, PostgresServerCommand.self,
             PostgresBenchCase.self, PostgresBenchCasePeer.self, PowerLoss.self, PowerWorkload.self,
         ]

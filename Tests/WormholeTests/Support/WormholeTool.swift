@@ -22,7 +22,7 @@ enum WormholeTool {
     /// The harness's commands; every other command is the tool's.
     static let harnessCommands: Set<String> = [
         "bench", "bench-case", "crash-test", "exercise", "exercise-store", "crash-victim", "bench-peer",
-        "bench-peer-store", "bench-case-peer", "power-loss", "power-workload",
+        "bench-peer-store", "bench-case-peer", "power-loss", "power-workload", "exercise-postgres-store",
     ]
 
     /// The executable that runs `arguments`.

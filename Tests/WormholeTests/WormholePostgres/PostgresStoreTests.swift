@@ -1,0 +1,177 @@
+import Foundation
+import PostgresNIO
+import Testing
+import WormholeCLI
+import WormholeKit
+import WormholePostgres
+
+/// The PostgreSQL store's own promises, beyond the store contract: external writers, ordering against a transaction
+/// that stays open, migrations run once, a server restart. A real server each (the test run's, or one of the test's
+/// own when it restarts it).
+@Suite("PostgreSQL store", .limit(minutes: 3))
+struct PostgresStoreTests {
+    static func open(
+        url: String,
+        group: String,
+        author: String,
+        migrations: [PostgresStore.Migration] = [itemTable]
+    ) throws -> PostgresStore {
+        let engine = try PostgresEngine(url: url, group: group)
+        return try PostgresStore(
+            engine: engine,
+            name: "tests",
+            schema: schema(group),
+            migrations: migrations,
+            configuration: .init(author: author)
+        )
+    }
+
+    /// The schema of a test's group: one a test, on a shared server.
+    static func schema(_ group: String) -> String { "s_" + group.replacingOccurrences(of: ".", with: "_") }
+
+    static let itemTable = PostgresStore.Migration("items") { db in
+        // The store's schema is its connections' search path (quoted by the store).
+        let schema = try db.query("SELECT current_setting('search_path')")[0].decode(String.self)
+        try db.query(PostgresQuery(unsafeSQL: "CREATE SCHEMA IF NOT EXISTS \(schema)"))
+        try db.query("CREATE TABLE item (id bigserial PRIMARY KEY, writer text NOT NULL, value bigint NOT NULL)")
+        try db.query("CREATE TABLE migration_run (id bigserial PRIMARY KEY)")
+        try db.query("INSERT INTO migration_run DEFAULT VALUES")
+    }
+
+    static func insert(_ store: PostgresStore, _ value: Int64) throws {
+        try store.write { db in try db.query("INSERT INTO item (writer, value) VALUES (\(store.author), \(value))") }
+    }
+
+    @Test("A write from psql, outside any store, is recorded as external and reaches consumers")
+    func externalWrite() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("store")
+            let store = try Self.open(url: server.url, group: group, author: "app")
+            let received = Collector<StoreTransaction>()
+            let observer = try store.observeRemoteChanges(consumer: "app") { received.append($0) }
+            try server.psql("INSERT INTO \(Self.schema(group)).item (writer, value) VALUES ('psql', 1)")
+            #expect(eventually { received.count == 1 })
+            #expect(received.values.first?.author == "external")
+            #expect(received.values.first?.tables["item"]?.inserted.count == 1)
+            observer.cancel()
+        }
+    }
+
+    @Test(
+        "A transaction that stays open while later ones commit is delivered when it commits, after them: none skipped"
+    )
+    func longOpenTransaction() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("store")
+            let store = try Self.open(url: server.url, group: group, author: "app")
+            let slow = try Self.open(url: server.url, group: group, author: "slow")
+            let received = Collector<StoreTransaction>()
+            let observer = try store.observeRemoteChanges(consumer: "app", includingOwnWrites: true) {
+                received.append($0)
+            }
+            let release = DispatchSemaphore(value: 0)
+            let inserted = DispatchSemaphore(value: 0)
+            let finished = DispatchSemaphore(value: 0)
+            Thread {
+                // Its first write takes its transaction id before the others begin; it commits last.
+                try? slow.write { db in
+                    try db.query("INSERT INTO item (writer, value) VALUES ('slow', 0)")
+                    inserted.signal()
+                    _ = release.wait(timeout: .now() + 30)
+                }
+                finished.signal()
+            }.start()
+            #expect(inserted.wait(timeout: .now() + 10) == .success)
+            for value in 1...10 { try Self.insert(store, Int64(value)) }
+            #expect(eventually { received.count == 10 })
+            Thread.sleep(forTimeInterval: 2)  // it stays open for seconds; the others are delivered meanwhile
+            #expect(received.count == 10)
+            release.signal()
+            #expect(finished.wait(timeout: .now() + 10) == .success)
+            #expect(eventually { received.count == 11 })
+            let values = received.values
+            #expect(values.map(\.id) == values.map(\.id).sorted() && Set(values.map(\.id)).count == 11)
+            #expect(values.last?.author == "slow", "delivered in commit order: last")
+            observer.cancel()
+        }
+    }
+
+    @Test("Processes opening a new store at once: all succeed, the migration runs once")
+    func concurrentFirstOpen() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("store")
+            let opened = Collector<Bool>()
+            DispatchQueue.concurrentPerform(iterations: 4) { index in
+                do {
+                    _ = try Self.open(url: server.url, group: group, author: "opener-\(index)")
+                    opened.append(true)
+                } catch {
+                    Issue.record("opener \(index): \(error)")
+                }
+            }
+            #expect(opened.count == 4)
+            let runs = try server.psql("SELECT count(*) FROM \(Self.schema(group)).migration_run")
+            #expect(runs == "1")
+        }
+    }
+
+    @Test("A failing migration keeps nothing of the opening and says which one failed")
+    func failingMigration() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("store")
+            #expect {
+                _ = try Self.open(
+                    url: server.url,
+                    group: group,
+                    author: "app",
+                    migrations: [Self.itemTable, .init("broken", sql: "CREATE TABLE item (id int)")]
+                )
+            } throws: { error in
+                (error as? StoreError)?.code == .migrationFailed && "\(error)".contains("broken")
+            }
+            let schemaExists = try server.psql(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = '\(Self.schema(group))'"
+            )
+            #expect(schemaExists == "0", "the first migration was rolled back with the second")
+        }
+    }
+
+    @Test("The server restarted mid-stream: a consumer misses nothing and gets nothing twice", .timeLimit(.minutes(3)))
+    func serverRestart() async throws {
+        if let reason = LocalPostgresServer.unavailableReason() { try Test.cancel("No PostgreSQL here: \(reason)") }
+        try await offThePool {
+            let server = try LocalPostgresServer(durable: true)
+            defer { server.close() }
+            let group = uniqueGroup("store")
+            let store = try Self.open(url: server.url, group: group, author: "app")
+            let writer = try Self.open(url: server.url, group: group, author: "writer")
+            let received = Collector<StoreTransaction>()
+            let observer = try store.observeRemoteChanges(consumer: "app", errorHandler: { _ in }) {
+                received.append($0)
+            }
+            for value in 0..<50 { try Self.insert(writer, Int64(value)) }
+            try server.restart()
+            var written = 50
+            let deadline = Date() + 60
+            while written < 100, Date() < deadline {
+                do {
+                    try Self.insert(writer, Int64(written))
+                    written += 1
+                } catch StoreError.Code.unavailable {
+                    Thread.sleep(forTimeInterval: 0.1)  // the pool's old connections fail once each
+                }
+            }
+            #expect(written == 100)
+            #expect(eventually(timeout: 30) { received.count >= 100 })
+            let ids = received.values.map(\.id)
+            // A write cut off by the restart may have committed before it failed, and was written again.
+            #expect(ids == Array(1...Int64(ids.count)), "in order, none twice, none missing")
+            #expect(ids.count >= 100)
+            observer.cancel()
+        }
+    }
+}
