@@ -10,12 +10,15 @@ import WormholeStore
 struct DemoStore: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "store",
-        abstract: "Show two processes sharing one SQLite store, each seeing the other's increments live.",
+        abstract: "Show two processes sharing one store, each seeing the other's increments live.",
         discussion: """
             Creates counter.sqlite in the demo group's container with a table `counter`, then starts an "app" and a \
             "widget" process. Each increments the counter several times; each watches the counter with a GRDB \
             ValueObservation, which fires for the other process's commits too, and receives the other's \
             transactions from the history.
+
+            With --hosts, the two processes run on two hosts (network namespaces the demo makes, where the machine \
+            allows it) and share a PostgreSQL store on a server of the demo's own, or on --postgres URL.
             """
     )
 
@@ -24,6 +27,17 @@ struct DemoStore: ParsableCommand {
 
     @Option(help: "The application group to use.")
     var group = DemoDefaults.group
+
+    @Flag(help: "Run the two processes on two hosts, sharing a PostgreSQL store.")
+    var hosts = false
+
+    @Option(
+        help: ArgumentHelp(
+            "With --hosts: a PostgreSQL server to use instead of one of the demo's own (both processes on this host).",
+            valueName: "url"
+        )
+    )
+    var postgres: String?
 
     func validate() throws {
         if increments < 1 || increments > 1000 { throw ValidationError("--increments must be between 1 and 1000.") }
@@ -41,6 +55,12 @@ struct DemoStore: ParsableCommand {
     }
 
     func run() throws {
+        if hosts || postgres != nil {
+            let given =
+                postgres
+                ?? ProcessInfo.processInfo.environment["WORMHOLE_POSTGRES_URL"].flatMap { $0.isEmpty ? nil : $0 }
+            return try DemoStoreHosts.run(increments: increments, group: group, given: given)
+        }
         let directory = try GroupContainer.directory(
             forApplicationGroupIdentifier: group,
             optionalDirectory: DemoDefaults.optionalDirectory
@@ -86,11 +106,16 @@ struct DemoRoleStore: ParsableCommand {
         shouldDisplay: false
     )
 
-    @Option var path: String
+    @Option var path: String?
+    @Option var group: String?
     @Option var author: String
     @Option var increments = 3
 
     func run() throws {
+        if let group, let url = ProcessInfo.processInfo.environment["WORMHOLE_POSTGRES_URL"] {
+            return try DemoStoreHosts.role(url: url, group: group, author: author, increments: increments)
+        }
+        guard let path else { throw Output.fail("demo-role-store needs --path, or --group and WORMHOLE_POSTGRES_URL") }
         let store = try SharedStore(path: path, migrator: DemoStore.migrator, configuration: .init(author: author))
         let target = 2 * increments
         let reachedTarget = DispatchSemaphore(value: 0)

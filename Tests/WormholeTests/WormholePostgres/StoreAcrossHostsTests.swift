@@ -84,3 +84,49 @@ struct StoreAcrossHostsTests {
         #expect(caughtUp.map(\.key) == caughtUp.map(\.key).sorted())
     }
 }
+
+@Suite("The tool on a PostgreSQL store", .limit(minutes: 3))
+struct StoreToolTests {
+    @Test("wormhole store sql|history|watch|purge --postgres: tables made through the tool are tracked")
+    func toolOnPostgres() async throws {
+        try await offThePool {
+            let url = try requireTestServerURL()
+            let group = uniqueGroup("tool")
+            let schema = "tool_" + String(UInt32.random(in: 0...UInt32.max))
+            let location = [group, "--postgres", url, "--name", "tooled", "--schema", schema]
+            let made = try WormholeTool.run(
+                ["store", "sql"] + location
+                    + ["CREATE SCHEMA \(schema)", "CREATE TABLE note (id int PRIMARY KEY, body text NOT NULL)"]
+            )
+            #expect(made.status == 0, "\(made.error)")
+            let watcher = try RunningTool(["store", "watch"] + location + ["--consumer", "watcher", "--count", "1"])
+            #expect(watcher.waitForError(containing: "watching"))
+            let inserted = try WormholeTool.run(
+                ["store", "sql"] + location + ["--author", "writer", "INSERT INTO note VALUES (1, 'hello')"]
+            )
+            #expect(inserted.status == 0, "\(inserted.error)")
+            let watched = watcher.finish(timeout: 30)
+            #expect(watched.status == 0)
+            #expect(watched.output.contains(#""author":"writer""#) && watched.output.contains(#""note""#))
+            let history = try WormholeTool.run(["store", "history"] + location)
+            #expect(history.output.contains(#""note""#))
+            let rows = try WormholeTool.run(["store", "sql"] + location + ["--query", "SELECT id, body FROM note"])
+            #expect(rows.output.contains(#""body":"hello""#))
+            let purged = try WormholeTool.run(["store", "purge"] + location)
+            #expect(purged.status == 0 && purged.output.contains("purged"))
+        }
+    }
+
+    @Test(
+        "wormhole demo store --hosts: two hosts see each other's increments; the counter ends at their sum",
+        .timeLimit(.minutes(3))
+    )
+    func demoStoreHosts() async throws {
+        if let reason = NetworkHosts.unavailableReason() { try Test.cancel("No network namespaces here: \(reason)") }
+        if let reason = LocalPostgresServer.unavailableReason() { try Test.cancel("No PostgreSQL here: \(reason)") }
+        let result = try await blocking { try WormholeTool.run(["demo", "store", "--hosts"], timeout: 150) }
+        #expect(result.status == 0, "\(result.error)")
+        #expect(result.output.contains("The counter is 6 (6 increments on two hosts)"))
+        #expect(result.output.contains("received transaction") && result.output.contains("from widget"))
+    }
+}
