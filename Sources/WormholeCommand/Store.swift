@@ -63,7 +63,9 @@ struct StoreLocation: ParsableArguments {
         }
     }
 
-    func open() throws -> OpenedStore {
+    /// Opens the store; with `tracking` false (reading the history), a PostgreSQL store's tables are left as they
+    /// are.
+    func open(tracking: Bool = true) throws -> OpenedStore {
         guard let postgresURL else {
             return .sqlite(
                 try SharedStore(path: path, configuration: .init(author: author, observesRemoteChanges: false))
@@ -75,7 +77,7 @@ struct StoreLocation: ParsableArguments {
                 engine: engine,
                 name: name ?? "store",
                 schema: schema,
-                configuration: .init(author: author)
+                configuration: .init(author: author, tracksTables: tracking)
             )
         )
     }
@@ -162,7 +164,8 @@ enum OpenedStore {
         case .postgres(let store):
             // The server writes each row as JSON: the query is the user's, run as a subquery.
             return try store.read { db in
-                try db.query("SELECT row_to_json(q)::text FROM (\(unescaped: sql)) q").map { row in
+                let query = sql.trimmingCharacters(in: .whitespacesAndNewlines.union(CharacterSet(charactersIn: ";")))
+                return try db.query("SELECT row_to_json(q)::text FROM (\(unescaped: query)) q").map { row in
                     try row.decode(String.self)
                 }
             }
@@ -206,7 +209,7 @@ struct StoreHistory: ParsableCommand {
     var limit = 50
 
     func run() throws {
-        let store = try location.open()
+        let store = try location.open(tracking: false)
         var start = after
         if after == 0 { start = max(0, try store.currentToken() - Int64(limit)) }
         for transaction in try store.transactions(after: start, limit: limit) {
@@ -240,7 +243,7 @@ struct StoreWatch: ParsableCommand {
     @OptionGroup var limits: ListeningLimits
 
     func run() throws {
-        let store = try location.open()
+        let store = try location.open(tracking: false)
         try limits.listen(ready: "watching \(location.store)") { tally in
             try store.observeRemoteChanges(
                 consumer: consumer,
@@ -261,7 +264,10 @@ struct StoreSQL: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sql",
         abstract: "Run SQL through the store: recorded in the history, other processes notified.",
-        discussion: "With --query, prints each row of a SELECT as a JSON object instead."
+        discussion: """
+            With --query, prints each row of a SELECT as a JSON object instead. On PostgreSQL, a table the \
+            statements create is tracked once they commit: rows written to it in the same call are not recorded.
+            """
     )
 
     @OptionGroup var location: StoreLocation
@@ -297,8 +303,14 @@ struct StorePurge: ParsableCommand {
     @Option(help: "Drop consumers not seen for this many seconds (default: 7 days).")
     var maxAge: Double?
 
+    func validate() throws {
+        if let maxAge, !(maxAge > 0) { throw ValidationError("--max-age must be a positive number of seconds.") }
+    }
+
     func run() throws {
-        let removed = try location.open().purgeHistory(maximumAge: maxAge.map { .milliseconds(Int64($0 * 1000)) })
+        let removed = try location.open(tracking: false).purgeHistory(
+            maximumAge: maxAge.map { .milliseconds(Int64($0 * 1000)) }
+        )
         Output.line("purged \(removed) transactions")
     }
 }

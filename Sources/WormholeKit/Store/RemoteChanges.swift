@@ -8,6 +8,9 @@ package final class ConsumerCursor: Sendable {
     let tables: Set<String>?
     let includingOwnWrites: Bool
     private let token: Locked<Int64>
+    /// When the consumer was last marked as seen: a consumer that stays is never purged as gone, even when the
+    /// store is idle or its handler keeps failing.
+    private let lastSeen = Locked(ContinuousClock.now)
 
     /// Registers the consumer `name` (nil for a passing one) and starts at its stored token.
     package init(
@@ -27,6 +30,10 @@ package final class ConsumerCursor: Sendable {
 
     /// The next transactions for this consumer, and how far the history was looked at.
     func fetch(limit: Int = 100) throws(StoreError) -> (transactions: [StoreTransaction], scannedThrough: Int64) {
+        if let name, lastSeen.withLock({ ContinuousClock.now - $0 > .seconds(60) }) {
+            try history.storeToken(current, consumer: name)
+            lastSeen.withLock { $0 = ContinuousClock.now }
+        }
         let (batch, scanned) = try history.transactions(after: current, limit: limit, tables: tables)
         let kept = includingOwnWrites ? batch : batch.filter { $0.author != history.author }
         return (kept, scanned)

@@ -78,10 +78,11 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         } catch {
             throw StoreError(.unavailable, "The store's name is not valid: \(error.message)", underlyingError: error)
         }
-        guard !schema.isEmpty, schema.utf8.count <= 63 else {
+        guard !schema.isEmpty, schema.utf8.count <= 63, !schema.utf8.contains(0) else {
             throw StoreError(.unavailable, "\"\(schema)\" is not a PostgreSQL schema name (1 to 63 bytes).")
         }
-        guard !configuration.author.isEmpty, configuration.author != "external" else {
+        guard !configuration.author.isEmpty, configuration.author != "external", !configuration.author.utf8.contains(0)
+        else {
             throw StoreError(
                 .unavailable,
                 "\"\(configuration.author)\" cannot be an author: it must not be empty, and `external` names writes "
@@ -155,7 +156,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
                 )
                 ran = true
             }
-            try track(connection, replacing: ran)
+            if configuration.tracksTables { try track(connection, replacing: ran) }
         }
     }
 
@@ -226,8 +227,10 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
             do {
                 return try body(connection)
             } catch let error as StoreError {
+                connection.discard()
                 throw error
             } catch {
+                connection.discard()
                 throw StoreError(
                     .handlerFailed,
                     "Could not read: your closure threw \(error).",
@@ -369,23 +372,33 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         let result: Result?
         do {
             result = try connections.withConnection { (connection) throws(WormholeError) -> Result? in
+                let handle = StoreConnection(connection: connection, store: self)
+                let outcome: Result?
                 do throws(StoreError) {
-                    return try body(StoreConnection(connection: connection, store: self))
+                    outcome = try body(handle)
                 } catch {
                     // A connection that failed goes back to the engine's pool as its own error, which closes it.
                     if let underlying = error.underlyingError as? WormholeError, underlying.code == .serverUnavailable {
                         throw underlying
                     }
                     failure = error
-                    return nil
+                    outcome = nil
                 }
+                // One whose session state is unknown (a transaction left open by a closure that threw, a failed
+                // rollback) goes back as unavailable too, so that it is closed rather than kept.
+                if handle.mustDiscard.withLock({ $0 }) { throw Self.discarding }
+                return outcome
             }
         } catch {
+            if let failure { throw failure }
             throw storeError(error, what)
         }
         if let failure { throw failure }
         return result!
     }
+
+    /// Thrown to the engine's pool so that it closes a connection rather than keep it.
+    private static let discarding = WormholeError(.serverUnavailable, "The store's connection is closed, not kept.")
 
     /// Runs `body` in a transaction: committed when it returns, rolled back when it throws.
     func transaction<Result>(
@@ -393,15 +406,38 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         _ body: (StoreConnection) throws(StoreError) -> Result
     ) throws(StoreError) -> Result {
         try withConnection(doing: what) { (connection) throws(StoreError) in
-            try connection.run("BEGIN")
+            // READ COMMITTED whatever the server's default: the commit-time update of the store's row must see the
+            // commits made since this transaction began (at REPEATABLE READ it would fail with 40001).
+            do throws(StoreError) {
+                try connection.run("BEGIN ISOLATION LEVEL READ COMMITTED")
+            } catch {
+                connection.discard()
+                throw error
+            }
             let result: Result
             do throws(StoreError) {
                 result = try body(connection)
             } catch {
-                if !connection.connection.isClosed { _ = try? connection.run("ROLLBACK") }
+                do throws(StoreError) { try connection.run("ROLLBACK") } catch { connection.discard() }
                 throw error
             }
-            try connection.run("COMMIT")
+            let tag: String
+            do throws(StoreError) {
+                tag = try connection.commit()
+            } catch {
+                connection.discard()
+                throw error
+            }
+            // A statement that failed inside `body`, its error swallowed, aborted the transaction: COMMIT then
+            // answers ROLLBACK, without an error.
+            guard tag == "COMMIT" else {
+                throw StoreError(
+                    .database,
+                    "Could not \(what): the transaction was rolled back by the server (a statement in it failed, its "
+                        + "error caught inside your closure). Nothing was written.",
+                    path: location
+                )
+            }
             return result
         }
     }
@@ -442,6 +478,9 @@ extension PostgresStore {
         public var historyMaximumAge: Duration
         /// Tables of the store's schema whose changes are not recorded (caches, scratch tables).
         public var untrackedTables: Set<String>
+        /// Whether opening gives the store's tables the history trigger; false for a process that only reads the
+        /// history (a tool, a consumer elsewhere), so that it never changes the tables' triggers.
+        public var tracksTables: Bool
         /// Where warnings go; never a password.
         public var logger: Logger
 
@@ -450,11 +489,13 @@ extension PostgresStore {
             author: String = ProcessInfo.processInfo.processName,
             historyMaximumAge: Duration = .seconds(7 * 24 * 3600),
             untrackedTables: Set<String> = [],
+            tracksTables: Bool = true,
             logger: Logger = Logger(label: "wormhole.postgres.store")
         ) {
             self.author = author
             self.historyMaximumAge = historyMaximumAge
             self.untrackedTables = untrackedTables
+            self.tracksTables = tracksTables
             self.logger = logger
         }
     }
@@ -484,6 +525,24 @@ extension PostgresStore {
     public struct StoreConnection {
         let connection: PostgresConnection
         let store: PostgresStore
+        /// Set when the connection's session state is unknown: it is closed, not given back to the pool.
+        let mustDiscard = Locked(false)
+
+        func discard() { mustDiscard.withLock { $0 = true } }
+
+        /// Commits, and returns the command tag the server answered (`ROLLBACK` for an aborted transaction).
+        func commit() throws(StoreError) -> String {
+            do {
+                let result = try store.connections.wait(
+                    for: connection.query("COMMIT", logger: store.logger),
+                    doing: "committing",
+                    closing: connection
+                )
+                return result.metadata.command
+            } catch {
+                throw store.storeError(error, "commit")
+            }
+        }
 
         /// Runs one statement, its values bound as parameters (postgres-nio's string interpolation), and returns its
         /// rows; blocks until the server answers.

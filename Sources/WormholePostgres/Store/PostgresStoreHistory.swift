@@ -127,8 +127,9 @@ struct PostgresStoreHistory: StoreHistory {
             (connection) throws(StoreError) in
             try connection.run(
                 """
-                UPDATE wormhole.store_consumers SET token = greatest(token, \(token)), seen = now()
-                WHERE grp = \(group) AND store = \(storeName) AND consumer = \(consumer)
+                INSERT INTO wormhole.store_consumers AS c (grp, store, consumer, token)
+                VALUES (\(group), \(storeName), \(consumer), \(token))
+                ON CONFLICT (grp, store, consumer) DO UPDATE SET token = greatest(c.token, excluded.token), seen = now()
                 """
             )
         }

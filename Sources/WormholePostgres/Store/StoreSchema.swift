@@ -73,6 +73,8 @@ enum StoreSchema {
                 v_grp text := TG_ARGV[0];
                 v_store text := TG_ARGV[1];
                 v_key text[] := TG_ARGV[2]::text[];
+                -- The tracked table's name: a partition's rows are recorded under their partitioned table.
+                v_table text := coalesce(TG_ARGV[3], TG_TABLE_NAME);
                 v_xid xid8 := pg_catalog.pg_current_xact_id();
                 v_marker text;
                 v_new jsonb;
@@ -100,18 +102,18 @@ enum StoreSchema {
                 END IF;
                 IF TG_OP = 'INSERT' THEN
                     INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'i', v_new_key);
+                    VALUES (v_grp, v_store, v_xid, v_table, 'i', v_new_key);
                 ELSIF TG_OP = 'DELETE' THEN
                     INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'd', v_old_key);
+                    VALUES (v_grp, v_store, v_xid, v_table, 'd', v_old_key);
                 ELSIF v_old_key = v_new_key THEN
                     INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'u', v_new_key);
+                    VALUES (v_grp, v_store, v_xid, v_table, 'u', v_new_key);
                 ELSE
                     -- A key that changed: the old row went and a new one came.
                     INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, TG_TABLE_NAME, 'd', v_old_key),
-                        (v_grp, v_store, v_xid, TG_TABLE_NAME, 'i', v_new_key);
+                    VALUES (v_grp, v_store, v_xid, v_table, 'd', v_old_key),
+                        (v_grp, v_store, v_xid, v_table, 'i', v_new_key);
                 END IF;
                 RETURN NULL;
             END
@@ -147,13 +149,16 @@ enum StoreSchema {
             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION wormhole.store_commit()
             """,
             // Gives every table of `p_schema` but `p_untracked` the row trigger (with `p_replace`, again where it
-            // is; else only where it is missing). Names are quoted by format's %I and %L, never by the client.
+            // is; else only where it is missing). A table whose trigger records for another store is refused: two
+            // stores on one schema would take each other's tables. Names are quoted by format's %I and %L, never
+            // by the client.
             """
             CREATE FUNCTION wormhole.store_track(
                 p_grp text, p_store text, p_schema text, p_untracked text[], p_replace boolean
             ) RETURNS integer LANGUAGE plpgsql SECURITY INVOKER AS $$
             DECLARE
                 r record;
+                v_owner text[];
                 v_key text[];
                 v_count integer := 0;
             BEGIN
@@ -164,10 +169,15 @@ enum StoreSchema {
                         AND NOT (c.relname::text = ANY (p_untracked))
                     ORDER BY c.relname
                 LOOP
-                    IF p_replace OR NOT EXISTS (
-                        SELECT 1 FROM pg_catalog.pg_trigger t
-                        WHERE t.tgrelid = r.oid AND t.tgname = 'wormhole_history'
-                    ) THEN
+                    SELECT pg_catalog.string_to_array(pg_catalog.encode(t.tgargs, 'escape'), '\\000') INTO v_owner
+                    FROM pg_catalog.pg_trigger t
+                    WHERE t.tgrelid = r.oid AND t.tgname = 'wormhole_history';
+                    IF v_owner IS NOT NULL AND (v_owner[1] <> p_grp OR v_owner[2] <> p_store) THEN
+                        RAISE EXCEPTION 'the table %.% is tracked by the store % of group %: give each store a '
+                            'schema of its own', p_schema, r.name, v_owner[2], v_owner[1]
+                            USING ERRCODE = 'unique_violation';
+                    END IF;
+                    IF p_replace OR v_owner IS NULL THEN
                         SELECT coalesce(pg_catalog.array_agg(a.attname::text ORDER BY k.ord), '{}') INTO v_key
                         FROM pg_catalog.pg_index i
                         CROSS JOIN LATERAL pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
@@ -175,8 +185,8 @@ enum StoreSchema {
                         WHERE i.indrelid = r.oid AND i.indisprimary;
                         EXECUTE pg_catalog.format(
                             'CREATE OR REPLACE TRIGGER wormhole_history AFTER INSERT OR UPDATE OR DELETE ON %I.%I '
-                                || 'FOR EACH ROW EXECUTE FUNCTION wormhole.store_record(%L, %L, %L)',
-                            p_schema, r.name, p_grp, p_store, v_key::text);
+                                || 'FOR EACH ROW EXECUTE FUNCTION wormhole.store_record(%L, %L, %L, %L)',
+                            p_schema, r.name, p_grp, p_store, v_key::text, r.name);
                     END IF;
                     v_count := v_count + 1;
                 END LOOP;

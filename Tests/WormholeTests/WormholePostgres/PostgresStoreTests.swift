@@ -174,4 +174,60 @@ struct PostgresStoreTests {
             observer.cancel()
         }
     }
+
+    @Test("A statement that failed inside a write, its error swallowed, fails the write: nothing written, none hidden")
+    func swallowedFailure() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("store")
+            let store = try Self.open(url: server.url, group: group, author: "app")
+            let before = try store.currentToken()
+            #expect {
+                try store.write { db in
+                    try db.query("INSERT INTO item (writer, value) VALUES ('app', 1)")
+                    _ = try? db.query("INSERT INTO no_such_table VALUES (1)")
+                }
+            } throws: { error in
+                (error as? StoreError)?.code == .database && "\(error)".contains("rolled back")
+            }
+            #expect(try store.currentToken() == before)
+            // The connection went back clean: the next write works.
+            try Self.insert(store, 2)
+            #expect(try store.transactions(after: before).count == 1)
+        }
+    }
+
+    @Test("Two stores on one schema are refused, and a partition's rows are recorded under their table")
+    func schemaOwnershipAndPartitions() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("store")
+            let partitioned = PostgresStore.Migration("partitioned") { db in
+                try db.query(
+                    "CREATE TABLE reading (id bigint NOT NULL, at date NOT NULL, PRIMARY KEY (id, at)) PARTITION BY RANGE (at)"
+                )
+                try db.query(
+                    "CREATE TABLE reading_2026 PARTITION OF reading FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')"
+                )
+            }
+            let store = try Self.open(
+                url: server.url,
+                group: group,
+                author: "app",
+                migrations: [Self.itemTable, partitioned]
+            )
+            let start = try store.currentToken()
+            try store.write { db in try db.query("INSERT INTO reading (id, at) VALUES (1, '2026-11-24')") }
+            #expect(try store.transactions(after: start).first?.tableNames == ["reading"])
+            #expect {
+                _ = try PostgresStore(
+                    engine: try PostgresEngine(url: server.url, group: group),
+                    name: "another",
+                    schema: Self.schema(group)
+                )
+            } throws: { error in
+                "\(error)".contains("is tracked by the store tests")
+            }
+        }
+    }
 }
