@@ -1,12 +1,13 @@
 /// The tables and functions of shared stores on PostgreSQL: migration 3 of ``Schema``.
 ///
 /// A store is a schema of the user's tables, each with a row trigger (`wormhole_history`) that records the row's
-/// table, operation and primary key in `wormhole.store_changes`, and the transaction (its `xid8`, its author) in
-/// `wormhole.store_transactions`, once per transaction. A deferred constraint trigger on that row gives the
-/// transaction its history id at commit, from the store's row in `wormhole.stores`, whose lock it keeps until the
-/// commit ends: so ids are handed out in commit order, with no gap, whenever each transaction began (a `bigserial`
-/// would be taken at the first write, and a transaction that began earlier but commits later would appear behind a
-/// reader's back). The cost: the commits of one store pass one at a time through the end of their transaction.
+/// table, operation and primary key in `wormhole.store_changes`, under the transaction's `xid8`. The transaction's
+/// first change of a store queues a deferred constraint trigger, which at commit gives the transaction its history
+/// id from the store's row in `wormhole.stores`, whose lock it keeps until the commit ends, and records it in
+/// `wormhole.store_transactions`: so ids are handed out in commit order, with no gap, whenever each transaction began
+/// (a `bigserial` would be taken at the first write, and a transaction that began earlier but commits later would
+/// appear behind a reader's back). The cost: the commits of one store pass one at a time through the end of their
+/// transaction.
 enum StoreSchema {
     static let migration: [String] =
         [
@@ -23,14 +24,13 @@ enum StoreSchema {
             CREATE TABLE wormhole.store_transactions (
                 grp text NOT NULL,
                 store text NOT NULL,
+                id bigint NOT NULL,
                 xid xid8 NOT NULL,
-                id bigint,
                 author text NOT NULL,
-                committed timestamptz,
-                PRIMARY KEY (grp, store, xid)
+                committed timestamptz NOT NULL,
+                PRIMARY KEY (grp, store, id)
             )
             """,
-            "CREATE UNIQUE INDEX store_transactions_id ON wormhole.store_transactions (grp, store, id)",
             """
             CREATE TABLE wormhole.store_changes (
                 grp text NOT NULL,
@@ -40,6 +40,8 @@ enum StoreSchema {
                 tbl text NOT NULL,
                 op text NOT NULL CHECK (op IN ('i', 'u', 'd')),
                 pk jsonb NOT NULL,
+                -- The transaction's first change of this store: its row queues the commit-time trigger.
+                first boolean NOT NULL DEFAULT false,
                 PRIMARY KEY (grp, store, xid, seq)
             )
             """,
@@ -63,9 +65,9 @@ enum StoreSchema {
             )
             """,
             // The row trigger of every tracked table. Its arguments, fixed when the trigger is made: the group, the
-            // store, and the primary key's columns. The author is the session's `wormhole.author` setting, which a
-            // store's connections set when they open; any other session (psql, another service) is `external`.
-            // The transaction's row is written at its first change (a transaction-local setting remembers it).
+            // store, the primary key's columns and the table's name. A transaction's first change of a store is
+            // marked `first` (a transaction-local setting remembers it; a savepoint rolled back forgets it with the
+            // row), which queues the commit-time trigger once per transaction.
             """
             CREATE FUNCTION wormhole.store_record() RETURNS trigger
             LANGUAGE plpgsql SECURITY INVOKER AS $$
@@ -77,18 +79,16 @@ enum StoreSchema {
                 v_table text := coalesce(TG_ARGV[3], TG_TABLE_NAME);
                 v_xid xid8 := pg_catalog.pg_current_xact_id();
                 v_marker text;
+                v_first boolean;
                 v_new jsonb;
                 v_old jsonb;
                 v_new_key jsonb := '{}'::jsonb;
                 v_old_key jsonb := '{}'::jsonb;
             BEGIN
-                v_marker := v_grp || '/' || v_store || '/' || v_xid::text;
-                IF pg_catalog.current_setting('wormhole.recording', true) IS DISTINCT FROM v_marker THEN
-                    INSERT INTO wormhole.store_transactions (grp, store, xid, author)
-                    VALUES (v_grp, v_store, v_xid,
-                        coalesce(nullif(pg_catalog.current_setting('wormhole.author', true), ''), 'external'))
-                    ON CONFLICT DO NOTHING;
-                    PERFORM pg_catalog.set_config('wormhole.recording', v_marker, true);
+                v_marker := 'wormhole.recording_' || pg_catalog.md5(v_grp || '/' || v_store);
+                v_first := pg_catalog.current_setting(v_marker, true) IS DISTINCT FROM v_xid::text;
+                IF v_first THEN
+                    PERFORM pg_catalog.set_config(v_marker, v_xid::text, true);
                 END IF;
                 IF TG_OP <> 'INSERT' THEN
                     v_old := pg_catalog.to_jsonb(OLD);
@@ -101,26 +101,29 @@ enum StoreSchema {
                     FROM pg_catalog.unnest(v_key) AS k;
                 END IF;
                 IF TG_OP = 'INSERT' THEN
-                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, v_table, 'i', v_new_key);
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk, first)
+                    VALUES (v_grp, v_store, v_xid, v_table, 'i', v_new_key, v_first);
                 ELSIF TG_OP = 'DELETE' THEN
-                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, v_table, 'd', v_old_key);
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk, first)
+                    VALUES (v_grp, v_store, v_xid, v_table, 'd', v_old_key, v_first);
                 ELSIF v_old_key = v_new_key THEN
-                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, v_table, 'u', v_new_key);
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk, first)
+                    VALUES (v_grp, v_store, v_xid, v_table, 'u', v_new_key, v_first);
                 ELSE
                     -- A key that changed: the old row went and a new one came.
-                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk)
-                    VALUES (v_grp, v_store, v_xid, v_table, 'd', v_old_key),
-                        (v_grp, v_store, v_xid, v_table, 'i', v_new_key);
+                    INSERT INTO wormhole.store_changes (grp, store, xid, tbl, op, pk, first)
+                    VALUES (v_grp, v_store, v_xid, v_table, 'd', v_old_key, v_first),
+                        (v_grp, v_store, v_xid, v_table, 'i', v_new_key, false);
                 END IF;
                 RETURN NULL;
             END
             $$
             """,
-            // At commit (a deferred constraint trigger), the transaction takes the next id of its store, under the
-            // lock of the store's row that it keeps until the commit ends, and notifies the group's channel.
+            // At commit (a deferred constraint trigger, queued by a transaction's first change of the store), the
+            // transaction takes the next id of its store, under the lock of the store's row that it keeps until the
+            // commit ends, is recorded with its author (the session's `wormhole.author`, which a store's connections
+            // set when they open; `external` for any other session: psql, another service), and notifies the
+            // group's channel. Written once, never updated: no dead row per transaction.
             """
             CREATE FUNCTION wormhole.store_commit() RETURNS trigger
             LANGUAGE plpgsql SECURITY INVOKER AS $$
@@ -134,8 +137,10 @@ enum StoreSchema {
                 IF v_id IS NULL THEN
                     RAISE EXCEPTION 'the wormhole store % of group % is not registered', NEW.store, NEW.grp;
                 END IF;
-                UPDATE wormhole.store_transactions t SET id = v_id, committed = pg_catalog.clock_timestamp()
-                WHERE t.grp = NEW.grp AND t.store = NEW.store AND t.xid = NEW.xid;
+                INSERT INTO wormhole.store_transactions (grp, store, id, xid, author, committed)
+                VALUES (NEW.grp, NEW.store, v_id, NEW.xid,
+                    coalesce(nullif(pg_catalog.current_setting('wormhole.author', true), ''), 'external'),
+                    pg_catalog.clock_timestamp());
                 SELECT g.channel INTO v_channel FROM wormhole.groups g WHERE g.grp = NEW.grp;
                 IF v_channel IS NOT NULL THEN
                     PERFORM pg_catalog.pg_notify(v_channel, 'nstore.' || NEW.store);
@@ -145,8 +150,8 @@ enum StoreSchema {
             $$
             """,
             """
-            CREATE CONSTRAINT TRIGGER store_commit_order AFTER INSERT ON wormhole.store_transactions
-            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION wormhole.store_commit()
+            CREATE CONSTRAINT TRIGGER store_commit_order AFTER INSERT ON wormhole.store_changes
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.first) EXECUTE FUNCTION wormhole.store_commit()
             """,
             // Gives every table of `p_schema` but `p_untracked` the row trigger (with `p_replace`, again where it
             // is; else only where it is missing). A table whose trigger records for another store is refused: two
