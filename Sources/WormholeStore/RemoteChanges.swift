@@ -35,9 +35,9 @@ extension SharedStore {
     ///
     /// The handler runs where `execution` says, a serial queue of the observer's own by default, together with the
     /// reading of the history. A transaction is acknowledged (the token moves past it) when the handler returns
-    /// without throwing; when it throws, the error goes to `errorHandler` as ``StoreError/Code/handlerFailed`` and
+    /// without throwing; when it throws, the error goes to `errorHandler` as `StoreError.Code.handlerFailed` and
     /// the same transaction is offered again at the next commit. History rows that cannot be read are reported to
-    /// `errorHandler` as ``StoreError/Code/corruptHistory``, and the rest of their transaction is delivered. With no
+    /// `errorHandler` as `StoreError.Code.corruptHistory`, and the rest of their transaction is delivered. With no
     /// `errorHandler`, errors are logged.
     ///
     /// - Returns: The observer; it stops when cancelled or released.

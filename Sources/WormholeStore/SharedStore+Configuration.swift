@@ -9,7 +9,7 @@ extension SharedStore {
         /// Who this process is in the history, so that others know who changed what and a process can skip its own
         /// writes: a name per target, such as `app` or `widget`. By default the process name.
         public var author: String
-        /// How long a write waits for another process's write before failing with ``StoreError/Code/busy``;
+        /// How long a write waits for another process's write before failing with `StoreError.Code.busy`;
         /// 5 seconds by default.
         public var busyTimeout: Duration
         /// How long history is kept for a consumer that never comes back; 7 days by default.

@@ -11,8 +11,8 @@ import WormholeKit
 /// process at a time. On top of it:
 ///
 /// - **History.** Every committed write is recorded with its author, time, and per table the inserted, updated and
-///   deleted primary keys (see ``StoreTransaction``). Triggers record it, so writes by other tools are seen too.
-/// - **Remote changes.** After a write through ``write(_:)-7b863`` commits, the other processes are notified at once,
+///   deleted primary keys (see `StoreTransaction`). Triggers record it, so writes by other tools are seen too.
+/// - **Remote changes.** After a write through `write(_:)` commits, the other processes are notified at once,
 ///   and receive the transactions since their own history token:
 ///   ``remoteChanges(consumer:tables:includingOwnWrites:)``.
 /// - **Cross-process GRDB observation.** A `ValueObservation` or `DatabaseRegionObservation` in this process fires
@@ -36,7 +36,7 @@ import WormholeKit
 /// }
 /// ```
 public final class SharedStore: Sendable {
-    /// The database, for reads and for GRDB observation. Write through ``write(_:)-7b863``, which records and
+    /// The database, for reads and for GRDB observation. Write through `write(_:)`, which records and
     /// notifies.
     public let databasePool: DatabasePool
     /// The database file.
@@ -59,7 +59,7 @@ public final class SharedStore: Sendable {
 
     /// Opens (creating if needed) a store named `name` in an application group's container.
     ///
-    /// - Throws: ``StoreError``; a bad group or name is ``StoreError/Code/unavailable``.
+    /// - Throws: `StoreError`; a bad group or name is `StoreError.Code.unavailable`.
     public convenience init(
         applicationGroupIdentifier: String,
         optionalDirectory: String? = nil,
@@ -85,8 +85,8 @@ public final class SharedStore: Sendable {
     /// Creation, the history tables and the migrations run under a file lock, so several processes may open a new
     /// store at once: one sets it up, the others find it ready.
     ///
-    /// - Throws: ``StoreError/Code/unavailable`` when the file cannot be opened,
-    ///   ``StoreError/Code/migrationFailed`` when a migration throws.
+    /// - Throws: `StoreError.Code.unavailable` when the file cannot be opened,
+    ///   `StoreError.Code.migrationFailed` when a migration throws.
     public init(
         path: String,
         migrator: DatabaseMigrator = DatabaseMigrator(),
@@ -166,9 +166,9 @@ public final class SharedStore: Sendable {
     /// Changes that other tools made since the last write through a store are first recorded as a transaction of
     /// their own, of author `external`. A table created inside `updates` is tracked from the next write on.
     ///
-    /// - Throws: ``StoreError/Code/busy`` when another process held the database longer than the busy timeout,
-    ///   ``StoreError/Code/database`` for another database error, ``StoreError/Code/handlerFailed`` with the error
-    ///   `updates` threw as its ``StoreError/underlyingError`` (the transaction is rolled back in both cases).
+    /// - Throws: `StoreError.Code.busy` when another process held the database longer than the busy timeout,
+    ///   `StoreError.Code.database` for another database error, `StoreError.Code.handlerFailed` with the error
+    ///   `updates` threw as its `StoreError.underlyingError` (the transaction is rolled back in both cases).
     @discardableResult
     public func write<T>(_ updates: (Database) throws -> T) throws(StoreError) -> T {
         let (value, recorded): (T, Int64?)
@@ -185,7 +185,7 @@ public final class SharedStore: Sendable {
         return value
     }
 
-    /// The asynchronous form of ``write(_:)-7b863``: the database work runs on GRDB's writer queue, not on the caller's
+    /// The asynchronous form of `write(_:)`: the database work runs on GRDB's writer queue, not on the caller's
     /// thread.
     @discardableResult
     public func write<T: Sendable>(
@@ -229,7 +229,7 @@ public final class SharedStore: Sendable {
 
     /// Reads from the database (a GRDB read: concurrent with writes, in WAL mode).
     ///
-    /// - Throws: ``StoreError/Code/database``, or ``StoreError/Code/handlerFailed`` with the error `value` threw.
+    /// - Throws: `StoreError.Code.database`, or `StoreError.Code.handlerFailed` with the error `value` threw.
     public func read<T>(_ value: (Database) throws -> T) throws(StoreError) -> T {
         do {
             return try databasePool.read(value)

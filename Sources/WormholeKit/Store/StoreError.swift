@@ -16,7 +16,7 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
         /// The database could not be opened or created (a bad path, a missing directory, permissions), or its server
         /// could not be reached.
         public static let unavailable = Code(.unavailable)
-        /// A migration failed; the database keeps the migrations that were applied before it.
+        /// A migration failed. SQLite keeps the migrations applied before it; PostgreSQL keeps none of that opening's.
         public static let migrationFailed = Code(.migrationFailed)
         /// Another process held the database longer than the busy timeout (SQLite's `SQLITE_BUSY`), or PostgreSQL
         /// ended the transaction as a deadlock or a serialization failure: running it again may succeed.

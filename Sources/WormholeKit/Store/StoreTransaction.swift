@@ -6,7 +6,7 @@ import Foundation
 public struct StoreTransaction: Sendable, Hashable, Codable {
     /// The history token: transactions are numbered in commit order.
     public var id: Int64
-    /// Who wrote it: a store's ``SharedStore/author``, or `external` for a tool that wrote to the file directly.
+    /// Who wrote it: a store's author, or `external` for a write made outside a store (another tool, `psql`).
     public var author: String
     /// When it was committed.
     public var date: Date
@@ -51,7 +51,8 @@ public struct TableChanges: Sendable, Hashable, Codable {
     }
 }
 
-/// A row's primary key: its columns and their values (`rowid` for tables without a declared primary key).
+/// A row's primary key: its columns and their values (SQLite: `rowid` for tables without a declared primary key;
+/// PostgreSQL: no column for a table without a primary key).
 public struct PrimaryKey: Sendable, Hashable, Codable, CustomStringConvertible {
     /// The primary key's columns and values.
     public var columns: [String: PrimaryKeyValue]
@@ -59,7 +60,7 @@ public struct PrimaryKey: Sendable, Hashable, Codable, CustomStringConvertible {
     /// Creates a primary key.
     public init(_ columns: [String: PrimaryKeyValue]) { self.columns = columns }
 
-    /// The integer value of a single-column integer key (an `INTEGER PRIMARY KEY` or the rowid), if it is one.
+    /// The integer value of a single-column integer key (an integer primary key, or SQLite's rowid), if it is one.
     public var integerValue: Int64? {
         guard columns.count == 1, case .integer(let value) = columns.first!.value else { return nil }
         return value
@@ -115,7 +116,7 @@ public enum PrimaryKeyValue: Sendable, Hashable, Codable, CustomStringConvertibl
 
 /// A history row that could not be read: which one, and why.
 public struct DamagedChange: Sendable, Hashable, Codable {
-    /// The row's id in `wormhole_history`.
+    /// The row's id: in `wormhole_history` (SQLite), or its `seq` in `wormhole.store_changes` (PostgreSQL).
     public var changeID: Int64
     /// The table the row names.
     public var table: String

@@ -6,7 +6,7 @@ import WormholeKit
 /// A shared store on PostgreSQL: one database for the processes of a group on every host, a history of every
 /// transaction, and each process told of the others' commits, from a durable token.
 ///
-/// It has the shape of `SharedStore` (SQLite, one host) from `WormholeStore`: ``write(_:)-2pb4f`` records each
+/// It has the shape of `SharedStore` (SQLite, one host) from `WormholeStore`: `write(_:)` records each
 /// transaction with its author, tables and row keys; ``remoteChanges(consumer:tables:includingOwnWrites:)`` and
 /// ``observeRemoteChanges(consumer:tables:includingOwnWrites:on:errorHandler:handler:)`` deliver the transactions
 /// other processes commit, from a consumer's stored token, once each, in commit order, a transaction acknowledged
@@ -19,7 +19,7 @@ import WormholeKit
 ///     engine: engine, name: "counters",
 ///     migrations: [.init("v1", sql: "CREATE TABLE counter (id integer PRIMARY KEY, value bigint NOT NULL)")],
 ///     configuration: .init(author: "host-a"))
-/// try store.write { db in try db.query("UPDATE counter SET value = value + 1 WHERE id = 1") }
+/// try await store.write { db in try db.query("UPDATE counter SET value = value + 1 WHERE id = 1") }
 ///
 /// for try await transaction in store.remoteChanges(consumer: "host-a", tables: ["counter"]) {
 ///     print(transaction.author, "changed", transaction.tableNames)
@@ -58,14 +58,14 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     ///
     /// - Parameters:
     ///   - engine: The engine whose server and group the store uses; it must stay open while the store is used.
-    ///   - name: The store's name, as a message identifier (letters, digits, `.`, `-`, `_`).
+    ///   - name: The store's name: a valid message identifier (see `MessageIdentifier`).
     ///   - schema: The PostgreSQL schema of the store's tables: the `search_path` of the store's connections, so
     ///     that your statements (migrations included) name its tables unqualified. A migration may create it.
     ///   - migrations: Your schema's migrations, in order. Never edit one that ran: add a new one.
     ///   - configuration: The author, the untracked tables, the history's maximum age.
-    /// - Throws: ``StoreError`` with ``StoreError/Code/unavailable`` when the server cannot be reached or the name is
-    ///   not valid, ``StoreError/Code/migrationFailed`` when a migration fails (none of this opening's migrations is
-    ///   kept), ``StoreError/Code/database`` when the server refuses (a role not granted the group).
+    /// - Throws: `StoreError` with `StoreError.Code.unavailable` when the server cannot be reached or the name is
+    ///   not valid, `StoreError.Code.migrationFailed` when a migration fails (none of this opening's migrations is
+    ///   kept), `StoreError.Code.database` when the server refuses (a role not granted the group).
     public init(
         engine: PostgresEngine,
         name: String,
@@ -116,7 +116,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
 
     deinit { connections.close() }
 
-    /// Closes the store's connections; later calls fail with ``StoreError/Code/unavailable``.
+    /// Closes the store's connections; later calls fail with `StoreError.Code.unavailable`.
     public func close() { connections.close() }
 
     /// Where the store is, for errors: the server (never its password) and the store's name.
@@ -186,11 +186,11 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     /// Runs `updates` in a transaction and records it in the history as this store's author; other processes are
     /// notified when it commits.
     ///
-    /// Blocks its thread for the round trips; from `async` code, use ``write(_:)-7c4zd``.
+    /// Blocks its thread for the round trips; from `async` code, use `write(_:)`.
     ///
-    /// - Throws: ``StoreError/Code/handlerFailed`` with the error `updates` threw (the transaction is rolled back),
-    ///   ``StoreError/Code/busy`` on a deadlock or a serialization failure (run it again),
-    ///   ``StoreError/Code/database`` when the server refuses a statement, ``StoreError/Code/unavailable`` when the
+    /// - Throws: `StoreError.Code.handlerFailed` with the error `updates` threw (the transaction is rolled back),
+    ///   `StoreError.Code.busy` on a deadlock or a serialization failure (run it again),
+    ///   `StoreError.Code.database` when the server refuses a statement, `StoreError.Code.unavailable` when the
     ///   server cannot be reached (if that happens during the commit, the write may or may not have happened).
     @discardableResult
     public func write<T>(_ updates: (StoreConnection) throws -> T) throws(StoreError) -> T {
@@ -210,7 +210,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         }
     }
 
-    /// The asynchronous form of ``write(_:)-2pb4f``: the round trips wait on a thread of their own, not on the
+    /// The asynchronous form of `write(_:)`: the round trips wait on a thread of their own, not on the
     /// cooperative pool.
     @discardableResult
     public func write<T: Sendable>(
@@ -221,7 +221,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
 
     /// Runs `body` on a connection of the store, outside a transaction unless `body` begins one: for reads.
     ///
-    /// - Throws: as ``write(_:)-2pb4f``.
+    /// - Throws: as `write(_:)`.
     public func read<T>(_ body: (StoreConnection) throws -> T) throws(StoreError) -> T {
         try withConnection(doing: "read") { (connection) throws(StoreError) in
             do {
@@ -241,7 +241,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         }
     }
 
-    /// The asynchronous form of ``read(_:)-3j1la``.
+    /// The asynchronous form of `read(_:)`.
     public func read<T: Sendable>(
         _ body: @escaping @Sendable (StoreConnection) throws -> T
     ) async throws(StoreError) -> T {
@@ -293,7 +293,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     ///
     /// The handler runs where `execution` says (a serial queue of the observer's own by default). A transaction is
     /// acknowledged when the handler returns without throwing; when it throws, the error goes to `errorHandler` as
-    /// ``StoreError/Code/handlerFailed`` and the same transaction is offered again at the next commit.
+    /// `StoreError.Code.handlerFailed` and the same transaction is offered again at the next commit.
     ///
     /// - Returns: The observer; it stops when cancelled or released.
     public func observeRemoteChanges(
@@ -442,7 +442,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         }
     }
 
-    /// The ``StoreError`` for an error of the engine's connections.
+    /// The `StoreError` for an error of the engine's connections.
     func storeError(_ error: WormholeError, _ what: String) -> StoreError {
         let code: StoreError.Code
         if error.code == .serverUnavailable {
@@ -520,8 +520,8 @@ extension PostgresStore {
         }
     }
 
-    /// A connection of the store, as your closures get it: inside the transaction of ``PostgresStore/write(_:)-2pb4f``,
-    /// or for ``PostgresStore/read(_:)-3j1la``. Use it only inside the closure, on its thread.
+    /// A connection of the store, as your closures get it: inside the transaction of `PostgresStore.write(_:)`,
+    /// or for `PostgresStore.read(_:)`. Use it only inside the closure, on its thread.
     public struct StoreConnection {
         let connection: PostgresConnection
         let store: PostgresStore
@@ -547,8 +547,8 @@ extension PostgresStore {
         /// Runs one statement, its values bound as parameters (postgres-nio's string interpolation), and returns its
         /// rows; blocks until the server answers.
         ///
-        /// - Throws: ``StoreError/Code/database`` when the server refuses it, ``StoreError/Code/busy`` on a deadlock
-        ///   or a serialization failure, ``StoreError/Code/unavailable`` when the server cannot be reached.
+        /// - Throws: `StoreError.Code.database` when the server refuses it, `StoreError.Code.busy` on a deadlock
+        ///   or a serialization failure, `StoreError.Code.unavailable` when the server cannot be reached.
         @discardableResult
         public func query(_ query: PostgresQuery) throws(StoreError) -> [PostgresRow] {
             try run(query)

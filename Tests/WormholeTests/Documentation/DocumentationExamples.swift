@@ -1064,6 +1064,61 @@ enum DocumentationExamples {
     }
 }
 
+extension DocumentationExamples {
+    // MARK: - Doc comments and articles of WormholePostgres's store
+
+    // Sources/WormholePostgres/Store/PostgresStore.swift, `PostgresStore`.
+    // Compile-only: it needs a server, and waits for other processes.
+    static func postgresStoreOverview() async throws {
+        let engine = try PostgresEngine(url: "postgres://app@db.example.com/app", group: "group.com.example.app")
+        let store = try PostgresStore(
+            engine: engine,
+            name: "counters",
+            migrations: [.init("v1", sql: "CREATE TABLE counter (id integer PRIMARY KEY, value bigint NOT NULL)")],
+            configuration: .init(author: "host-a")
+        )
+        try await store.write { db in try db.query("UPDATE counter SET value = value + 1 WHERE id = 1") }
+
+        for try await transaction in store.remoteChanges(consumer: "host-a", tables: ["counter"]) {
+            print(transaction.author, "changed", transaction.tableNames)
+        }
+    }
+
+    // Sources/WormholePostgres/WormholePostgres.docc/SharingAStoreAcrossHosts.md, "Open a store and use it".
+    // Compile-only: it needs a server, and waits for other processes.
+    static func sharingAStoreAcrossHostsOpen() async throws {
+        // The URL, password included, comes from the environment rather than from the code.
+        let url = ProcessInfo.processInfo.environment["WORMHOLE_POSTGRES_URL"] ?? "postgres://app@localhost/app"
+        let engine = try PostgresEngine(url: url, group: "group.com.example.app")
+        let store = try PostgresStore(
+            engine: engine,
+            name: "counters",
+            migrations: [
+                .init(
+                    "v1",
+                    sql: "CREATE TABLE counter (id integer PRIMARY KEY, value bigint NOT NULL)",
+                    "INSERT INTO counter (id, value) VALUES (1, 0)"  // not recorded: the table gets its trigger after
+                )
+            ],
+            configuration: .init(author: "worker-a")
+        )
+
+        let step: Int64 = 1
+        try await store.write { db in
+            try db.query("UPDATE counter SET value = value + \(step) WHERE id = 1")  // `step` travels as a parameter
+        }
+        let value = try await store.read { db in
+            try db.query("SELECT value FROM counter WHERE id = 1")[0].decode(Int64.self)
+        }
+        print("counter:", value)
+
+        for try await transaction in store.remoteChanges(consumer: "worker-a", tables: ["counter"]) {
+            // merge: reload the rows whose keys changed
+            print(transaction.author, transaction.tables["counter"]?.updated.map(\.integerValue) ?? [])
+        }
+    }
+}
+
 /// Runs examples of the documentation end to end, on the in-memory engine or a temporary directory, and checks
 /// what they did.
 @Suite("Documentation examples", .timeLimit(.minutes(1)))
