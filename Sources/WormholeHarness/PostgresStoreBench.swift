@@ -115,8 +115,10 @@ struct PostgresStoreBench: ParsableCommand {
             }
             if count == total { done.signal() }
         }
+        var writes: [UInt64] = []
         for _ in 0..<changes {
             let start = monotonicNanoseconds()
+            defer { writes.append(monotonicNanoseconds() - start) }
             let insert: (PostgresStore.StoreConnection) throws -> Void = { db in
                 let key = try db.query("INSERT INTO item (value) VALUES (0) RETURNING id")[0].decode(Int64.self)
                 started.withLock { $0[key] = start }
@@ -126,7 +128,22 @@ struct PostgresStoreBench: ParsableCommand {
         }
         _ = done.wait(timeout: .now() + 60)
         observer.cancel()
+        // What a consumer's read of one new transaction costs, alone.
+        var reads: [UInt64] = []
+        let last = try consumer.currentToken()
+        for _ in 0..<200 {
+            let start = monotonicNanoseconds()
+            _ = try consumer.transactions(after: last - 1, limit: 100)
+            reads.append(monotonicNanoseconds() - start)
+        }
         let samples = LatencySamples(latencies.withLock { $0 })
+        Output.line(
+            String(
+                format: "  of which: the write itself p50 %.2f ms; a consumer's read of one transaction p50 %.2f ms",
+                LatencySamples(writes).p50 / 1000,
+                LatencySamples(reads).p50 / 1000
+            )
+        )
         Output.line(
             String(
                 format: "remote change: commit on one store to the transaction received by another: p50 %.2f ms, "

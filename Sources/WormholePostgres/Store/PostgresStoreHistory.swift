@@ -46,17 +46,7 @@ struct PostgresStoreHistory: StoreHistory {
             // Ids are given at commit, in commit order, under a lock kept until the commit ends: every id up to the
             // newest one visible has committed, so reading by id never skips a transaction that commits later.
             try connection.run(
-                """
-                SELECT t.id, t.author, extract(epoch FROM coalesce(t.committed, now()))::float8,
-                    coalesce(c.tbl, ''), coalesce(c.op, ''), coalesce(c.pk::text, ''), coalesce(c.seq, 0)
-                FROM (
-                    SELECT id, xid, author, committed FROM wormhole.store_transactions
-                    WHERE grp = \(group) AND store = \(storeName) AND id > \(token)
-                    ORDER BY id LIMIT \(Int64(limit))
-                ) t
-                LEFT JOIN wormhole.store_changes c ON c.grp = \(group) AND c.store = \(storeName) AND c.xid = t.xid
-                ORDER BY t.id, c.seq
-                """
+                "SELECT * FROM wormhole.store_read(\(group), \(storeName), \(token), \(Int64(limit)))"
             )
         }
         var transactions: [StoreTransaction] = []

@@ -199,6 +199,35 @@ enum StoreSchema {
             END
             $$
             """,
+            // A consumer's read: the transactions after `p_after`, at most `p_limit`, each with its changes in order
+            // (one row with an empty table for a transaction without any). A function, so that each session plans it
+            // once; the changes are read transaction by transaction, each lookup on the whole primary key prefix
+            // (a join let the planner scan every change of the store while the tables had no statistics yet).
+            """
+            CREATE FUNCTION wormhole.store_read(p_grp text, p_store text, p_after bigint, p_limit bigint)
+            RETURNS TABLE (id bigint, author text, committed double precision, tbl text, op text, pk text, seq bigint)
+            LANGUAGE plpgsql STABLE SECURITY INVOKER AS $$
+            DECLARE
+                t record;
+            BEGIN
+                FOR t IN
+                    SELECT s.id, s.xid, s.author, extract(epoch FROM s.committed)::double precision AS committed
+                    FROM wormhole.store_transactions s
+                    WHERE s.grp = p_grp AND s.store = p_store AND s.id > p_after
+                    ORDER BY s.id LIMIT p_limit
+                LOOP
+                    RETURN QUERY
+                        SELECT t.id, t.author, t.committed, x.tbl, x.op, x.pk::text, x.seq
+                        FROM wormhole.store_changes x
+                        WHERE x.grp = p_grp AND x.store = p_store AND x.xid = t.xid
+                        ORDER BY x.seq;
+                    IF NOT FOUND THEN
+                        RETURN QUERY SELECT t.id, t.author, t.committed, ''::text, ''::text, ''::text, 0::bigint;
+                    END IF;
+                END LOOP;
+            END
+            $$
+            """,
             // Deletes consumers not seen for `p_maximum_age` seconds, then the history every consumer left has
             // merged, or older than `p_maximum_age`, whichever reaches further. Returns the transactions deleted.
             """
