@@ -101,6 +101,64 @@ struct PostgresSecurityTests {
 
     // MARK: SQL injection
 
+    @Test("A store's history is the group's: a granted role writes and reads it, another group's role sees none of it")
+    func storeIsolation() async throws { try await offThePool { try storeIsolationBody() } }
+
+    func storeIsolationBody() throws {
+        let server = try requireTestServer()
+        let (one, two) = (Self.uniqueRole(), Self.uniqueRole())
+        try server.psql("CREATE ROLE \(one) LOGIN PASSWORD 'one-\(one)'", database: "postgres")
+        try server.psql("CREATE ROLE \(two) LOGIN PASSWORD 'two-\(two)'", database: "postgres")
+        defer { Self.dropRoles([one, two], on: server) }
+        let administration = try PostgresAdministration(url: server.url)
+        defer { administration.close() }
+        try administration.setUp()
+        let (groupA, groupB) = (uniqueGroup("store-a"), uniqueGroup("store-b"))
+        try administration.grant(group: groupA, to: one)
+        try administration.grant(group: groupB, to: two)
+        // Role one may make the schema of its store's tables: it owns them, as an application's role would.
+        let schema = "secure_" + String(UInt32.random(in: 0...UInt32.max))
+        try server.psql("CREATE SCHEMA \(schema) AUTHORIZATION \(one)")
+
+        // Role one, granted A but owning none of the engine's tables: every statement of the store passes the
+        // policies, the triggers' included.
+        let engineA = try PostgresEngine(url: Self.url(server, user: one), group: groupA, setsUpSchema: false)
+        defer { engineA.close() }
+        let store = try PostgresStore(
+            engine: engineA,
+            name: "secrets",
+            schema: schema,
+            migrations: [.init("v1", sql: "CREATE TABLE secret (id bigint PRIMARY KEY, body text NOT NULL)")],
+            configuration: .init(author: "role-one")
+        )
+        // A durable consumer's row, registered before the write (which it has then not merged, so nothing is purged).
+        try store.observeRemoteChanges(consumer: "reader") { _ in }.cancel()
+        try store.write { db in try db.query("INSERT INTO secret (id, body) VALUES (1, \(Self.injection))") }
+        let history = try store.transactions(after: 0)
+        #expect(history.map(\.author) == ["role-one"])
+        #expect(
+            try store.read { db in try db.query("SELECT body FROM secret")[0].decode(String.self) } == Self.injection
+        )
+
+        // Role two sees no row of A's store in any store table, and cannot open a store of A.
+        for table in ["stores", "store_transactions", "store_changes", "store_consumers", "store_migrations"] {
+            let count = "SELECT count(*) FROM wormhole.\(table) WHERE grp = '\(groupA)'"
+            #expect(try server.psql(count, user: two) == "0", "role two sees rows of A in \(table)")
+            #expect(try server.psql(count, user: one) != "0", "role one does not see its rows in \(table)")
+        }
+        #expect(throws: (any Error).self) {
+            _ = try PostgresEngine(url: Self.url(server, user: two), group: groupA, setsUpSchema: false)
+        }
+        // Nor can it write A's history directly: the policies check what it inserts.
+        #expect(throws: (any Error).self) {
+            try server.psql(
+                "INSERT INTO wormhole.store_transactions (grp, store, id, xid, author, committed) "
+                    + "VALUES ('\(groupA)', 'secrets', 99, pg_current_xact_id(), 'forged', now())",
+                user: two
+            )
+        }
+    }
+
     @Test("Text that looks like SQL round-trips unchanged in payloads, senders, suite keys and values")
     func injectionIsText() async throws { try await offThePool { try injectionIsTextBody() } }
 
