@@ -32,6 +32,7 @@ struct ExercisePostgresStore: ParsableCommand {
     @Option var count = 100
     @Option var tag = "w"
     @Option var crashAt: Int?
+    @Option(help: "With write: milliseconds between two writes.") var interval = 0
 
     /// The store of the tests: a table `item` whose key is given by the server, and `migration_run`, which counts
     /// how many times the migration ran.
@@ -76,6 +77,7 @@ struct ExercisePostgresStore: ParsableCommand {
                     // value is what the test looks for); try again.
                     Thread.sleep(forTimeInterval: 0.2)
                 }
+                if interval > 0 { Thread.sleep(forTimeInterval: Double(interval) / 1000) }
             }
         case .consume:
             let seen = Locked(0)

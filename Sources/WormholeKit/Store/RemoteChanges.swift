@@ -11,6 +11,9 @@ package final class ConsumerCursor: Sendable {
     /// When the consumer was last marked as seen: a consumer that stays is never purged as gone, even when the
     /// store is idle or its handler keeps failing.
     private let lastSeen = Locked(ContinuousClock.now)
+    /// A token this consumer moved to in memory but could not store (the server was away): stored before the next
+    /// read, so that the transactions handled meanwhile are not delivered again by this process.
+    private let owed = Locked<Int64?>(nil)
 
     /// Registers the consumer `name` (nil for a passing one) and starts at its stored token.
     package init(
@@ -30,6 +33,10 @@ package final class ConsumerCursor: Sendable {
 
     /// The next transactions for this consumer, and how far the history was looked at.
     func fetch(limit: Int = 100) throws(StoreError) -> (transactions: [StoreTransaction], scannedThrough: Int64) {
+        if let name, let token = owed.withLock({ $0 }) {
+            try history.storeToken(token, consumer: name)
+            owed.withLock { if $0 == token { $0 = nil } }
+        }
         if let name, lastSeen.withLock({ ContinuousClock.now - $0 > .seconds(60) }) {
             try history.storeToken(current, consumer: name)
             lastSeen.withLock { $0 = ContinuousClock.now }
@@ -39,10 +46,19 @@ package final class ConsumerCursor: Sendable {
         return (kept, scanned)
     }
 
-    /// Moves the token to `id`, in memory and (for a durable consumer) in the store.
+    /// Moves the token to `id`, in memory and (for a durable consumer) in the store. When storing fails, the token
+    /// still moves in memory, and is owed to the store: this process never delivers those transactions again, and
+    /// stores the token before its next read (another process, or this one after a restart, may get them again).
     func acknowledge(through id: Int64) throws(StoreError) {
-        if let name { try history.storeToken(id, consumer: name) }
         token.withLock { $0 = max($0, id) }
+        guard let name else { return }
+        do {
+            try history.storeToken(id, consumer: name)
+            owed.withLock { if let owed = $0, owed <= id { $0 = nil } }
+        } catch {
+            owed.withLock { $0 = max($0 ?? id, id) }
+            throw error
+        }
     }
 }
 
@@ -117,6 +133,7 @@ public final class RemoteChangeObserver: WormholeCancellable {
 
     private func deliverPending() {
         while !cancelled.load(ordering: .relaxed) {
+            let before = cursor.current
             let batch: [StoreTransaction]
             let scanned: Int64
             do {
@@ -156,7 +173,9 @@ public final class RemoteChangeObserver: WormholeCancellable {
                 do { try cursor.acknowledge(through: scanned) } catch { return report(error) }
             }
             cursor.history.purgeIfDue()
-            if batch.isEmpty { return }
+            // Done once a read finds nothing new: a batch whose transactions were all skipped (this author's, out of
+            // scope) may have more behind it.
+            if scanned <= before { return }
         }
     }
 
@@ -245,15 +264,18 @@ public struct RemoteChangeSequence: AsyncSequence, Sendable {
                     unacknowledged = transaction.id
                     return transaction
                 }
-                let batch = try await runBlocking { () throws(StoreError) in
+                let (batch, advanced) = try await runBlocking { () throws(StoreError) in
                     let (batch, scanned) = try cursor.fetch()
-                    if batch.isEmpty, scanned > cursor.current { try cursor.acknowledge(through: scanned) }
-                    return batch
+                    let advanced = scanned > cursor.current
+                    if batch.isEmpty, advanced { try cursor.acknowledge(through: scanned) }
+                    return (batch, advanced)
                 }
                 if !batch.isEmpty {
                     buffer = batch
                     continue
                 }
+                // A batch whose transactions were all skipped may have more behind it: read on before waiting.
+                if advanced { continue }
                 guard await wakes.next() != nil, !Task.isCancelled else { return nil }
             }
         }

@@ -63,8 +63,9 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     ///     that your statements (migrations included) name its tables unqualified. A migration may create it.
     ///   - migrations: Your schema's migrations, in order. Never edit one that ran: add a new one.
     ///   - configuration: The author, the untracked tables, the history's maximum age.
-    /// - Throws: `StoreError` with `StoreError.Code.unavailable` when the server cannot be reached or the name is
-    ///   not valid, `StoreError.Code.migrationFailed` when a migration fails (none of this opening's migrations is
+    /// - Throws: `StoreError` with `StoreError.Code.unavailable` when the server cannot be reached, the name or the
+    ///   schema is not valid (a schema: 1 to 63 bytes, no NUL), or the author is empty, holds a NUL or is `external`
+    ///   (kept for writes made outside a store), `StoreError.Code.migrationFailed` when a migration fails (none of this opening's migrations is
     ///   kept), `StoreError.Code.database` when the server refuses (a role not granted the group).
     public init(
         engine: PostgresEngine,

@@ -241,9 +241,9 @@ enum StoreSchema {
             BEGIN
                 DELETE FROM wormhole.store_consumers c
                 WHERE c.grp = p_grp AND c.store = p_store AND c.seen < v_cutoff;
-                SELECT min(c.token) INTO v_merged FROM wormhole.store_consumers c
+                SELECT pg_catalog.min(c.token) INTO v_merged FROM wormhole.store_consumers c
                 WHERE c.grp = p_grp AND c.store = p_store;
-                SELECT max(t.id) INTO v_old FROM wormhole.store_transactions t
+                SELECT pg_catalog.max(t.id) INTO v_old FROM wormhole.store_transactions t
                 WHERE t.grp = p_grp AND t.store = p_store AND t.committed < v_cutoff;
                 WITH gone AS (
                     DELETE FROM wormhole.store_transactions t
@@ -253,7 +253,7 @@ enum StoreSchema {
                 changes AS (
                     DELETE FROM wormhole.store_changes c USING gone
                     WHERE c.grp = p_grp AND c.store = p_store AND c.xid = gone.xid)
-                SELECT count(*) INTO v_count FROM gone;
+                SELECT pg_catalog.count(*) INTO v_count FROM gone;
                 RETURN v_count;
             END
             $$

@@ -284,6 +284,49 @@ struct StoreContract {
     }
 
     @Test(
+        "More than a batch of skipped transactions (own writes) does not hold back the next remote one",
+        arguments: StoreKind.allCases
+    )
+    func manySkipped(kind: StoreKind) async throws {
+        let fixture = try StoreFixture(kind)
+        let (widget, app) = try await offThePool {
+            (try fixture.open(author: "widget"), try fixture.open(author: "app"))
+        }
+        try await offThePool {
+            // Both consumers register, then are away while 150 of their own writes and one remote commit.
+            for name in ["observer", "iterator"] {
+                try widget.observeRemoteChanges(consumer: name, tables: nil, errorHandler: nil) { _ in }.cancel()
+            }
+            for id in 1...150 { try widget.insert("item", id: Int64(id), value: 0) }
+            try app.insert("item", id: 1000, value: 0)
+        }
+        // Catching up, each reads past the first batch, all skipped, at once: no commit comes to wake them again.
+        let received = Collector<StoreTransaction>()
+        let observer = try await offThePool {
+            try widget.observeRemoteChanges(consumer: "observer", tables: nil, errorHandler: nil) {
+                received.append($0)
+            }
+        }
+        #expect(await eventuallyAwaiting(timeout: 3) { received.count == 1 })
+        #expect(received.values.first?.author == "app")
+        observer.cancel()
+        let first = try await withThrowingTaskGroup(of: StoreTransaction?.self) { group in
+            group.addTask {
+                var iterator = widget.remoteChanges(consumer: "iterator", tables: nil, includingOwnWrites: false)
+                    .makeAsyncIterator()
+                return try await iterator.next()
+            }
+            group.addTask {
+                try await Task.sleep(for: .seconds(3))
+                return nil
+            }
+            defer { group.cancelAll() }
+            return try await group.next() ?? nil
+        }
+        #expect(first?.author == "app", "the sequence read on too")
+    }
+
+    @Test(
         "A handler that throws leaves its transaction unacknowledged: it comes again, reported as handlerFailed",
         arguments: StoreKind.allCases
     )

@@ -75,7 +75,7 @@ struct PostgresStoreTests {
             let inserted = DispatchSemaphore(value: 0)
             let finished = DispatchSemaphore(value: 0)
             Thread {
-                // Its first write takes its transaction id before the others begin; it commits last.
+                // Its first write takes its xid before the others begin; it commits last, and gets its history id then.
                 try? slow.write { db in
                     try db.query("INSERT INTO item (writer, value) VALUES ('slow', 0)")
                     inserted.signal()
