@@ -81,6 +81,16 @@ public struct TraceError: Error, CustomStringConvertible, Sendable {
 /// `<... NAME resumed>`); the pieces are joined, and the call takes its place where it completed, the moment its
 /// effect is certain to have happened. Lines that are not calls (signals, exits) are skipped.
 public enum SystemCallTrace: Sendable {
+    /// The calls to trace (`strace -e trace=…`): those that change files or say where a descriptor points. `read`s are
+    /// left out (their bytes would fill the trace), so that a write without an offset is followed only through
+    /// `O_APPEND` or `lseek`.
+    public static let tracedCalls = [
+        "open", "openat", "creat", "close", "dup", "dup2", "dup3", "fcntl", "lseek",
+        "write", "pwrite64", "writev", "pwritev", "pwritev2", "ftruncate", "truncate", "fallocate",
+        "fsync", "fdatasync", "sync", "syncfs", "sync_file_range",
+        "rename", "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat",
+    ]
+
     /// Parses a whole trace.
     public static func parse(_ text: String) throws(TraceError) -> [SystemCall] {
         var calls: [SystemCall] = []

@@ -44,7 +44,7 @@ struct PowerLoss: ParsableCommand {
         let trace = work + "/trace"
         var arguments = [
             "-f", "-qq", "-y", "-xx", "-s", "67108864", "-o", trace,
-            "-e", "trace=" + PowerLoss.tracedCalls.joined(separator: ","),
+            "-e", "trace=" + SystemCallTrace.tracedCalls.joined(separator: ","),
             "/proc/self/exe", "power-workload", mode.rawValue, "--directory", root + "/wormhole",
             "--count", String(count),
         ]
@@ -134,15 +134,6 @@ struct PowerLoss: ParsableCommand {
         }
         try? FileManager.default.removeItem(atPath: work)
     }
-
-    /// The calls that change files or say where a descriptor points; `read`s are left out (their bytes would fill the
-    /// trace), so that a write without an offset is followed only through `O_APPEND` or `lseek`.
-    static let tracedCalls = [
-        "open", "openat", "creat", "close", "dup", "dup2", "dup3", "fcntl", "lseek",
-        "write", "pwrite64", "writev", "pwritev", "pwritev2", "ftruncate", "truncate", "fallocate",
-        "fsync", "fdatasync", "sync", "syncfs", "sync_file_range",
-        "rename", "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat",
-    ]
 
     private func executablePath() throws -> String {
         let path = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
