@@ -125,8 +125,11 @@ struct SQLiteHistory: StoreHistory {
         do {
             try store.databasePool.write { db in
                 try db.execute(
-                    sql: "UPDATE wormhole_consumer SET token = MAX(token, ?), seen_at = ? WHERE name = ?",
-                    arguments: [token, Date().timeIntervalSince1970, consumer]
+                    sql: """
+                        INSERT INTO wormhole_consumer(name, token, seen_at) VALUES (?, ?, ?)
+                        ON CONFLICT(name) DO UPDATE SET token = MAX(token, excluded.token), seen_at = excluded.seen_at
+                        """,
+                    arguments: [consumer, token, Date().timeIntervalSince1970]
                 )
             }
         } catch {

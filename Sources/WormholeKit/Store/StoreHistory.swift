@@ -7,7 +7,9 @@ import Logging
 /// The SQLite store (`WormholeStore`) and the PostgreSQL store (`WormholePostgres`) each implement it; consumers,
 /// observers and sequences (``RemoteChangeObserver``, ``RemoteChangeSequence``) are written once against it, so both
 /// stores keep the same promises and are held to the same contract tests. Every call may block its thread for a
-/// database round trip: callers never make them on the cooperative pool.
+/// database round trip: callers make them on threads that may block, but for the registration and the first
+/// observation of a ``RemoteChangeSequence``, made on the thread that creates it (so that nothing committed after it
+/// is made is missed).
 package protocol StoreHistory: Sendable {
     /// Who this process is in the history: its own transactions are skipped unless a consumer asks for them.
     var author: String { get }

@@ -271,7 +271,10 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     /// A durable consumer (a `consumer` name) resumes where it left off, even after its process was away: its token
     /// is stored in the database, and a transaction counts as merged when the iteration asks for the next one. A
     /// consumer killed while merging a transaction gets it again. A new consumer starts at the newest transaction.
-    /// With `consumer: nil`, the token lives in memory only. Observation begins when this method returns.
+    /// With `consumer: nil`, the token lives in memory only. Observation begins when this method returns: it
+    /// registers the consumer and starts listening before it returns, a round trip (up to the engine's connection
+    /// time-out, 10 s, while the server is away), on the caller's thread. The iteration itself waits on threads of
+    /// its own, never on the cooperative pool.
     ///
     /// - Parameters:
     ///   - consumer: The consumer's durable name, or nil for a passing one.

@@ -300,14 +300,15 @@ struct StoreContract {
             for id in 1...150 { try widget.insert("item", id: Int64(id), value: 0) }
             try app.insert("item", id: 1000, value: 0)
         }
-        // Catching up, each reads past the first batch, all skipped, at once: no commit comes to wake them again.
+        // Catching up, each reads past the first batch, all skipped, at once: no commit comes to wake them again, and
+        // the waits stay under the PostgreSQL engine's 10 s safety wake-up.
         let received = Collector<StoreTransaction>()
         let observer = try await offThePool {
             try widget.observeRemoteChanges(consumer: "observer", tables: nil, errorHandler: nil) {
                 received.append($0)
             }
         }
-        #expect(await eventuallyAwaiting(timeout: 3) { received.count == 1 })
+        #expect(await eventuallyAwaiting(timeout: 8) { received.count == 1 })
         #expect(received.values.first?.author == "app")
         observer.cancel()
         let first = try await withThrowingTaskGroup(of: StoreTransaction?.self) { group in
@@ -317,7 +318,7 @@ struct StoreContract {
                 return try await iterator.next()
             }
             group.addTask {
-                try await Task.sleep(for: .seconds(3))
+                try await Task.sleep(for: .seconds(8))
                 return nil
             }
             defer { group.cancelAll() }

@@ -86,7 +86,7 @@ struct StoreAcrossHostsTests {
 
     @Test(
         "A consumer on another host through server restarts (fast, immediate) and a cut link: every transaction once, in order",
-        .timeLimit(.minutes(5))
+        .timeLimit(.minutes(8))
     )
     func throughFaults() async throws {
         let fixture = try await HostsFixture.make(hosts: 2)
@@ -105,11 +105,11 @@ struct StoreAcrossHostsTests {
         try await blocking { fixture.server.stop(mode: .fast) }
         try await Task.sleep(for: .seconds(1))
         try await blocking { try fixture.server.start() }
-        #expect(await eventuallyAwaiting(timeout: 60) { consumer.outputLines.count >= 120 })
+        #expect(await eventuallyAwaiting(timeout: 120) { consumer.outputLines.count >= 120 })
         try await blocking { fixture.server.stop(mode: .immediate) }
         try await Task.sleep(for: .seconds(1))
         try await blocking { try fixture.server.start() }
-        #expect(await eventuallyAwaiting(timeout: 60) { consumer.outputLines.count >= 200 })
+        #expect(await eventuallyAwaiting(timeout: 120) { consumer.outputLines.count >= 200 })
         try fixture.hosts.cutLink(0)
         try await Task.sleep(for: .seconds(5))
         try fixture.hosts.restoreLink(0)
