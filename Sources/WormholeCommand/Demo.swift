@@ -67,6 +67,21 @@ struct Demo: ParsableCommand {
         var launcher: [String] = []
         var environment: [String: String] = [:]
         var label: String = ""
+
+        init(launcher: [String] = [], environment: [String: String] = [:], label: String = "") {
+            self.launcher = launcher
+            self.environment = environment
+            self.label = label
+        }
+
+        /// Inside host `index` of `hosts`, reaching `server` through that host's own link.
+        init(host index: Int, of hosts: NetworkHosts, server: LocalPostgresServer) {
+            self.init(
+                launcher: ["/usr/sbin/ip", "netns", "exec", hosts.namespace(index)],
+                environment: ["WORMHOLE_POSTGRES_URL": server.url(host: hosts.serverAddress(index))],
+                label: "@" + hosts.hostAddress(index)
+            )
+        }
     }
 
     /// Starts this tool as a child process with `arguments`, placed as given (behind its launcher, with its

@@ -60,13 +60,7 @@ struct DemoHosts: ParsableCommand {
             )
             try prepare(url: server.url)
             Output.line("")
-            func placement(_ index: Int) -> Demo.Placement {
-                Demo.Placement(
-                    launcher: ["/usr/sbin/ip", "netns", "exec", hosts.namespace(index)],
-                    environment: ["WORMHOLE_POSTGRES_URL": server.url(host: hosts.serverAddress(index))],
-                    label: "@" + hosts.hostAddress(index)
-                )
-            }
+            func placement(_ index: Int) -> Demo.Placement { Demo.Placement(host: index, of: hosts, server: server) }
             try Demo.runProcesses(
                 taps: taps,
                 location: location,

@@ -67,13 +67,7 @@ struct DemoSession: ParsableCommand {
                     + "\(server.processIdentifier) reached by each through its own link."
             )
             try PostgresEngine(url: server.url, group: group).close()
-            func placement(_ index: Int) -> Demo.Placement {
-                Demo.Placement(
-                    launcher: ["/usr/sbin/ip", "netns", "exec", hosts.namespace(index)],
-                    environment: ["WORMHOLE_POSTGRES_URL": server.url(host: hosts.serverAddress(index))],
-                    label: "@" + hosts.hostAddress(index)
-                )
-            }
+            func placement(_ index: Int) -> Demo.Placement { Demo.Placement(host: index, of: hosts, server: server) }
             try Self.play(location: ["--group", group], phone: placement(0), watch: placement(1), scratch: scratch)
             Output.line("The hosts, their links and the server are removed now.")
         }

@@ -46,13 +46,7 @@ enum DemoStoreHosts {
                 url: server.url,
                 group: group,
                 increments: increments,
-                placements: (0..<2).map { index in
-                    Demo.Placement(
-                        launcher: ["/usr/sbin/ip", "netns", "exec", hosts.namespace(index)],
-                        environment: ["WORMHOLE_POSTGRES_URL": server.url(host: hosts.serverAddress(index))],
-                        label: "@" + hosts.hostAddress(index)
-                    )
-                }
+                placements: (0..<2).map { Demo.Placement(host: $0, of: hosts, server: server) }
             )
             Output.line("The hosts, their links and the server are removed now.")
             return

@@ -24,18 +24,9 @@ struct PostgresSecurityTests {
 
     func groupIsolationBody() throws {
         let server = try requireTestServer()
-        let (one, two) = (Self.uniqueRole(), Self.uniqueRole())
-        try server.psql("CREATE ROLE \(one) LOGIN PASSWORD 'one-\(one)'", database: "postgres")
-        try server.psql("CREATE ROLE \(two) LOGIN PASSWORD 'two-\(two)'", database: "postgres")
-        defer { Self.dropRoles([one, two], on: server) }
-
-        // The URL's user, `wormhole`, owns the database: it sets up the schema and grants.
-        let administration = try PostgresAdministration(url: server.url)
-        defer { administration.close() }
-        try administration.setUp()
-        let (groupA, groupB) = (uniqueGroup("isolation-a"), uniqueGroup("isolation-b"))
-        try administration.grant(group: groupA, to: one)
-        try administration.grant(group: groupB, to: two)
+        let roles = try GrantedRoles(server, prefix: "isolation")
+        defer { roles.close() }
+        let (one, two, groupA, groupB) = (roles.one, roles.two, roles.groupA, roles.groupB)
 
         // Role one writes every kind of row in group A.
         let engineA = try PostgresEngine(url: Self.url(server, user: one), group: groupA, setsUpSchema: false)
@@ -99,23 +90,14 @@ struct PostgresSecurityTests {
         #expect(try wormholeA.identifiers() == ["box"])
     }
 
-    // MARK: SQL injection
-
     @Test("A store's history is the group's: a granted role writes and reads it, another group's role sees none of it")
     func storeIsolation() async throws { try await offThePool { try storeIsolationBody() } }
 
     func storeIsolationBody() throws {
         let server = try requireTestServer()
-        let (one, two) = (Self.uniqueRole(), Self.uniqueRole())
-        try server.psql("CREATE ROLE \(one) LOGIN PASSWORD 'one-\(one)'", database: "postgres")
-        try server.psql("CREATE ROLE \(two) LOGIN PASSWORD 'two-\(two)'", database: "postgres")
-        defer { Self.dropRoles([one, two], on: server) }
-        let administration = try PostgresAdministration(url: server.url)
-        defer { administration.close() }
-        try administration.setUp()
-        let (groupA, groupB) = (uniqueGroup("store-a"), uniqueGroup("store-b"))
-        try administration.grant(group: groupA, to: one)
-        try administration.grant(group: groupB, to: two)
+        let roles = try GrantedRoles(server, prefix: "store")
+        defer { roles.close() }
+        let (one, two, groupA) = (roles.one, roles.two, roles.groupA)
         // Role one may make the schema of its store's tables: it owns them, as an application's role would.
         let schema = "secure_" + String(UInt32.random(in: 0...UInt32.max))
         try server.psql("CREATE SCHEMA \(schema) AUTHORIZATION \(one)")
@@ -158,6 +140,8 @@ struct PostgresSecurityTests {
             )
         }
     }
+
+    // MARK: SQL injection
 
     @Test("Text that looks like SQL round-trips unchanged in payloads, senders, suite keys and values")
     func injectionIsText() async throws { try await offThePool { try injectionIsTextBody() } }
@@ -463,5 +447,44 @@ final class LogLines: Sendable {
             let error = event.error.map { " error=\($0)" } ?? ""
             lines.append("\(event.level) \(event.message) \(fields)\(error)")
         }
+    }
+}
+
+/// Two login roles, each granted a group of its own (`one` → `groupA`, `two` → `groupB`) by the URL's user,
+/// `wormhole`, which owns the database and sets up the schema; ``close()`` drops the roles.
+struct GrantedRoles {
+    let server: LocalPostgresServer
+    let administration: PostgresAdministration
+    let one = PostgresSecurityTests.uniqueRole()
+    let two = PostgresSecurityTests.uniqueRole()
+    let groupA: String
+    let groupB: String
+
+    init(_ server: LocalPostgresServer, prefix: String) throws {
+        self.server = server
+        groupA = uniqueGroup("\(prefix)-a")
+        groupB = uniqueGroup("\(prefix)-b")
+        let roles = [one, two]
+        do {
+            try server.psql("CREATE ROLE \(one) LOGIN PASSWORD 'one-\(one)'", database: "postgres")
+            try server.psql("CREATE ROLE \(two) LOGIN PASSWORD 'two-\(two)'", database: "postgres")
+            administration = try PostgresAdministration(url: server.url)
+        } catch {
+            PostgresSecurityTests.dropRoles(roles, on: server)
+            throw error
+        }
+        do {
+            try administration.setUp()
+            try administration.grant(group: groupA, to: one)
+            try administration.grant(group: groupB, to: two)
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    func close() {
+        administration.close()
+        PostgresSecurityTests.dropRoles([one, two], on: server)
     }
 }
