@@ -59,7 +59,7 @@ func makeBenchDirectory(_ location: String, prefix: String) throws -> (path: Str
 struct Bench: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the wormhole against baselines in the same run (`bench mailbox` by default).",
-        subcommands: [BenchMailbox.self, BenchQueue.self, BenchStore.self],
+        subcommands: [BenchMailbox.self, BenchQueue.self, BenchStore.self, BenchSuite.self],
         defaultSubcommand: BenchMailbox.self
     )
 }
@@ -306,6 +306,7 @@ struct BenchPeer: ParsableCommand {
         case queueProduce = "queue-produce"
         case appendProduce = "append-produce"
         case queueEcho = "queue-echo"
+        case suiteEcho = "suite-echo"
     }
 
     @Argument var mode: Mode
@@ -356,6 +357,15 @@ struct BenchPeer: ParsableCommand {
             }
             Output.line("ready")
             withExtendedLifetime(consumer) { waitWhileParentLives() }
+        case .suiteEcho:
+            // Answers each ping of the suite with the same number as its pong.
+            let suite = try Wormhole(directory: directory).suite("bench")
+            let observer = try suite.observe(keys: ["ping"], on: .notifierThread) { change in
+                guard let sequence = change.values["ping", as: Int.self] else { return }
+                do { try suite.set(sequence, forKey: "pong") } catch { Output.error("\(error)") }
+            }
+            Output.line("ready")
+            withExtendedLifetime(observer) { waitWhileParentLives() }
         }
     }
 }

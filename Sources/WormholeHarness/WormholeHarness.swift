@@ -12,7 +12,7 @@ struct WormholeHarness: ParsableCommand {
         abstract: "The wormhole's test and benchmark harness: crash tests, load exercises, benchmarks.",
         discussion: """
             Not for users: the tests, scripts/crash-test and Benchmarks/ run these commands. \
-            `swift run -c release WormholeHarness bench mailbox|queue|store` prints figures for this machine.
+            `swift run -c release WormholeHarness bench mailbox|queue|store|suite` prints figures for this machine.
             """,
         subcommands: [
             Bench.self, BenchCase.self, CrashTest.self, Exercise.self, ExerciseStore.self, ExercisePostgresStore.self,
