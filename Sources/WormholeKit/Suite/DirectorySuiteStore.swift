@@ -1,16 +1,57 @@
 import Foundation
+import SystemPackage
 
-/// A suite in a directory: one file, `NAME.suite`, written as a mailbox is (two checksummed slots, under a lock),
-/// holding a ``SuiteDocument``: the values, the version and a log of the last 64 changes. Observers are woken by the
+/// A suite in a directory: one file, `NAME.suite`, an append-only log of checksummed records (``SuiteLogFormat``):
+/// a snapshot of every value, then one record per update with only the keys it changed. Observers are woken by the
 /// directory's notifier (`suite.NAME`).
+///
+/// Each store keeps the suite's values in memory and reads only what other processes appended since its last read,
+/// so that an update costs in proportion to the keys it changes: take the file's lock, read the new records, apply
+/// the update, append one record, let go. When the records after the snapshot outgrow it, the writer compacts the
+/// file (the last changes as history, then a new snapshot) and renames it into place; every process notices the
+/// rename (the old file has no link left) and reads the new file once. A version 1 file (a JSON document in the
+/// mailbox format) is read as it is and rewritten as a log by the first update.
 final class DirectorySuiteStore: SuiteStore {
     let name: String
     let files: FileTransiting
     let notifier: any Notifier
     let fileName: String
     var notificationName: String { "suite." + name }
-    /// How many changes the file's log keeps.
+    /// How many changes the file keeps for observers to catch up with, as history after a compaction.
     static let logLimit = 64
+    /// A log is compacted once the records after its snapshot take more than this many bytes and more than the
+    /// snapshot itself: compaction costs in proportion to the suite, and comes once per as many bytes of updates.
+    static let minimumCompactionBytes = 64 << 10
+
+    private let state = Locked(LogState())
+
+    /// What this process knows of the file: its descriptor, how far it was read, and the values at that point.
+    private struct LogState {
+        var descriptor: Int32 = -1
+        var writable = false
+        /// The end of the last record read; 0 before the header was read.
+        var offset = 0
+        /// Where the records after the snapshot start, and the snapshot record's size.
+        var snapshotEnd = 0
+        var snapshotSize = 0
+        var version: UInt64 = 0
+        var values = SuiteValues()
+        /// The last changes, oldest first, at most `logLimit`.
+        var log: [SuiteChange] = []
+        /// The file is version 1: read whole each time, until an update rewrites it as a log.
+        var isDocumentFile = false
+
+        mutating func reset() {
+            let (descriptor, writable) = (self.descriptor, self.writable)
+            self = LogState()
+            (self.descriptor, self.writable) = (descriptor, writable)
+        }
+
+        mutating func record(_ change: SuiteChange) {
+            log.append(change)
+            if log.count > DirectorySuiteStore.logLimit { log.removeFirst(log.count - DirectorySuiteStore.logLimit) }
+        }
+    }
 
     init(name: String, files: FileTransiting, notifier: any Notifier) throws(WormholeError) {
         try MessageIdentifier.validate(name)
@@ -20,14 +61,31 @@ final class DirectorySuiteStore: SuiteStore {
         self.fileName = name + ".suite"
     }
 
-    func document() throws(WormholeError) -> SuiteDocument {
-        guard let envelope = try files.read(fileName: fileName, identifier: name) else { return SuiteDocument() }
-        return try SuiteDocument(decoding: envelope.payload, suite: name)
+    deinit {
+        state.withLock { if $0.descriptor >= 0 { closeCached(&$0.descriptor) } }
     }
 
+    private var handle: DirectoryHandle { files.handle }
+    private var path: String { handle.filePath(fileName) }
+
+    // MARK: SuiteStore
+
     func read() throws(WormholeError) -> SuiteState {
-        let document = try document()
-        return SuiteState(version: document.version, values: document.values)
+        try state.withLock { (state) throws(WormholeError) in
+            try refresh(&state, forWriting: false)
+            return SuiteState(version: state.version, values: state.values)
+        }
+    }
+
+    func changes(after version: UInt64) throws(WormholeError) -> (state: SuiteState, changes: [SuiteChange]?) {
+        try state.withLock { (state) throws(WormholeError) in
+            try refresh(&state, forWriting: false)
+            let current = SuiteState(version: state.version, values: state.values)
+            guard state.version > version else { return (current, []) }
+            let logged = state.log.drop { $0.version <= version }
+            guard logged.first?.version == version + 1 else { return (current, nil) }
+            return (current, Array(logged))
+        }
     }
 
     func update(
@@ -35,45 +93,394 @@ final class DirectorySuiteStore: SuiteStore {
         direction: String?,
         _ body: (inout SuiteValues) throws(WormholeError) -> Void
     ) throws(WormholeError) -> SuiteChange? {
-        var change: SuiteChange?
-        _ = try files.modify(fileName: fileName, identifier: name, sender: sender) { (current) throws(WormholeError) in
-            var document =
-                try current.map { (data) throws(WormholeError) in try SuiteDocument(decoding: data, suite: name) }
-                ?? SuiteDocument()
-            var values = document.values
-            try body(&values)
-            let keys = document.values.changedKeys(comparedTo: values)
-            if !keys.isEmpty {
-                document.version += 1
-                document.values = values
-                let entry = SuiteDocument.Entry(
-                    version: document.version,
-                    keys: keys.sorted(),
-                    sender: sender,
-                    direction: direction,
-                    time: ProcessFacts.wallClockNanoseconds(),
-                    values: values.storage.filter { keys.contains($0.key) }
-                )
-                document.log.append(entry)
-                if document.log.count > Self.logLimit { document.log.removeFirst(document.log.count - Self.logLimit) }
-                change = SuiteChange(entry: entry)
-            }
-            return try document.encoded()
+        let change = try state.withLock { (state) throws(WormholeError) -> SuiteChange? in
+            try refresh(&state, forWriting: true)
+            let file = Descriptor(rawValue: state.descriptor)
+            defer { file.unlock() }
+            return try append(to: &state, file: file, sender: sender, direction: direction, body)
         }
         if change != nil { try notifier.post(notificationName) }
         return change
     }
 
-    func changes(after version: UInt64) throws(WormholeError) -> (state: SuiteState, changes: [SuiteChange]?) {
-        let document = try document()
-        let state = SuiteState(version: document.version, values: document.values)
-        guard document.version > version else { return (state, []) }
-        let logged = document.log.filter { $0.version > version }
-        guard logged.first?.version == version + 1 else { return (state, nil) }
-        return (state, logged.map(SuiteChange.init(entry:)))
-    }
-
     func observe(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
         try notifier.observe(notificationName, handler: handler)
+    }
+
+    // MARK: Writing
+
+    /// Runs `body` on the values and appends its change, in the locked file.
+    private func append(
+        to state: inout LogState,
+        file: Descriptor,
+        sender: String,
+        direction: String?,
+        _ body: (inout SuiteValues) throws(WormholeError) -> Void
+    ) throws(WormholeError) -> SuiteChange? {
+        // Moved out of the state, so that the update changes the only copy instead of copying every key.
+        var values = state.values
+        state.values = SuiteValues()
+        values.startTracking()
+        do throws(WormholeError) {
+            try body(&values)
+        } catch {
+            values.rollBack()
+            state.values = values
+            throw error
+        }
+        let entries = values.finishTracking()
+        guard !entries.isEmpty else {
+            state.values = values
+            return nil
+        }
+        let record = SuiteLogFormat.Record(
+            kind: .change,
+            version: state.version + 1,
+            timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+            sender: sender,
+            direction: direction,
+            entries: entries
+        )
+        var bytes: [UInt8] = []
+        SuiteLogFormat.encode(record, appendingTo: &bytes)
+        do throws(WormholeError) {
+            guard bytes.count <= files.options.maximumMessageSize else {
+                throw WormholeError(.messageTooLarge, "The update would take \(bytes.count) bytes.", identifier: name)
+            }
+            if case .failure(let errno) = file.write(bytes, at: state.offset) {
+                // A part written (the disk filled up, say) is cut off, so that the next record follows the last one.
+                _ = ftruncate(file.rawValue, off_t(state.offset))
+                throw WormholeError.fileSystem(errno, "append to the suite", identifier: name, path: path)
+            }
+        } catch {
+            values.rollBack()
+            state.values = values
+            throw error
+        }
+        state.values = values
+        state.version += 1
+        state.offset += bytes.count
+        let change = SuiteChange(record)
+        state.record(change)
+        if files.options.synchronizesWrites, case .failure(let errno) = file.synchronize() {
+            throw WormholeError.fileSystem(
+                errno,
+                "flush the suite (the update is made, but may not survive a power cut)",
+                identifier: name,
+                path: path
+            )
+        }
+        if state.offset - state.snapshotEnd > max(Self.minimumCompactionBytes, state.snapshotSize) {
+            // The update is made either way: a compaction that fails is tried again after the next one.
+            try? compact(state)
+        }
+        return change
+    }
+
+    /// Writes the suite as a new file (its last changes as history, then a snapshot) and renames it into place,
+    /// under the old file's lock: other processes notice that the old file lost its name, and read the new one.
+    private func compact(_ state: LogState) throws(WormholeError) {
+        try replaceFile(version: state.version, values: state.values, log: state.log)
+    }
+
+    private func replaceFile(version: UInt64, values: SuiteValues, log: [SuiteChange]) throws(WormholeError) {
+        var bytes = SuiteLogFormat.encodeHeader(generation: UInt64.random(in: 1...UInt64.max))
+        for change in log {
+            SuiteLogFormat.encode(
+                SuiteLogFormat.Record(
+                    kind: .history,
+                    version: change.version,
+                    timestampNanoseconds: change.timestampNanoseconds,
+                    sender: change.sender,
+                    direction: change.direction,
+                    entries: change.keys.sorted().map { ($0, change.values.json(forKey: $0)) }
+                ),
+                appendingTo: &bytes
+            )
+        }
+        SuiteLogFormat.encode(
+            SuiteLogFormat.Record(
+                kind: .snapshot,
+                version: version,
+                timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+                sender: "",
+                direction: nil,
+                entries: values.storage.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+            ),
+            appendingTo: &bytes
+        )
+        if case .failure(let errno) = handle.createFile(
+            named: fileName,
+            bytes: bytes,
+            replacing: true,
+            synchronize: files.options.synchronizesWrites
+        ) {
+            throw WormholeError.fileSystem(errno, "rewrite the suite", identifier: name, path: path)
+        }
+    }
+
+    /// A new, empty suite file; false when another process created one first.
+    private func createEmptyFile() throws(WormholeError) -> Bool {
+        var bytes = SuiteLogFormat.encodeHeader(generation: UInt64.random(in: 1...UInt64.max))
+        SuiteLogFormat.encode(
+            SuiteLogFormat.Record(
+                kind: .snapshot,
+                version: 0,
+                timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+                sender: "",
+                direction: nil,
+                entries: []
+            ),
+            appendingTo: &bytes
+        )
+        switch handle.createFile(
+            named: fileName,
+            bytes: bytes,
+            replacing: false,
+            synchronize: files.options.synchronizesWrites
+        ) {
+        case .success: return true
+        case .failure(.fileExists): return false
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "create the suite", identifier: name, path: path)
+        }
+    }
+
+    // MARK: Reading
+
+    /// Brings `state` up to the end of the file that has the suite's name now. With `forWriting`, creates the file
+    /// when missing, and returns with it locked (the caller unlocks), a version 1 file rewritten as a log and a tail
+    /// torn by a writer that died (or by a power cut) cut off.
+    private func refresh(_ state: inout LogState, forWriting: Bool) throws(WormholeError) {
+        // A few rounds at most: each retry means another process created or replaced the file meanwhile.
+        for _ in 0..<1000 {
+            if state.descriptor < 0 || (forWriting && !state.writable) {
+                if state.descriptor >= 0 { closeCached(&state.descriptor) }
+                state.reset()
+                guard try open(&state, forWriting: forWriting) else {
+                    if forWriting {
+                        _ = try createEmptyFile()
+                        continue
+                    }
+                    return  // no file: an empty suite at version 0
+                }
+            }
+            let file = Descriptor(rawValue: state.descriptor)
+            if forWriting, case .failure(let errno) = file.lock(exclusive: true) {
+                closeCached(&state.descriptor)
+                throw WormholeError.fileSystem(errno, "lock the suite", identifier: name, path: path)
+            }
+            do throws(WormholeError) {
+                guard let status = try handle.trustedStatus(of: file, name: fileName, identifier: name) else {
+                    // Replaced (compacted, rewritten) or removed: read the file that has the name now.
+                    if forWriting { file.unlock() }
+                    closeCached(&state.descriptor)
+                    continue
+                }
+                if try readRecords(&state, file: file, size: status.size, forWriting: forWriting) { return }
+                // A version 1 file, rewritten as a log under its lock: read the new file.
+                file.unlock()
+                closeCached(&state.descriptor)
+            } catch {
+                if forWriting { file.unlock() }
+                closeCached(&state.descriptor)
+                state.reset()
+                throw error
+            }
+        }
+        throw WormholeError(
+            .ioFailure,
+            "The suite file kept being replaced while this process opened it.",
+            identifier: name,
+            path: path
+        )
+    }
+
+    /// Opens the file; false when there is none. A directory shared read-only with this user is read without
+    /// writing.
+    private func open(_ state: inout LogState, forWriting: Bool) throws(WormholeError) -> Bool {
+        do throws(Errno) {
+            do {
+                state.descriptor = try handle.openFile(named: fileName, flags: O_RDWR).release()
+                state.writable = true
+            } catch .permissionDenied where !forWriting {
+                state.descriptor = try handle.openFile(named: fileName, flags: O_RDONLY).release()
+                state.writable = false
+            }
+            return true
+        } catch .noSuchFileOrDirectory {
+            return false
+        } catch .tooManySymbolicLinkLevels {
+            throw WormholeError(
+                .untrustedFile,
+                "The suite file is a symbolic link, which a wormhole never follows; someone planted it. Remove it.",
+                identifier: name,
+                path: path
+            )
+        } catch {
+            throw WormholeError.fileSystem(error, "open the suite", identifier: name, path: path)
+        }
+    }
+
+    /// Reads the records from `state.offset` to `size`. Returns false when the file was a version 1 document that
+    /// this call (writing) rewrote as a log.
+    private func readRecords(
+        _ state: inout LogState,
+        file: Descriptor,
+        size: Int,
+        forWriting: Bool
+    ) throws(WormholeError) -> Bool {
+        if state.offset == 0 && size < 8 { throw damaged("it holds \(size) bytes, too few for its header") }
+        guard size > state.offset else {
+            if size < state.offset { throw damaged("it is shorter than what was read from it before") }
+            return true
+        }
+        let bytes: [UInt8]
+        switch file.read(count: size - state.offset, at: state.offset) {
+        case .success(let read): bytes = read
+        case .failure(let errno): throw WormholeError.fileSystem(errno, "read the suite", identifier: name, path: path)
+        }
+        var position = 0
+        if state.offset == 0 {
+            switch SuiteLogFormat.decodeHeader(bytes[...]) {
+            case .success(.documentFile):
+                try readDocument(&state, file: file, size: size)
+                guard forWriting else { return true }
+                try replaceFile(version: state.version, values: state.values, log: state.log)
+                return false
+            case .success(.log):
+                position = SuiteLogFormat.headerSize
+            case .failure(.unsupportedVersion(let version)):
+                throw WormholeError(
+                    .unsupportedFormatVersion,
+                    "The suite file has format version \(version); this build reads versions 1 and "
+                        + "\(SuiteLogFormat.version). Update WormholeKit in every process of the group.",
+                    identifier: name,
+                    path: path
+                )
+            case .failure(let problem):
+                throw damaged("its header is damaged (\(problem))")
+            }
+        }
+        let whole = bytes[...]
+        while position < bytes.count {
+            switch SuiteLogFormat.parse(whole, at: position) {
+            case .record(let record, let recordSize):
+                try apply(record, to: &state, end: state.offset + position + recordSize, size: recordSize)
+                position += recordSize
+            case .incomplete, .invalid:
+                if SuiteLogFormat.validRecordFollows(whole, after: position) {
+                    throw damaged("a record at byte \(state.offset + position) is damaged")
+                }
+                // A record being written by another process (a reader waits for it), or one left torn by a writer
+                // that died or by a power cut: the writer, holding the lock, cuts it off.
+                if forWriting {
+                    if case .failure(let errno) = valueOrErrno({
+                        ftruncate(file.rawValue, off_t(state.offset + position))
+                    }) {
+                        throw WormholeError.fileSystem(errno, "cut a torn update off the suite", path: path)
+                    }
+                }
+                state.offset += position
+                return true
+            }
+        }
+        state.offset += position
+        return true
+    }
+
+    private func apply(
+        _ record: SuiteLogFormat.Record,
+        to state: inout LogState,
+        end: Int,
+        size: Int
+    ) throws(WormholeError) {
+        switch record.kind {
+        case .history:
+            if record.version > (state.log.last?.version ?? 0) { state.record(SuiteChange(record)) }
+        case .snapshot:
+            var storage: [String: Data] = [:]
+            storage.reserveCapacity(record.entries.count)
+            for (key, value) in record.entries { storage[key] = value }
+            state.values = SuiteValues(storage: storage)
+            state.version = record.version
+            state.snapshotEnd = end
+            state.snapshotSize = size
+        case .change:
+            guard record.version == state.version + 1 else {
+                throw damaged(
+                    "its log goes from version \(state.version) to \(record.version) at byte \(end - size)"
+                )
+            }
+            let change = SuiteChange(record)
+            state.values.apply(change)
+            state.version = record.version
+            state.record(change)
+        }
+    }
+
+    /// Reads a version 1 file: a JSON document in the mailbox format.
+    private func readDocument(_ state: inout LogState, file: Descriptor, size: Int) throws(WormholeError) {
+        let decoded = try MailboxFormat.decodeFile(size: size) { (count, offset) throws(WormholeError) in
+            switch file.read(count: count, at: offset) {
+            case .success(let bytes): return bytes
+            case .failure(let errno):
+                throw WormholeError.fileSystem(errno, "read the suite", identifier: name, path: path)
+            }
+        }
+        let document: SuiteDocument
+        switch decoded {
+        case .success(let contents):
+            guard let record = contents.newest?.record, !record.isCleared else {
+                document = SuiteDocument()
+                break
+            }
+            do throws(WormholeError) {
+                document = try SuiteDocument(decoding: Data(record.payload), suite: name)
+            } catch {
+                throw damaged(error.message)
+            }
+        case .failure(let problem):
+            let error = MailboxFormat.error(for: problem, identifier: name, path: path)
+            throw damaged(error.message, code: error.code)
+        }
+        state.isDocumentFile = true
+        state.offset = 0  // read whole again next time: a version 1 writer replaces it in place
+        state.version = document.version
+        state.values = document.values
+        state.log = document.log.map(SuiteChange.init(entry:))
+    }
+
+    /// A damaged suite, with its way forward: unlike a mailbox's message, its values are not replaced by the next
+    /// write, which would lose every one of them without a word.
+    private func damaged(_ what: String, code: WormholeError.Code = .corruptMessage) -> WormholeError {
+        WormholeError(
+            code,
+            "The suite's file is damaged (\(what)), so its values can be neither read nor updated (a power cut "
+                + "without synchronizesWrites can leave it so, as can another program). Remove \(path) to start the "
+                + "suite over, empty.",
+            identifier: name,
+            path: path
+        )
+    }
+}
+
+extension SuiteChange {
+    /// A change as a log record holds it.
+    init(_ record: SuiteLogFormat.Record) {
+        var storage: [String: Data] = [:]
+        var keys = Set<String>()
+        for (key, value) in record.entries {
+            keys.insert(key)
+            if let value { storage[key] = value }
+        }
+        self.init(
+            version: record.version,
+            keys: keys,
+            sender: record.sender,
+            direction: record.direction,
+            timestampNanoseconds: record.timestampNanoseconds,
+            values: SuiteValues(storage: storage)
+        )
     }
 }

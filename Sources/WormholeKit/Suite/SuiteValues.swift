@@ -7,6 +7,9 @@ import Foundation
 public struct SuiteValues: Sendable, Equatable {
     /// Each value as compact JSON text.
     private(set) var storage: [String: Data] = [:]
+    /// While a store tracks an update: each key's value before the update first changed it (nil when it was not
+    /// set), so that the store learns what changed without comparing every key, and can take the update back.
+    private var originals: [String: Data?]?
 
     /// The one JSON configuration for writing and reading values: a value must read back as what was written.
     static let coder = JSONMessageCoder()
@@ -24,20 +27,55 @@ public struct SuiteValues: Sendable, Equatable {
     ///
     /// - Throws: ``WormholeError/Code/encodingFailed`` when the value cannot be encoded as JSON.
     public mutating func set<Value: Encodable>(_ value: Value, forKey key: String) throws(WormholeError) {
-        storage[key] = try Self.encode(value, key: key)
+        assign(try Self.encode(value, key: key), forKey: key)
     }
 
     /// Removes a key.
-    public mutating func removeValue(forKey key: String) { storage[key] = nil }
+    public mutating func removeValue(forKey key: String) { assign(nil, forKey: key) }
 
     /// The value of `key` as compact JSON, or nil.
     public func json(forKey key: String) -> Data? { storage[key] }
 
-    mutating func set(raw: Data?, forKey key: String) { storage[key] = raw }
+    mutating func set(raw: Data?, forKey key: String) { assign(raw, forKey: key) }
 
     /// Sets a key to JSON text as it is, for engines that store values as JSON; the text must be one compact JSON
     /// value, as ``json(forKey:)`` returns it.
-    public mutating func setJSON(_ json: Data, forKey key: String) { storage[key] = json }
+    public mutating func setJSON(_ json: Data, forKey key: String) { assign(json, forKey: key) }
+
+    /// Whether the two hold the same keys and values.
+    public static func == (lhs: SuiteValues, rhs: SuiteValues) -> Bool { lhs.storage == rhs.storage }
+
+    private mutating func assign(_ value: Data?, forKey key: String) {
+        if originals != nil, originals?.index(forKey: key) == nil { originals?.updateValue(storage[key], forKey: key) }
+        storage[key] = value
+    }
+
+    // MARK: Tracking an update
+
+    /// Starts recording which keys change.
+    mutating func startTracking() { originals = [:] }
+
+    /// Stops recording, and returns each key whose value differs from the one before tracking started, with its new
+    /// value (nil when removed), sorted by key.
+    mutating func finishTracking() -> [(key: String, value: Data?)] {
+        defer { originals = nil }
+        return (originals ?? [:]).compactMap { key, original in
+            let current = storage[key]
+            return current == original ? nil : (key, current)
+        }.sorted { $0.key < $1.key }
+    }
+
+    /// Puts back every value changed since tracking started, and stops recording.
+    mutating func rollBack() {
+        let changed = originals ?? [:]
+        originals = nil
+        for (key, original) in changed { storage[key] = original }
+    }
+
+    /// Applies a change's values: each of `keys` takes its value in `change`, or is removed when it has none.
+    mutating func apply(_ change: SuiteChange) {
+        for key in change.keys { storage[key] = change.values.storage[key] }
+    }
 
     static func encode<Value: Encodable>(_ value: Value, key: String) throws(WormholeError) -> Data {
         do {

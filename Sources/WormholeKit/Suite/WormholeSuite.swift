@@ -152,12 +152,16 @@ public final class WormholeSuite: Sendable {
             do throws(WormholeError) {
                 changes = try seen.withLock { (seen) throws(WormholeError) -> [SuiteChange] in
                     let (current, logged) = try store.changes(after: seen.version)
-                    defer { seen = current }
                     guard current.version > seen.version else { return [] }
                     let result: [SuiteChange]
                     if let logged {
                         result = logged
+                        // The changes applied to this observer's own copy: keeping the store's copy instead would make
+                        // the store copy every key at its next update.
+                        for change in logged { seen.values.apply(change) }
+                        seen.version = current.version
                     } else {
+                        defer { seen = current }
                         // More changes than the store keeps came at once: report the difference, by an unknown sender.
                         let keys = seen.values.changedKeys(comparedTo: current.values)
                         result = [
