@@ -2,7 +2,7 @@ import Foundation
 import WormholeKit
 
 /// Entry points for fuzzing every decoder of bytes that another process wrote: mailbox files, queue logs, consumer
-/// positions, suite documents and live packets. Not API: the `WormholeFuzz` target and the corpus test use them.
+/// positions, suite documents and logs, and live packets. Not API: the `WormholeFuzz` target and the corpus test use them.
 ///
 /// Each takes any bytes, must not crash nor hang, and checks that whatever decodes encodes back to the same thing.
 package enum WormholeFuzzing {
@@ -13,6 +13,7 @@ package enum WormholeFuzzing {
         case consumerPosition
         case suiteDocument
         case livePacket
+        case suiteLog
     }
 
     /// Runs the decoder the first byte selects on the rest of the bytes.
@@ -25,6 +26,7 @@ package enum WormholeFuzzing {
         case .consumerPosition: consumerPosition(bytes)
         case .suiteDocument: suiteDocument(bytes)
         case .livePacket: livePacket(bytes)
+        case .suiteLog: suiteLog(bytes)
         }
     }
 
@@ -91,6 +93,26 @@ package enum WormholeFuzzing {
         precondition(again.version == document.version && again.values == document.values && again.log == document.log)
     }
 
+    static func suiteLog(_ bytes: [UInt8]) {
+        var offset = 0
+        if case .success(.log) = SuiteLogFormat.decodeHeader(bytes[...]) { offset = SuiteLogFormat.headerSize }
+        while offset < bytes.count {
+            switch SuiteLogFormat.parse(bytes[...], at: offset) {
+            case .record(let record, let size):
+                // What decodes is whole: encoding it again gives the same bytes' record.
+                var encoded: [UInt8] = []
+                SuiteLogFormat.encode(record, appendingTo: &encoded)
+                guard case .record(let again, let againSize) = SuiteLogFormat.parse(encoded[...], at: 0),
+                    again == record, againSize == encoded.count
+                else { preconditionFailure("a suite log record did not survive re-encoding") }
+                offset += size
+            case .incomplete, .invalid:
+                _ = SuiteLogFormat.validRecordFollows(bytes[...], after: offset)
+                return
+            }
+        }
+    }
+
     static func livePacket(_ bytes: [UInt8]) {
         guard let packet = LivePacket(bytes) else { return }
         precondition(LivePacket(packet.encoded()) == packet, "a live packet did not survive re-encoding")
@@ -127,6 +149,29 @@ package enum WormholeFuzzing {
             )
         ]
         let suite = (try? document.encoded()).map(Array.init) ?? []
+        var suiteLog = SuiteLogFormat.encodeHeader(generation: 9)
+        SuiteLogFormat.encode(
+            .init(
+                kind: .snapshot,
+                version: 1,
+                timestampNanoseconds: 1,
+                sender: "",
+                direction: nil,
+                entries: [("size", Data("12".utf8))]
+            ),
+            appendingTo: &suiteLog
+        )
+        SuiteLogFormat.encode(
+            .init(
+                kind: .change,
+                version: 2,
+                timestampNanoseconds: 2,
+                sender: "app",
+                direction: "app→widget",
+                entries: [("size", nil), ("theme", Data(#""dark""#.utf8))]
+            ),
+            appendingTo: &suiteLog
+        )
         let packet = LivePacket(kind: .request, sender: "app[1]", payload: Array(#"{"term":"swift"}"#.utf8)).encoded()
         return [
             ("mailbox-file", [Target.mailboxFile.rawValue] + mailbox),
@@ -135,6 +180,8 @@ package enum WormholeFuzzing {
             ("consumer-position", [Target.consumerPosition.rawValue] + QueueCursorFile.encode(4096)),
             ("suite-document", [Target.suiteDocument.rawValue] + suite),
             ("live-packet", [Target.livePacket.rawValue] + packet),
+            ("suite-log", [Target.suiteLog.rawValue] + suiteLog),
+            ("suite-log-torn", [Target.suiteLog.rawValue] + suiteLog.dropLast(5)),
         ]
     }
 }

@@ -128,8 +128,9 @@ final class DirectorySuiteStore: SuiteStore {
             state.values = values
             throw error
         }
-        let entries = values.finishTracking()
+        let entries = values.trackedChanges()
         guard !entries.isEmpty else {
+            values.stopTracking()
             state.values = values
             return nil
         }
@@ -157,6 +158,7 @@ final class DirectorySuiteStore: SuiteStore {
             state.values = values
             throw error
         }
+        values.stopTracking()
         state.values = values
         state.version += 1
         state.offset += bytes.count

@@ -205,16 +205,23 @@ package enum SuiteLogFormat {
     }
 
     /// Whether a whole, valid record starts anywhere after `offset` in `bytes`: bytes that do not parse are then
-    /// damage in the middle of the log, not a tail left torn by a writer that died or a power cut.
+    /// damage in the middle of the log, not a tail left torn by a writer that died or a power cut (which leaves at
+    /// most one torn record, and nothing after it).
+    ///
+    /// Bytes with more than 64 places that start like a record are taken for damage without checking them all, so
+    /// that hostile bytes cannot make this check cost more than 64 checksums.
     package static func validRecordFollows(_ bytes: ArraySlice<UInt8>, after offset: Int) -> Bool {
         var candidate = offset + 1
+        var checked = 0
         let magic: [UInt8] = [0x57, 0x48, 0x53, 0x52]  // "WHSR"
         while candidate + recordHeaderSize <= bytes.count {
             let start = bytes.startIndex + candidate
             if bytes[start] == magic[0], bytes[start + 1] == magic[1], bytes[start + 2] == magic[2],
-                bytes[start + 3] == magic[3], case .record = parse(bytes, at: candidate)
+                bytes[start + 3] == magic[3]
             {
-                return true
+                checked += 1
+                if checked > 64 { return true }
+                if case .record = parse(bytes, at: candidate) { return true }
             }
             candidate += 1
         }

@@ -55,15 +55,17 @@ public struct SuiteValues: Sendable, Equatable {
     /// Starts recording which keys change.
     mutating func startTracking() { originals = [:] }
 
-    /// Stops recording, and returns each key whose value differs from the one before tracking started, with its new
-    /// value (nil when removed), sorted by key.
-    mutating func finishTracking() -> [(key: String, value: Data?)] {
-        defer { originals = nil }
-        return (originals ?? [:]).compactMap { key, original in
+    /// Each key whose value differs from the one before tracking started, with its new value (nil when removed),
+    /// sorted by key.
+    func trackedChanges() -> [(key: String, value: Data?)] {
+        (originals ?? [:]).compactMap { key, original in
             let current = storage[key]
             return current == original ? nil : (key, current)
         }.sorted { $0.key < $1.key }
     }
+
+    /// Stops recording: the changes are kept.
+    mutating func stopTracking() { originals = nil }
 
     /// Puts back every value changed since tracking started, and stops recording.
     mutating func rollBack() {
