@@ -209,11 +209,11 @@ struct PowerWorkload: ParsableCommand {
             let suite = try wormhole.suite("settings")
             for index in 1...count {
                 // Two keys in one update, so that half an update shows; every eighth update adds a long value, so that
-                // the document outgrows its slots.
+                // the log outgrows its snapshot and is compacted (a version 1 file outgrew its slots).
                 try suite.update { values in
                     try values.set(index, forKey: "counter")
                     try values.set(index, forKey: "k\(index % 4)")
-                    if index % 8 == 0 { try values.set(PowerLossMessage(index: index).check, forKey: "long\(index)") }
+                    if index % 8 == 0 { try values.set(PowerLossMessage.longSuiteValue(index), forKey: "long\(index)") }
                 }
                 mark("suite \(index)")
             }
@@ -447,6 +447,7 @@ struct PowerLossCheck {
 
     // MARK: Suite
 
+
     private func checkSuite(_ wormhole: Wormhole) -> [String] {
         let updated = values("suite").compactMap { Int($0[0]) }.last ?? 0
         do {
@@ -473,7 +474,7 @@ struct PowerLossCheck {
                 }
             }
             for index in stride(from: 8, through: counter, by: 8)
-            where values["long\(index)", as: String.self] != PowerLossMessage(index: index).check {
+            where values["long\(index)", as: String.self] != PowerLossMessage.longSuiteValue(index) {
                 problems.append("counter \(counter) but the long value of update \(index) is missing or damaged")
             }
             return problems
@@ -568,4 +569,12 @@ struct PowerLossCheck {
 final class Counter {
     private(set) var value = 0
     func increment() { value += 1 }
+}
+
+extension PowerLossMessage {
+    /// The long value of suite update `index`: 12 KB, so that seven of them pass the 64 KiB after which a suite's log
+    /// is compacted.
+    static func longSuiteValue(_ index: Int) -> String {
+        PowerLossMessage(index: index).check + String(repeating: "-", count: 12_000)
+    }
 }
