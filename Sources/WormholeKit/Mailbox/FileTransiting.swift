@@ -130,7 +130,7 @@ public final class FileTransiting: Transiting {
                 identifier: identifier
             )
         }
-        return try store(identifier: identifier, fileName: nil, sender: sender) { _ throws(WormholeError) in payload }
+        return try store(identifier: identifier, sender: sender) { _ throws(WormholeError) in payload }
     }
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
@@ -257,46 +257,17 @@ public final class FileTransiting: Transiting {
         return result
     }
 
-    /// Replaces the payload of the file `fileName` with what `transform` makes of the current one, atomically for
-    /// every process: the file's lock is held from the read to the write. Suites use it for read-modify-write.
-    func modify(
-        fileName: String,
-        identifier: String,
-        sender: String,
-        _ transform: (Data?) throws(WormholeError) -> Data
-    ) throws(WormholeError) -> Envelope {
-        try store(identifier: identifier, fileName: fileName, sender: sender, replacesDamaged: false) {
-            (current) throws(WormholeError) in
-            let payload = try transform(current.flatMap { $0.isCleared ? nil : Data($0.payload) })
-            guard payload.count <= options.maximumMessageSize else {
-                throw WormholeError(
-                    .messageTooLarge,
-                    "The suite would be \(payload.count) bytes.",
-                    identifier: identifier
-                )
-            }
-            return payload
-        }
-    }
-
-    /// Stores what `makePayload` makes of the current record as the newest record of the file, under its lock: what
-    /// a pass and a read-modify-write share. The current record is handed over as it is, so a pass copies nothing.
+    /// Stores what `makePayload` makes of the current record as the newest record of the file, under its lock. The
+    /// current record is handed over as it is, so a pass copies nothing.
     private func store(
         identifier: String,
-        fileName: String?,
         sender: String,
-        replacesDamaged: Bool = true,
         _ makePayload: (MailboxFormat.Record?) throws(WormholeError) -> Data
     ) throws(WormholeError) -> Envelope {
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
         let timestamp = ProcessFacts.wallClockNanoseconds()
         var payload = Data()
-        let stored = try update(
-            identifier: identifier,
-            fileName: fileName,
-            createIfMissing: true,
-            replacesDamaged: replacesDamaged
-        ) {
+        let stored = try update(identifier: identifier, createIfMissing: true) {
             (sequence, current) throws(WormholeError) in
             payload = try makePayload(current)
             return MailboxFormat.Record(
@@ -319,29 +290,6 @@ public final class FileTransiting: Transiting {
         )
     }
 
-    /// Reads the file `fileName` (a suite), as ``readMessage(identifier:)`` reads a mailbox.
-    func read(fileName: String, identifier: String) throws(WormholeError) -> Envelope? {
-        do {
-            return try readFile(name: fileName, identifier: identifier)
-        } catch  where error.code == .truncatedMessage || error.code == .corruptMessage {
-            throw damagedSuite(error, name: fileName, identifier: identifier)
-        }
-    }
-
-    /// A suite's damage, with a suite's way forward: unlike a mailbox's message, its values are not replaced by the
-    /// next write, which would lose every one of them without a word.
-    private func damagedSuite(_ error: WormholeError, name: String, identifier: String) -> WormholeError {
-        WormholeError(
-            error.code,
-            "The suite's file is damaged, so its values can be neither read nor updated (a power cut without "
-                + "synchronizesWrites can leave it so, as can another program). Remove \(handle.filePath(name)) to "
-                + "start the suite over, empty.",
-            identifier: identifier,
-            path: handle.filePath(name),
-            underlyingError: error
-        )
-    }
-
     /// The identifiers that have a mailbox file, empty or not.
     func mailboxFileIdentifiers() throws(WormholeError) -> [String] {
         try handle.entries().compactMap { name in
@@ -359,12 +307,10 @@ public final class FileTransiting: Transiting {
     /// already empty) and `createIfMissing` is false.
     private func update(
         identifier: String,
-        fileName: String? = nil,
         createIfMissing: Bool,
-        replacesDamaged: Bool = true,
         makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
-        let name = fileName ?? Self.fileName(identifier)
+        let name = Self.fileName(identifier)
         return try openFiles.entry(name).descriptor.withLock {
             (cached) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? in
             // A few rounds at most: each retry means another process created or replaced the file meanwhile.
@@ -403,7 +349,6 @@ public final class FileTransiting: Transiting {
                                 name: name,
                                 identifier: identifier,
                                 createIfMissing: createIfMissing,
-                                replacesDamaged: replacesDamaged,
                                 makeRecord: makeRecord
                             )
                         )
@@ -468,7 +413,6 @@ public final class FileTransiting: Transiting {
         name: String,
         identifier: String,
         createIfMissing: Bool,
-        replacesDamaged: Bool,
         makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
     ) throws(WormholeError) -> (stored: (MailboxFormat.Record, UInt64)?, replaced: Bool) {
         let contents: MailboxFormat.Contents
@@ -482,12 +426,6 @@ public final class FileTransiting: Transiting {
                 for: .header(.unsupportedVersion(version)),
                 identifier: identifier,
                 path: handle.filePath(name)
-            )
-        case .failure(let failure) where !replacesDamaged:
-            throw damagedSuite(
-                MailboxFormat.error(for: failure, identifier: identifier, path: handle.filePath(name)),
-                name: name,
-                identifier: identifier
             )
         case .failure:
             // A damaged file holds nothing to keep: replace it with a fresh mailbox of a new generation, so

@@ -20,8 +20,8 @@ import Synchronization
 ///
 /// Each change records its sender and an optional direction (such as `app→widget`), so a process can ignore its
 /// own writes or listen to one direction only. Values are JSON. The wormhole's engine stores the suite (a
-/// ``SuiteStore``): in a directory, one file written as a mailbox is, holding the values and a log of the last 64
-/// changes.
+/// ``SuiteStore``): in a directory, one file, a log to which each update appends the keys it changed, so that an
+/// update costs the same whatever the size of the suite.
 public final class WormholeSuite: Sendable {
     /// The suite's name.
     public let name: String
