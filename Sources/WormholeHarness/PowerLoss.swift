@@ -447,7 +447,6 @@ struct PowerLossCheck {
 
     // MARK: Suite
 
-
     private func checkSuite(_ wormhole: Wormhole) -> [String] {
         let updated = values("suite").compactMap { Int($0[0]) }.last ?? 0
         do {
