@@ -38,8 +38,8 @@ final class DirectorySuiteStore: SuiteStore {
         var values = SuiteValues()
         /// The last changes, oldest first, at most `logLimit`.
         var log: [SuiteChange] = []
-        /// The file is version 1: read whole each time, until an update rewrites it as a log.
-        var isDocumentFile = false
+        /// With synchronizesWrites: whether the directory was flushed since this file was opened.
+        var directoryFlushed = false
 
         mutating func reset() {
             let (descriptor, writable) = (self.descriptor, self.writable)
@@ -93,13 +93,16 @@ final class DirectorySuiteStore: SuiteStore {
         direction: String?,
         _ body: (inout SuiteValues) throws(WormholeError) -> Void
     ) throws(WormholeError) -> SuiteChange? {
-        let change = try state.withLock { (state) throws(WormholeError) -> SuiteChange? in
+        let (change, flushFailure) = try state.withLock {
+            (state) throws(WormholeError) -> (SuiteChange?, WormholeError?) in
             try refresh(&state, forWriting: true)
             let file = Descriptor(rawValue: state.descriptor)
             defer { file.unlock() }
             return try append(to: &state, file: file, sender: sender, direction: direction, body)
         }
         if change != nil { try notifier.post(notificationName) }
+        // The update is made and other processes are told; only its durability failed.
+        if let flushFailure { throw flushFailure }
         return change
     }
 
@@ -109,31 +112,32 @@ final class DirectorySuiteStore: SuiteStore {
 
     // MARK: Writing
 
-    /// Runs `body` on the values and appends its change, in the locked file.
+    /// Runs `body` on the values and appends its change, in the locked file. Returns the change (nil when none),
+    /// and the error of flushing it to the disk when that alone failed: the change is in the file then.
     private func append(
         to state: inout LogState,
         file: Descriptor,
         sender: String,
         direction: String?,
         _ body: (inout SuiteValues) throws(WormholeError) -> Void
-    ) throws(WormholeError) -> SuiteChange? {
-        // Moved out of the state, so that the update changes the only copy instead of copying every key.
-        var values = state.values
-        state.values = SuiteValues()
-        values.startTracking()
-        do throws(WormholeError) {
-            try body(&values)
-        } catch {
-            values.rollBack()
-            state.values = values
-            throw error
+    ) throws(WormholeError) -> (SuiteChange?, WormholeError?) {
+        // The body works on a copy that keeps its changes apart from the values it shares with the state, so that
+        // nothing compares or copies every key, and a failed update leaves the state as it was.
+        var (values, update) = state.values.updateCopy()
+        try body(&values)
+        let entries: [(key: String, value: Data?)]
+        if let changes = values.changes(ofUpdate: update) {
+            entries = changes
+        } else {
+            entries = state.values.differences(to: values)  // the body replaced the whole value
         }
-        let entries = values.trackedChanges()
-        guard !entries.isEmpty else {
-            values.stopTracking()
-            state.values = values
-            return nil
-        }
+        values = SuiteValues()  // let go of the state's values, so that they are changed in place below
+        guard !entries.isEmpty else { return (nil, nil) }
+        try checkSizes(
+            entries.lazy.map { ($0.key, $0.value?.count ?? 0) },
+            fixedSize: sender.utf8.count + (direction?.utf8.count ?? 0),
+            limit: files.options.maximumMessageSize
+        )
         let record = SuiteLogFormat.Record(
             kind: .change,
             version: state.version + 1,
@@ -144,39 +148,77 @@ final class DirectorySuiteStore: SuiteStore {
         )
         var bytes: [UInt8] = []
         SuiteLogFormat.encode(record, appendingTo: &bytes)
-        do throws(WormholeError) {
-            guard bytes.count <= files.options.maximumMessageSize else {
-                throw WormholeError(.messageTooLarge, "The update would take \(bytes.count) bytes.", identifier: name)
-            }
-            if case .failure(let errno) = file.write(bytes, at: state.offset) {
-                // A part written (the disk filled up, say) is cut off, so that the next record follows the last one.
-                _ = ftruncate(file.rawValue, off_t(state.offset))
-                throw WormholeError.fileSystem(errno, "append to the suite", identifier: name, path: path)
-            }
-        } catch {
-            values.rollBack()
-            state.values = values
-            throw error
+        if case .failure(let errno) = file.write(bytes, at: state.offset) {
+            // A part written (the disk filled up, say) is cut off, so that the next record follows the last one.
+            _ = ftruncate(file.rawValue, off_t(state.offset))
+            throw WormholeError.fileSystem(errno, "append to the suite", identifier: name, path: path)
         }
-        values.stopTracking()
-        state.values = values
+        state.values.apply(entries)
         state.version += 1
         state.offset += bytes.count
         let change = SuiteChange(record)
         state.record(change)
-        if files.options.synchronizesWrites, case .failure(let errno) = file.synchronize() {
-            throw WormholeError.fileSystem(
+        let flushFailure = flush(&state, file: file)
+        if state.offset - state.snapshotEnd > max(Self.minimumCompactionBytes, state.snapshotSize) {
+            // The update is made either way: a compaction that fails is tried again after the next update. (With
+            // synchronizesWrites, the directory is flushed anew once the new file is opened.)
+            try? compact(state)
+        }
+        return (change, flushFailure)
+    }
+
+    /// With `synchronizesWrites`: flushes the file, and once per opened file the directory, whose entry names the
+    /// file (another process may have created or compacted it and not flushed the directory yet).
+    private func flush(_ state: inout LogState, file: Descriptor) -> WormholeError? {
+        guard files.options.synchronizesWrites else { return nil }
+        if case .failure(let errno) = file.synchronize() {
+            return WormholeError.fileSystem(
                 errno,
                 "flush the suite (the update is made, but may not survive a power cut)",
                 identifier: name,
                 path: path
             )
         }
-        if state.offset - state.snapshotEnd > max(Self.minimumCompactionBytes, state.snapshotSize) {
-            // The update is made either way: a compaction that fails is tried again after the next one.
-            try? compact(state)
+        if !state.directoryFlushed {
+            if case .failure(let errno) = handle.synchronizeEntries() {
+                return WormholeError.fileSystem(
+                    errno,
+                    "flush the suite's directory (the update is made, but may not survive a power cut)",
+                    identifier: name,
+                    path: handle.path
+                )
+            }
+            state.directoryFlushed = true
         }
-        return change
+        return nil
+    }
+
+    /// Refuses keys longer than a record can hold, and a record larger than `limit` bytes (`fixedSize`: its sender
+    /// and direction).
+    private func checkSizes(
+        _ entries: some Sequence<(key: String, valueSize: Int)>,
+        fixedSize: Int = 0,
+        limit: Int
+    ) throws(WormholeError) {
+        var total = SuiteLogFormat.recordHeaderSize + SuiteLogFormat.bodyPrefixSize + fixedSize
+        for (key, valueSize) in entries {
+            let keySize = key.utf8.count
+            guard keySize <= Int(UInt16.max) else {
+                throw WormholeError(
+                    .encodingFailed,
+                    "A key of \(keySize) bytes: a suite's keys are at most 65,535 bytes of UTF-8.",
+                    identifier: name
+                )
+            }
+            total += 6 + keySize + valueSize
+        }
+        guard total <= limit else {
+            throw WormholeError(
+                .messageTooLarge,
+                "The update would take \(total) bytes; the limit is \(limit) (maximumMessageSize).",
+                identifier: name
+            )
+        }
     }
 
     /// Writes the suite as a new file (its last changes as history, then a snapshot) and renames it into place,
@@ -186,6 +228,9 @@ final class DirectorySuiteStore: SuiteStore {
     }
 
     private func replaceFile(version: UInt64, values: SuiteValues, log: [SuiteChange]) throws(WormholeError) {
+        // A snapshot larger than a reader accepts would make the suite unreadable: the log is left as it is then.
+        let storage = values.storage
+        try checkSizes(storage.lazy.map { ($0.key, $0.value.count) }, limit: SuiteLogFormat.maximumBodySize)
         var bytes = SuiteLogFormat.encodeHeader(generation: UInt64.random(in: 1...UInt64.max))
         for change in log {
             SuiteLogFormat.encode(
@@ -207,7 +252,7 @@ final class DirectorySuiteStore: SuiteStore {
                 timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
                 sender: "",
                 direction: nil,
-                entries: values.storage.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+                entries: storage.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
             ),
             appendingTo: &bytes
         )
@@ -330,7 +375,8 @@ final class DirectorySuiteStore: SuiteStore {
         _ state: inout LogState,
         file: Descriptor,
         size: Int,
-        forWriting: Bool
+        forWriting: Bool,
+        rechecking: Bool = false
     ) throws(WormholeError) -> Bool {
         if state.offset == 0 && size < 8 { throw damaged("it holds \(size) bytes, too few for its header") }
         guard size > state.offset else {
@@ -372,6 +418,19 @@ final class DirectorySuiteStore: SuiteStore {
                 position += recordSize
             case .incomplete, .invalid:
                 if SuiteLogFormat.validRecordFollows(whole, after: position) {
+                    // A reader takes no lock: before calling it damage, it reads the bytes once more, in case it
+                    // read them while a writer's append was half copied.
+                    guard forWriting || rechecking else {
+                        state.offset += position
+                        guard case .success(let status) = file.status() else { return true }
+                        return try readRecords(
+                            &state,
+                            file: file,
+                            size: status.size,
+                            forWriting: false,
+                            rechecking: true
+                        )
+                    }
                     throw damaged("a record at byte \(state.offset + position) is damaged")
                 }
                 // A record being written by another process (a reader waits for it), or one left torn by a writer
@@ -446,7 +505,6 @@ final class DirectorySuiteStore: SuiteStore {
             let error = MailboxFormat.error(for: problem, identifier: name, path: path)
             throw damaged(error.message, code: error.code)
         }
-        state.isDocumentFile = true
         state.offset = 0  // read whole again next time: a version 1 writer replaces it in place
         state.version = document.version
         state.values = document.values

@@ -206,22 +206,26 @@ package enum SuiteLogFormat {
 
     /// Whether a whole, valid record starts anywhere after `offset` in `bytes`: bytes that do not parse are then
     /// damage in the middle of the log, not a tail left torn by a writer that died or a power cut (which leaves at
-    /// most one torn record, and nothing after it).
+    /// most one torn record, and nothing after it). A value cannot hold a whole record: a record's kind byte is a
+    /// control character, which JSON text escapes.
     ///
-    /// Bytes with more than 64 places that start like a record are taken for damage without checking them all, so
-    /// that hostile bytes cannot make this check cost more than 64 checksums.
+    /// Hostile bytes (many places that start like a record, each claiming a length that fits) are taken for damage
+    /// once 64 MiB were checksummed, so that the check cannot take quadratic time.
     package static func validRecordFollows(_ bytes: ArraySlice<UInt8>, after offset: Int) -> Bool {
         var candidate = offset + 1
-        var checked = 0
+        var budget = 64 << 20
         let magic: [UInt8] = [0x57, 0x48, 0x53, 0x52]  // "WHSR"
         while candidate + recordHeaderSize <= bytes.count {
             let start = bytes.startIndex + candidate
             if bytes[start] == magic[0], bytes[start + 1] == magic[1], bytes[start + 2] == magic[2],
                 bytes[start + 3] == magic[3]
             {
-                checked += 1
-                if checked > 64 { return true }
-                if case .record = parse(bytes, at: candidate) { return true }
+                let claimed = Int(bytes[start...].load(at: 4) as UInt32)
+                if claimed <= bytes.count - candidate - recordHeaderSize {
+                    budget -= claimed
+                    if budget < 0 { return true }
+                    if case .record = parse(bytes, at: candidate) { return true }
+                }
             }
             candidate += 1
         }

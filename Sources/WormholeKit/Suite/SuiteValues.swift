@@ -5,11 +5,23 @@ import Foundation
 /// Values are encoded and decoded alike, as messages are (``JSONMessageCoder``): a `Date` as an ISO 8601 string, in
 /// whole seconds, and `Data` as Base64.
 public struct SuiteValues: Sendable, Equatable {
+    /// Each value as compact JSON text: outside an update, every value.
+    private var base: [String: Data] = [:]
+    /// In the copy an update works on: the keys it set (to a value) or removed (nil), over `base`, which stays the
+    /// store's own, untouched. So the store learns what changed without comparing every key, copies no key, and has
+    /// nothing to take back when the update fails.
+    private var overlay: [String: Data?] = [:]
+    /// Which update this copy belongs to; 0 outside an update. A body that replaces the whole value loses it, which
+    /// tells the store to compare every key instead.
+    private var updateID: UInt64 = 0
+
     /// Each value as compact JSON text.
-    private(set) var storage: [String: Data] = [:]
-    /// While a store tracks an update: each key's value before the update first changed it (nil when it was not
-    /// set), so that the store learns what changed without comparing every key, and can take the update back.
-    private var originals: [String: Data?]?
+    var storage: [String: Data] {
+        guard !overlay.isEmpty else { return base }
+        var merged = base
+        for (key, value) in overlay { merged[key] = value }
+        return merged
+    }
 
     /// The one JSON configuration for writing and reading values: a value must read back as what was written.
     static let coder = JSONMessageCoder()
@@ -19,7 +31,7 @@ public struct SuiteValues: Sendable, Equatable {
 
     /// The value of `key` decoded as `type`, or nil when it is not set or not a `type`.
     public subscript<Value: Decodable>(key: String, as type: Value.Type) -> Value? {
-        guard let data = storage[key] else { return nil }
+        guard let data = json(forKey: key) else { return nil }
         return try? Self.coder.decode(type, from: data)
     }
 
@@ -34,7 +46,10 @@ public struct SuiteValues: Sendable, Equatable {
     public mutating func removeValue(forKey key: String) { assign(nil, forKey: key) }
 
     /// The value of `key` as compact JSON, or nil.
-    public func json(forKey key: String) -> Data? { storage[key] }
+    public func json(forKey key: String) -> Data? {
+        if let changed = overlay[key] { return changed }
+        return base[key]
+    }
 
     mutating func set(raw: Data?, forKey key: String) { assign(raw, forKey: key) }
 
@@ -46,37 +61,49 @@ public struct SuiteValues: Sendable, Equatable {
     public static func == (lhs: SuiteValues, rhs: SuiteValues) -> Bool { lhs.storage == rhs.storage }
 
     private mutating func assign(_ value: Data?, forKey key: String) {
-        if originals != nil, originals?.index(forKey: key) == nil { originals?.updateValue(storage[key], forKey: key) }
-        storage[key] = value
+        if updateID != 0 {
+            overlay.updateValue(value, forKey: key)
+        } else {
+            base[key] = value
+        }
     }
 
-    // MARK: Tracking an update
+    // MARK: Updates
 
-    /// Starts recording which keys change.
-    mutating func startTracking() { originals = [:] }
+    private static let nextUpdateID = Locked<UInt64>(0)
 
-    /// Each key whose value differs from the one before tracking started, with its new value (nil when removed),
-    /// sorted by key.
-    func trackedChanges() -> [(key: String, value: Data?)] {
-        (originals ?? [:]).compactMap { key, original in
-            let current = storage[key]
-            return current == original ? nil : (key, current)
-        }.sorted { $0.key < $1.key }
+    /// A copy of these values for an update to work on: its changes are kept apart (see ``changes(ofUpdate:)``).
+    func updateCopy() -> (copy: SuiteValues, id: UInt64) {
+        let id = Self.nextUpdateID.withLock { next in
+            next += 1
+            return next
+        }
+        var copy = SuiteValues(storage: base)
+        copy.updateID = id
+        return (copy, id)
     }
 
-    /// Stops recording: the changes are kept.
-    mutating func stopTracking() { originals = nil }
+    /// The keys an update copy changed, each with its new value (nil when removed), sorted by key; nil when the
+    /// update replaced the whole copy, so that only comparing every key tells.
+    func changes(ofUpdate id: UInt64) -> [(key: String, value: Data?)]? {
+        guard updateID == id else { return nil }
+        return overlay.compactMap { key, value in base[key] == value ? nil : (key, value) }.sorted { $0.key < $1.key }
+    }
 
-    /// Puts back every value changed since tracking started, and stops recording.
-    mutating func rollBack() {
-        let changed = originals ?? [:]
-        originals = nil
-        for (key, original) in changed { storage[key] = original }
+    /// Every key whose value differs between these values and `other`, with its value in `other`, sorted by key.
+    func differences(to other: SuiteValues) -> [(key: String, value: Data?)] {
+        let theirs = other.storage
+        return changedKeys(comparedTo: other).sorted().map { ($0, theirs[$0]) }
+    }
+
+    /// Applies changes in place: each key takes its value, or is removed when it has none.
+    mutating func apply(_ changes: [(key: String, value: Data?)]) {
+        for (key, value) in changes { base[key] = value }
     }
 
     /// Applies a change's values: each of `keys` takes its value in `change`, or is removed when it has none.
     mutating func apply(_ change: SuiteChange) {
-        for key in change.keys { storage[key] = change.values.storage[key] }
+        for key in change.keys { base[key] = change.values.json(forKey: key) }
     }
 
     static func encode<Value: Encodable>(_ value: Value, key: String) throws(WormholeError) -> Data {
@@ -93,18 +120,19 @@ public struct SuiteValues: Sendable, Equatable {
 
     /// The keys whose values differ between the two.
     func changedKeys(comparedTo other: SuiteValues) -> Set<String> {
-        Set(storage.keys).union(other.storage.keys).filter { storage[$0] != other.storage[$0] }
+        let (mine, theirs) = (storage, other.storage)
+        return Set(mine.keys).union(theirs.keys).filter { mine[$0] != theirs[$0] }
     }
 
     /// The value as a Foundation JSON object, for NotificationCenter.
     func foundationObject(forKey key: String) -> Any? {
-        storage[key].flatMap { try? JSONSerialization.jsonObject(with: $0, options: [.fragmentsAllowed]) }
+        json(forKey: key).flatMap { try? JSONSerialization.jsonObject(with: $0, options: [.fragmentsAllowed]) }
     }
 
     /// Creates an empty set of values.
     public init() {}
 
-    package init(storage: [String: Data]) { self.storage = storage }
+    package init(storage: [String: Data]) { self.base = storage }
 }
 
 /// A suite file's payload: the values, a version, and the log of recent changes. JSON:

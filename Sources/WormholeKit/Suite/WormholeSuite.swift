@@ -152,9 +152,11 @@ public final class WormholeSuite: Sendable {
             do throws(WormholeError) {
                 changes = try seen.withLock { (seen) throws(WormholeError) -> [SuiteChange] in
                     let (current, logged) = try store.changes(after: seen.version)
-                    guard current.version > seen.version else { return [] }
+                    // A lower version: the suite started over (its file was removed); report the difference.
+                    let restarted = current.version < seen.version
+                    guard current.version > seen.version || restarted else { return [] }
                     let result: [SuiteChange]
-                    if let logged {
+                    if let logged, !restarted {
                         result = logged
                         // The changes applied to this observer's own copy: keeping the store's copy instead would make
                         // the store copy every key at its next update.
@@ -164,6 +166,7 @@ public final class WormholeSuite: Sendable {
                         defer { seen = current }
                         // More changes than the store keeps came at once: report the difference, by an unknown sender.
                         let keys = seen.values.changedKeys(comparedTo: current.values)
+                        guard !keys.isEmpty else { return [] }
                         result = [
                             SuiteChange(
                                 version: current.version,

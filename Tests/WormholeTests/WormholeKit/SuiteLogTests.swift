@@ -92,6 +92,58 @@ struct SuiteLogTests {
         }
     }
 
+    @Test("A body that replaces the whole value: every key it dropped is recorded as removed")
+    func bodyReplacesTheValue() async throws {
+        try await offThePool {
+            let suite = try makeSuite()
+            try suite.update { values in
+                try values.set(1, forKey: "a")
+                try values.set(2, forKey: "b")
+            }
+            try suite.update { values in
+                var fresh = SuiteValues()
+                try fresh.set(2, forKey: "b")
+                try fresh.set(3, forKey: "c")
+                values = fresh
+            }
+            let last = try #require(try records().last)
+            #expect(last.entries.map(\.key) == ["a", "c"] && last.entries[0].value == nil)
+            #expect(try makeSuite().snapshot() == suite.snapshot())
+            #expect(try suite.snapshot().keys == ["b", "c"])
+        }
+    }
+
+    @Test("A key too long for a record is refused with a typed error, and changes nothing")
+    func longKey() async throws {
+        try await offThePool {
+            let suite = try makeSuite()
+            try suite.set(1, forKey: "a")
+            let size = try fileSize()
+            let refused = #expect(throws: WormholeError.self) {
+                try suite.set(1, forKey: String(repeating: "k", count: 70_000))
+            }
+            #expect(refused?.code == .encodingFailed)
+            #expect(try fileSize() == size && suite.snapshot().keys == ["a"])
+        }
+    }
+
+    @Test("An observer of a suite whose file was removed is told what changed when it starts over")
+    func suiteStartsOver() async throws {
+        try await offThePool {
+            let writer = try makeSuite(sender: "writer")
+            try writer.set("dark", forKey: "theme")
+            try writer.set(12, forKey: "size")
+            let reader = try makeSuite(sender: "reader")
+            let changes = Mutex<[SuiteChange]>([])
+            let observer = try reader.observe(on: .notifierThread) { change in changes.withLock { $0.append(change) } }
+            defer { observer.cancel() }
+            try FileManager.default.removeItem(atPath: file)
+            try makeSuite(sender: "other").set("light", forKey: "theme")
+            #expect(eventually { changes.withLock { $0.last?.keys } == ["theme", "size"] })
+            #expect(changes.withLock { $0.last?.values["theme", as: String.self] } == "light")
+        }
+    }
+
     @Test("Compaction keeps every value and the last changes, and observers in another wormhole miss none")
     func compaction() async throws {
         try await offThePool {
@@ -149,6 +201,31 @@ struct SuiteLogTests {
             let records = try records()  // checks that no byte follows the last whole record
             #expect(records.last?.version == 3 && records.last?.entries.first?.key == "c")
             #expect(try suite.snapshot().keys == ["a", "b", "c"])
+        }
+    }
+
+    @Test("Values that look like record heads do not make a torn tail look like damage")
+    func valuesThatLookLikeRecords() async throws {
+        try await offThePool {
+            let suite = try makeSuite()
+            try suite.set(String(repeating: "WHSR", count: 200), forKey: "a")
+            let whole = try Data(contentsOf: URL(fileURLWithPath: file))
+            var record: [UInt8] = []
+            SuiteLogFormat.encode(
+                .init(
+                    kind: .change,
+                    version: 2,
+                    timestampNanoseconds: 0,
+                    sender: "x",
+                    direction: nil,
+                    entries: [("b", Data(#""\#(String(repeating: "WHSR", count: 200))""#.utf8))]
+                ),
+                appendingTo: &record
+            )
+            try (whole + Data(record.prefix(record.count - 1))).write(to: URL(fileURLWithPath: file))
+            #expect(try makeSuite().snapshot().keys == ["a"])
+            try makeSuite().set(2, forKey: "c")
+            #expect(try suite.snapshot().keys == ["a", "c"])
         }
     }
 
