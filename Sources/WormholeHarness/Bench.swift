@@ -74,8 +74,12 @@ struct BenchMailbox: ParsableCommand {
             written by hand with the same message size: write a temporary file, rename it, inotify wake-up, read \
             (the classic way); and an in-place write with an inotify wake-up. One-way latency is half the round \
             trip. Figures print as ratios to the floors, measured in the same run. Also measures how many \
-            mailbox writes a second one process passes. Build with -c release for meaningful figures. \
-            `wormhole bench store` measures the shared SQLite store.
+            mailbox writes a second one process passes. Then the ways to listen, with ~64-byte Codable messages \
+            and with 64 raw bytes, sent from an app thread that waits for each answer: the notifier-thread \
+            callback, the default execution (a serial queue per listener), a given dispatch queue and an \
+            AsyncSequence, the peer answering along the same path; ratios are to the notifier-thread callback of the \
+            same run. Build with -c release for meaningful figures. `wormhole bench store` measures the shared \
+            SQLite store.
             """
     )
 
@@ -148,6 +152,9 @@ struct BenchMailbox: ParsableCommand {
             )
             let rate = try measureWrites(directory: base + "/throughput")
             summary.append(String(format: "%@: %.0f mailbox writes a second from one process", location, rate))
+            summary += try measureListeningPaths(base: base, label: label, peerCPU: peerCPU).map {
+                location + ": " + $0
+            }
             let parts = try measureParts(directory: base + "/parts")
             summary.append(
                 "\(location): where a pass and a read go, in µs each: "
@@ -158,7 +165,7 @@ struct BenchMailbox: ParsableCommand {
         for line in summary { Output.line(line) }
     }
 
-    private func pad(_ text: String, _ width: Int) -> String {
+    func pad(_ text: String, _ width: Int) -> String {
         text.count >= width ? text + " " : text + String(repeating: " ", count: width - text.count)
     }
 
@@ -307,12 +314,15 @@ struct BenchPeer: ParsableCommand {
         case appendProduce = "append-produce"
         case queueEcho = "queue-echo"
         case suiteEcho = "suite-echo"
+        case listeningEcho = "listening-echo"
     }
 
     @Argument var mode: Mode
     @Option var directory: String
     @Option var cpu = 0
     @Option var count = 0
+    @Option var path = ListeningPath.notifierThread.rawValue
+    @Option var payload = ListeningPayload.codable.rawValue
 
     func run() throws {
         #if os(Linux) || os(Android)
@@ -357,6 +367,11 @@ struct BenchPeer: ParsableCommand {
             }
             Output.line("ready")
             withExtendedLifetime(consumer) { waitWhileParentLives() }
+        case .listeningEcho:
+            guard let path = ListeningPath(rawValue: path), let payload = ListeningPayload(rawValue: payload) else {
+                throw Output.fail("unknown --path or --payload")
+            }
+            try echoListening(path: path, payload: payload)
         case .suiteEcho:
             // Answers each ping of the suite with the same number as its pong.
             let suite = try Wormhole(directory: directory).suite("bench")

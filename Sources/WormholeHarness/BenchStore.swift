@@ -221,9 +221,19 @@ struct BenchStore: ParsableCommand {
         _ = try SharedStore(path: path, migrator: Self.migrator, configuration: Self.configuration(author: "bench"))
         let total = 4 * perWriter
         let watched = (0..<2).map { _ in SeenTransactions() }
+        // The watchers are `wormhole store watch`: the tool, built next to this harness.
+        let tool = URL(fileURLWithPath: ChildProcess.executablePath).deletingLastPathComponent()
+            .appendingPathComponent("wormhole").path
+        guard FileManager.default.isExecutableFile(atPath: tool) else {
+            throw Output.fail(
+                "the durable consumers run the wormhole tool, missing at \(tool): build it first "
+                    + "(swift build -c release --product wormhole)"
+            )
+        }
         var watchers: [ChildProcess] = []
         for (index, ids) in watched.enumerated() {
             let watcher = try ChildProcess(
+                executable: tool,
                 arguments: [
                     "store", "watch", path, "--consumer", "watcher\(index)", "--count", String(total), "--timeout",
                     "300",
