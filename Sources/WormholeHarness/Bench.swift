@@ -101,7 +101,21 @@ struct BenchMailbox: ParsableCommand {
     )
     var locations: [String] = ["default", "/dev/shm"]
 
+    @Option(
+        parsing: .upToNextOption,
+        help:
+            "Only these ways to listen, and nothing else (for a profile of one path): notifier-thread, default, given-queue, async-sequence."
+    )
+    var onlyListening: [String] = []
+
+    @Option(help: "With --only-listening: the payload, codable or raw.")
+    var payload = ListeningPayload.codable.rawValue
+
     func validate() throws {
+        if onlyListening.contains(where: { ListeningPath(rawValue: $0) == nil }) {
+            throw ValidationError("--only-listening takes notifier-thread, default, given-queue or async-sequence.")
+        }
+        if ListeningPayload(rawValue: payload) == nil { throw ValidationError("--payload is codable or raw.") }
         if roundTrips < 100 { throw ValidationError("--round-trips must be at least 100.") }
         if warmUp < 0 || writes < 1 { throw ValidationError("--warm-up must be ≥ 0 and --writes ≥ 1.") }
     }
@@ -124,6 +138,16 @@ struct BenchMailbox: ParsableCommand {
         for location in locations {
             let (base, label) = try makeBenchDirectory(location, prefix: "wormhole-bench")
             defer { try? FileManager.default.removeItem(atPath: base) }
+            if !onlyListening.isEmpty {
+                summary += try measureListeningPaths(
+                    base: base,
+                    label: label,
+                    peerCPU: peerCPU,
+                    paths: onlyListening.compactMap(ListeningPath.init(rawValue:)),
+                    payloads: [ListeningPayload(rawValue: payload)!]
+                ).map { location + ": " + $0 }
+                continue
+            }
             let renameFloor = try runFloor(.rename, directory: base + "/floor-rename", peerCPU: peerCPU)
             let inPlaceFloor = try runFloor(.inPlace, directory: base + "/floor-in-place", peerCPU: peerCPU)
             let wormhole = try runWormhole(directory: base + "/wormhole", peerCPU: peerCPU)

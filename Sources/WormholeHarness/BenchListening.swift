@@ -133,11 +133,17 @@ final class TaskCancellable: WormholeCancellable {
 extension BenchMailbox {
     /// The ways to listen, each timed with messages sent from an app thread (this process's main thread, which waits
     /// for each answer), against the notifier-thread callback of the same payload, in the same run.
-    func measureListeningPaths(base: String, label: String, peerCPU: Int) throws -> [String] {
+    func measureListeningPaths(
+        base: String,
+        label: String,
+        peerCPU: Int,
+        paths: [ListeningPath] = ListeningPath.allCases,
+        payloads: [ListeningPayload] = ListeningPayload.allCases
+    ) throws -> [String] {
         var rows: [String] = []
-        for payload in ListeningPayload.allCases {
+        for payload in payloads {
             var fastest = Double.nan
-            for path in ListeningPath.allCases {
+            for path in paths {
                 let samples = try runListeningPath(
                     directory: base + "/listening-\(path.rawValue)-\(payload.rawValue)",
                     path: path,

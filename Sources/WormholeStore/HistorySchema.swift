@@ -188,10 +188,9 @@ enum HistorySchema {
 
     private static func decodeKey(_ text: String?) -> Result<PrimaryKey, Reason> {
         guard let text else { return .failure(Reason(text: "no primary key")) }
-        do {
-            return .success(PrimaryKey(try JSONDecoder().decode([String: PrimaryKeyValue].self, from: Data(text.utf8))))
-        } catch {
+        guard let key = PrimaryKey(historyJSON: text) else {
             return .failure(Reason(text: "the primary key is not a JSON object of values: \(text.prefix(80))"))
         }
+        return .success(key)
     }
 }

@@ -91,10 +91,7 @@ struct PostgresStoreHistory: StoreHistory {
         _ sequence: Int64,
         to transaction: inout StoreTransaction
     ) {
-        let primaryKey: PrimaryKey
-        do {
-            primaryKey = PrimaryKey(try JSONDecoder().decode([String: PrimaryKeyValue].self, from: Data(key.utf8)))
-        } catch {
+        guard let primaryKey = PrimaryKey(historyJSON: key) else {
             transaction.damagedChanges.append(
                 DamagedChange(changeID: sequence, table: table, reason: "its primary key \(key) is not readable")
             )
