@@ -35,10 +35,10 @@ public final class FileTransiting: Transiting {
         /// - Off: the latest calls may be lost, never torn into something else. A queue keeps a prefix of each
         ///   producer's messages, in order, and never delivers a damaged record; a consumer may get messages
         ///   again, and never skips one. A mailbox holds a whole message that was passed to it (not always the
-        ///   last), or no message when the pass that made it did not reach the disk; a suite holds a whole earlier
-        ///   version. Either may instead report ``WormholeError/Code/corruptMessage`` or
-        ///   ``WormholeError/Code/truncatedMessage``: the next pass replaces a mailbox, and a suite's error names the
-        ///   file to remove to start it over. Sent files are flushed either way.
+        ///   last), or no message when the pass that made it did not reach the disk, or reports
+        ///   ``WormholeError/Code/corruptMessage`` or ``WormholeError/Code/truncatedMessage`` until the next pass
+        ///   replaces it. A suite holds a whole earlier version (its log, a run of whole updates). Sent files are
+        ///   flushed either way.
         public var synchronizesWrites: Bool
         /// The mode of the files it creates; 0600 by default.
         public var filePermissions: UInt16
