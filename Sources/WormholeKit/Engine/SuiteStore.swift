@@ -42,10 +42,14 @@ public struct SuiteState: Sendable, Equatable {
     public var version: UInt64
     /// Every key and value.
     public var values: SuiteValues
+    /// Which history the version counts in: another lineage means the suite started over (its file was removed, say),
+    /// so that versions of the two cannot be compared. 0 for a store that never starts over.
+    public var lineage: UInt64
 
     /// Creates a state.
-    public init(version: UInt64 = 0, values: SuiteValues = SuiteValues()) {
+    public init(version: UInt64 = 0, values: SuiteValues = SuiteValues(), lineage: UInt64 = 0) {
         self.version = version
         self.values = values
+        self.lineage = lineage
     }
 }

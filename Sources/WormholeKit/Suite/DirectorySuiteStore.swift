@@ -35,6 +35,8 @@ final class DirectorySuiteStore: SuiteStore {
         var snapshotEnd = 0
         var snapshotSize = 0
         var version: UInt64 = 0
+        /// The file's generation: drawn for each new suite, kept by compaction.
+        var generation: UInt64 = 0
         var values = SuiteValues()
         /// The last changes, oldest first, at most `logLimit`.
         var log: [SuiteChange] = []
@@ -73,17 +75,20 @@ final class DirectorySuiteStore: SuiteStore {
     func read() throws(WormholeError) -> SuiteState {
         try state.withLock { (state) throws(WormholeError) in
             try refresh(&state, forWriting: false)
-            return SuiteState(version: state.version, values: state.values)
+            return SuiteState(version: state.version, values: state.values, lineage: state.generation)
         }
     }
 
     func changes(after version: UInt64) throws(WormholeError) -> (state: SuiteState, changes: [SuiteChange]?) {
         try state.withLock { (state) throws(WormholeError) in
             try refresh(&state, forWriting: false)
-            let current = SuiteState(version: state.version, values: state.values)
+            let current = SuiteState(version: state.version, values: state.values, lineage: state.generation)
             guard state.version > version else { return (current, []) }
             let logged = state.log.drop { $0.version <= version }
-            guard logged.first?.version == version + 1 else { return (current, nil) }
+            // Every change, none missing: a version 1 file's log may end before its version.
+            guard logged.first?.version == version + 1, logged.last?.version == state.version,
+                UInt64(logged.count) == state.version - version
+            else { return (current, nil) }
             return (current, Array(logged))
         }
     }
@@ -100,7 +105,20 @@ final class DirectorySuiteStore: SuiteStore {
             defer { file.unlock() }
             return try append(to: &state, file: file, sender: sender, direction: direction, body)
         }
-        if change != nil { try notifier.post(notificationName) }
+        if change != nil {
+            do throws(WormholeError) {
+                try notifier.post(notificationName)
+            } catch {
+                throw WormholeError(
+                    error.code,
+                    "The update is made, but other processes were not told of it (they will see it at their next "
+                        + "read or notification): \(error.message)",
+                    identifier: name,
+                    path: error.path,
+                    underlyingError: error
+                )
+            }
+        }
         // The update is made and other processes are told; only its durability failed.
         if let flushFailure { throw flushFailure }
         return change
@@ -133,10 +151,21 @@ final class DirectorySuiteStore: SuiteStore {
         }
         values = SuiteValues()  // let go of the state's values, so that they are changed in place below
         guard !entries.isEmpty else { return (nil, nil) }
+        for (what, text) in [("sender", sender), ("direction", direction ?? "")] where text.utf8.count > 65_534 {
+            throw WormholeError(
+                .encodingFailed,
+                "A \(what) of \(text.utf8.count) bytes: a suite change's \(what) is at most 65,534 bytes of UTF-8.",
+                identifier: name
+            )
+        }
         try checkSizes(
             entries.lazy.map { ($0.key, $0.value?.count ?? 0) },
             fixedSize: sender.utf8.count + (direction?.utf8.count ?? 0),
-            limit: files.options.maximumMessageSize
+            // A reader refuses a larger record whatever the wormhole's limit.
+            limit: min(
+                files.options.maximumMessageSize,
+                SuiteLogFormat.recordHeaderSize + SuiteLogFormat.maximumBodySize
+            )
         )
         let record = SuiteLogFormat.Record(
             kind: .change,
@@ -224,14 +253,20 @@ final class DirectorySuiteStore: SuiteStore {
     /// Writes the suite as a new file (its last changes as history, then a snapshot) and renames it into place,
     /// under the old file's lock: other processes notice that the old file lost its name, and read the new one.
     private func compact(_ state: LogState) throws(WormholeError) {
-        try replaceFile(version: state.version, values: state.values, log: state.log)
+        try replaceFile(version: state.version, values: state.values, log: state.log, generation: state.generation)
     }
 
-    private func replaceFile(version: UInt64, values: SuiteValues, log: [SuiteChange]) throws(WormholeError) {
+    /// `generation`: the file's, kept by a compaction; a new one for a file of another history.
+    private func replaceFile(
+        version: UInt64,
+        values: SuiteValues,
+        log: [SuiteChange],
+        generation: UInt64
+    ) throws(WormholeError) {
         // A snapshot larger than a reader accepts would make the suite unreadable: the log is left as it is then.
         let storage = values.storage
         try checkSizes(storage.lazy.map { ($0.key, $0.value.count) }, limit: SuiteLogFormat.maximumBodySize)
-        var bytes = SuiteLogFormat.encodeHeader(generation: UInt64.random(in: 1...UInt64.max))
+        var bytes = SuiteLogFormat.encodeHeader(generation: generation)
         for change in log {
             SuiteLogFormat.encode(
                 SuiteLogFormat.Record(
@@ -394,10 +429,17 @@ final class DirectorySuiteStore: SuiteStore {
             case .success(.documentFile):
                 try readDocument(&state, file: file, size: size)
                 guard forWriting else { return true }
-                try replaceFile(version: state.version, values: state.values, log: state.log)
+                // The version 1 file's history goes on: the same lineage as the state read from it.
+                try replaceFile(
+                    version: state.version,
+                    values: state.values,
+                    log: state.log,
+                    generation: state.generation
+                )
                 return false
-            case .success(.log):
+            case .success(.log(let generation)):
                 position = SuiteLogFormat.headerSize
+                state.generation = generation
             case .failure(.unsupportedVersion(let version)):
                 throw WormholeError(
                     .unsupportedFormatVersion,
@@ -492,6 +534,7 @@ final class DirectorySuiteStore: SuiteStore {
         let document: SuiteDocument
         switch decoded {
         case .success(let contents):
+            state.generation = contents.header.generation
             guard let record = contents.newest?.record, !record.isCleared else {
                 document = SuiteDocument()
                 break

@@ -206,13 +206,22 @@ package enum SuiteLogFormat {
 
     /// Whether a whole, valid record starts anywhere after `offset` in `bytes`: bytes that do not parse are then
     /// damage in the middle of the log, not a tail left torn by a writer that died or a power cut (which leaves at
-    /// most one torn record, and nothing after it). A value cannot hold a whole record: a record's kind byte is a
-    /// control character, which JSON text escapes.
+    /// most one torn record, and nothing after it).
     ///
     /// Hostile bytes (many places that start like a record, each claiming a length that fits) are taken for damage
     /// once 64 MiB were checksummed, so that the check cannot take quadratic time.
     package static func validRecordFollows(_ bytes: ArraySlice<UInt8>, after offset: Int) -> Bool {
         var candidate = offset + 1
+        // A record whose head is whole (its magic and a length in bounds) was written up to where that length says,
+        // and anything inside it is its own bytes (a key, a value): look for a record only after its end. A torn
+        // last record claims an end past the bytes, and nothing follows it.
+        if bytes.count - offset >= recordHeaderSize {
+            let head = bytes[(bytes.startIndex + offset)...]
+            let claimed = Int(head.load(at: 4) as UInt32)
+            if head.load(at: 0) as UInt32 == recordMagic, claimed >= bodyPrefixSize, claimed <= maximumBodySize {
+                candidate = offset + recordHeaderSize + claimed
+            }
+        }
         var budget = 64 << 20
         let magic: [UInt8] = [0x57, 0x48, 0x53, 0x52]  // "WHSR"
         while candidate + recordHeaderSize <= bytes.count {

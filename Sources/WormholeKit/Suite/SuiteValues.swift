@@ -78,7 +78,7 @@ public struct SuiteValues: Sendable, Equatable {
             next += 1
             return next
         }
-        var copy = SuiteValues(storage: base)
+        var copy = SuiteValues(storage: storage)
         copy.updateID = id
         return (copy, id)
     }
@@ -98,12 +98,18 @@ public struct SuiteValues: Sendable, Equatable {
 
     /// Applies changes in place: each key takes its value, or is removed when it has none.
     mutating func apply(_ changes: [(key: String, value: Data?)]) {
-        for (key, value) in changes { base[key] = value }
+        for (key, value) in changes {
+            overlay.removeValue(forKey: key)
+            base[key] = value
+        }
     }
 
     /// Applies a change's values: each of `keys` takes its value in `change`, or is removed when it has none.
     mutating func apply(_ change: SuiteChange) {
-        for key in change.keys { base[key] = change.values.json(forKey: key) }
+        for key in change.keys {
+            overlay.removeValue(forKey: key)
+            base[key] = change.values.json(forKey: key)
+        }
     }
 
     static func encode<Value: Encodable>(_ value: Value, key: String) throws(WormholeError) -> Data {

@@ -152,8 +152,11 @@ public final class WormholeSuite: Sendable {
             do throws(WormholeError) {
                 changes = try seen.withLock { (seen) throws(WormholeError) -> [SuiteChange] in
                     let (current, logged) = try store.changes(after: seen.version)
-                    // A lower version: the suite started over (its file was removed); report the difference.
-                    let restarted = current.version < seen.version
+                    // Another lineage, or a lower version: the suite started over (its file was removed, say), and
+                    // only the difference of the values can be reported. (Lineage 0: no history yet, a suite never
+                    // written.)
+                    let restarted =
+                        (seen.lineage != 0 && current.lineage != seen.lineage) || current.version < seen.version
                     guard current.version > seen.version || restarted else { return [] }
                     let result: [SuiteChange]
                     if let logged, !restarted {

@@ -131,13 +131,16 @@ struct SuiteLogTests {
     func suiteStartsOver() async throws {
         try await offThePool {
             let writer = try makeSuite(sender: "writer")
-            try writer.set("dark", forKey: "theme")
-            try writer.set(12, forKey: "size")
+            try writer.update { values in
+                try values.set("dark", forKey: "theme")
+                try values.set(12, forKey: "size")
+            }
             let reader = try makeSuite(sender: "reader")
             let changes = Mutex<[SuiteChange]>([])
             let observer = try reader.observe(on: .notifierThread) { change in changes.withLock { $0.append(change) } }
             defer { observer.cancel() }
             try FileManager.default.removeItem(atPath: file)
+            // The new suite's first update has the version the observer saw last: only the lineage tells.
             try makeSuite(sender: "other").set("light", forKey: "theme")
             #expect(eventually { changes.withLock { $0.last?.keys } == ["theme", "size"] })
             #expect(changes.withLock { $0.last?.values["theme", as: String.self] } == "light")
@@ -227,6 +230,35 @@ struct SuiteLogTests {
             try makeSuite().set(2, forKey: "c")
             #expect(try suite.snapshot().keys == ["a", "c"])
         }
+    }
+
+    @Test("A torn record whose bytes hold a whole record is a torn tail, not damage")
+    func recordInsideATornRecord() {
+        var inner: [UInt8] = []
+        SuiteLogFormat.encode(
+            .init(kind: .change, version: 9, timestampNanoseconds: 1, sender: "x", direction: nil, entries: []),
+            appendingTo: &inner
+        )
+        var outer: [UInt8] = []
+        SuiteLogFormat.encode(
+            .init(
+                kind: .change,
+                version: 8,
+                timestampNanoseconds: 1,
+                sender: "x",
+                direction: nil,
+                entries: [("a", Data(inner)), ("b", Data("1".utf8))]
+            ),
+            appendingTo: &outer
+        )
+        // Cut short, as a writer killed mid-append leaves it: the record inside is its own bytes.
+        #expect(!SuiteLogFormat.validRecordFollows(outer.dropLast(3)[...], after: 0))
+        // Whole but torn inside (a power cut): the same.
+        var torn = outer
+        torn[torn.count - 1] ^= 0xFF
+        #expect(!SuiteLogFormat.validRecordFollows(torn[...], after: 0))
+        // A whole record after a damaged one is damage.
+        #expect(SuiteLogFormat.validRecordFollows((torn + inner)[...], after: 0))
     }
 
     @Test("Damage before the last record, an unknown version and a planted link are refused with typed errors")
