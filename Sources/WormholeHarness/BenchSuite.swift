@@ -118,21 +118,11 @@ struct BenchSuite: ParsableCommand {
         try suite.update { values in
             for index in 0..<size { try values.set("value \(index)", forKey: "key\(index)") }
         }
-        let warmUp = max(1, sets / 10)
-        var samples: [UInt64] = []
-        samples.reserveCapacity(sets)
-        for index in 0..<(warmUp + sets) {
-            let key = "key\(index % size)"
-            let value = "value \(index) \(key)"
-            let start = monotonicNanoseconds()
-            try suite.set(value, forKey: key)
-            let elapsed = monotonicNanoseconds() - start
-            if index >= warmUp { samples.append(elapsed) }
-        }
+        let samples = try timeSets(size: size) { key, value in try suite.set(value, forKey: key) }
         guard try suite.value(forKey: "key0", as: String.self) != nil else {
             throw Output.fail("the suite lost its keys")
         }
-        return LatencySamples(samples)
+        return samples
     }
 
     private func measureUserDefaults(size: Int) throws -> LatencySamples {
@@ -144,6 +134,14 @@ struct BenchSuite: ParsableCommand {
         }
         for index in 0..<size { defaults.set("value \(index)", forKey: "key\(index)") }
         guard defaults.synchronize() else { throw Output.fail("UserDefaults could not synchronize") }
+        return try timeSets(size: size) { key, value in
+            defaults.set(value, forKey: key)
+            guard defaults.synchronize() else { throw Output.fail("UserDefaults could not synchronize") }
+        }
+    }
+
+    /// Times `set` of one key after another, cycling through the `size` keys, after a warm-up of a tenth.
+    private func timeSets(size: Int, _ set: (_ key: String, _ value: String) throws -> Void) throws -> LatencySamples {
         let warmUp = max(1, sets / 10)
         var samples: [UInt64] = []
         samples.reserveCapacity(sets)
@@ -151,10 +149,8 @@ struct BenchSuite: ParsableCommand {
             let key = "key\(index % size)"
             let value = "value \(index) \(key)"
             let start = monotonicNanoseconds()
-            defaults.set(value, forKey: key)
-            let synchronized = defaults.synchronize()
+            try set(key, value)
             let elapsed = monotonicNanoseconds() - start
-            guard synchronized else { throw Output.fail("UserDefaults could not synchronize") }
             if index >= warmUp { samples.append(elapsed) }
         }
         return LatencySamples(samples)

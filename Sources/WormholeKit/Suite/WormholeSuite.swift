@@ -94,7 +94,7 @@ public final class WormholeSuite: Sendable {
 
     /// Changes any number of keys in one step, atomically for every process: `body` sees the current values, and no
     /// other process's update comes in between its read and its write. The observers are told once, with every key
-    /// it changed.
+    /// it changed. `body` runs under the suite's lock: it reads and changes `values`, and must not call this suite.
     ///
     /// ```swift
     /// try settings.update { values in
