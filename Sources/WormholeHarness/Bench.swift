@@ -195,7 +195,7 @@ struct BenchMailbox: ParsableCommand {
 
     // MARK: The wormhole
 
-    private func runWormhole(directory: String, peerCPU: Int) throws -> LatencySamples {
+    func runWormhole(directory: String, peerCPU: Int) throws -> LatencySamples {
         let wormhole = try Wormhole(directory: directory)
         let peer = try ChildProcess(
             arguments: ["bench-peer", "wormhole", "--directory", directory, "--cpu", String(peerCPU)],
@@ -204,48 +204,24 @@ struct BenchMailbox: ParsableCommand {
         defer { peer.terminate() }
         guard peer.waitUntilReady(timeout: 10) else { throw Output.fail("the peer did not start") }
 
-        let total = warmUp + roundTrips
-        let counted = warmUp
-        struct State {
-            var sentAt: UInt64 = 0
-            var samples: [UInt64] = []
-        }
-        let state = Locked(State())
-        let done = DispatchSemaphore(value: 0)
-        let failure = Locked<WormholeError?>(nil)
-        // Driven from the listener itself: each pong passes the next ping, so no thread hop is timed.
+        let pingPong = PingPong(warmUp: warmUp, roundTrips: roundTrips)
         let listener = try wormhole.listenForMessage(
             withIdentifier: "pong",
             as: BenchMessage.self,
             on: .notifierThread,
-            errorHandler: { error in
-                failure.withLock { $0 = error }
-                done.signal()
-            }
+            errorHandler: { pingPong.fail($0) }
         ) { message in
-            let now = monotonicNanoseconds()
-            let next = message.sequence + 1
-            state.withLock { state in
-                if message.sequence >= counted { state.samples.append((now - state.sentAt) / 2) }
-                state.sentAt = monotonicNanoseconds()
-            }
-            guard next < total else {
-                done.signal()
-                return
-            }
+            guard let next = pingPong.received(message.sequence) else { return }
             do throws(WormholeError) {
                 try wormhole.passMessageObject(BenchMessage(sequence: next), identifier: "ping")
             } catch {
-                failure.withLock { $0 = error }
-                done.signal()
+                pingPong.fail(error)
             }
         }
-        state.withLock { $0.sentAt = monotonicNanoseconds() }
+        defer { listener.cancel() }
+        pingPong.start()
         try wormhole.passMessageObject(BenchMessage(sequence: 0), identifier: "ping")
-        guard done.wait(timeout: .now() + 300) == .success else { throw Output.fail("the wormhole ping-pong stalled") }
-        listener.cancel()
-        if let error = failure.withLock({ $0 }) { throw error }
-        return LatencySamples(state.withLock { $0.samples })
+        return try pingPong.wait()
     }
 
     // MARK: The floors

@@ -159,27 +159,9 @@ struct BenchSuite: ParsableCommand {
     // MARK: Remote changes
 
     private func measureMailbox(directory: String) throws -> LatencySamples {
-        let wormhole = try Wormhole(directory: directory)
-        let peer = try startPeer("wormhole", directory: directory)
-        defer { peer.terminate() }
-        let pingPong = PingPong(warmUp: warmUp, roundTrips: roundTrips)
-        let listener = try wormhole.listenForMessage(
-            withIdentifier: "pong",
-            as: BenchMessage.self,
-            on: .notifierThread,
-            errorHandler: { pingPong.fail($0) }
-        ) { message in
-            guard let next = pingPong.received(message.sequence) else { return }
-            do throws(WormholeError) {
-                try wormhole.passMessageObject(BenchMessage(sequence: next), identifier: "ping")
-            } catch {
-                pingPong.fail(error)
-            }
-        }
-        defer { listener.cancel() }
-        pingPong.start()
-        try wormhole.passMessageObject(BenchMessage(sequence: 0), identifier: "ping")
-        return try pingPong.wait()
+        // The mailbox benchmark's own ping-pong, with this run's counts.
+        let mailbox = try BenchMailbox.parse(["--round-trips", String(roundTrips), "--warm-up", String(warmUp)])
+        return try mailbox.runWormhole(directory: directory, peerCPU: 0)
     }
 
     private func measureRemoteChange(directory: String, size: Int) throws -> LatencySamples {

@@ -191,7 +191,7 @@ final class DirectorySuiteStore: SuiteStore {
         if state.offset - state.snapshotEnd > max(Self.minimumCompactionBytes, state.snapshotSize) {
             // The update is made either way: a compaction that fails is tried again after the next update. (With
             // synchronizesWrites, the directory is flushed anew once the new file is opened.)
-            try? compact(state)
+            try? replaceFile(version: state.version, values: state.values, log: state.log, generation: state.generation)
         }
         return (change, flushFailure)
     }
@@ -252,10 +252,6 @@ final class DirectorySuiteStore: SuiteStore {
 
     /// Writes the suite as a new file (its last changes as history, then a snapshot) and renames it into place,
     /// under the old file's lock: other processes notice that the old file lost its name, and read the new one.
-    private func compact(_ state: LogState) throws(WormholeError) {
-        try replaceFile(version: state.version, values: state.values, log: state.log, generation: state.generation)
-    }
-
     /// `generation`: the file's, kept by a compaction; a new one for a file of another history.
     private func replaceFile(
         version: UInt64,
