@@ -1,8 +1,24 @@
 #include "CWormholeSystem.h"
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+long cwormhole_send_parts(int socket, const void *head, size_t headLength, const void *body, size_t bodyLength) {
+    struct iovec parts[2] = {{(void *)head, headLength}, {(void *)body, bodyLength}};
+    struct msghdr message = {0};
+    message.msg_iov = parts;
+    message.msg_iovlen = bodyLength > 0 ? 2 : 1;
+#ifdef MSG_NOSIGNAL
+    return (long)sendmsg(socket, &message, MSG_NOSIGNAL);
+#else
+    return (long)sendmsg(socket, &message, 0);
+#endif
+}
+
 #if defined(__linux__)
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <string.h>
 #include <sys/socket.h>
 
 int cwormhole_punch_hole(int fd, long long offset, long long length) {
@@ -15,5 +31,21 @@ int cwormhole_peer_uid(int socket, unsigned int *uid) {
     if (getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return -1;
     *uid = credentials.uid;
     return 0;
+}
+
+int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths) {
+    if (count > 64) count = 64;
+    struct mmsghdr messages[64];
+    struct iovec parts[64];
+    for (unsigned int index = 0; index < count; index++) {
+        parts[index].iov_base = (char *)buffers + (size_t)index * size;
+        parts[index].iov_len = size;
+        memset(&messages[index], 0, sizeof messages[index]);
+        messages[index].msg_hdr.msg_iov = &parts[index];
+        messages[index].msg_hdr.msg_iovlen = 1;
+    }
+    int received = recvmmsg(socket, messages, count, MSG_DONTWAIT, NULL);
+    for (int index = 0; index < received; index++) lengths[index] = messages[index].msg_len;
+    return received;
 }
 #endif

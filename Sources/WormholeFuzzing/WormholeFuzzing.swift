@@ -116,6 +116,8 @@ package enum WormholeFuzzing {
     static func livePacket(_ bytes: [UInt8]) {
         guard let packet = LivePacket(bytes) else { return }
         precondition(LivePacket(packet.encoded()) == packet, "a live packet did not survive re-encoding")
+        let reusing = bytes.withUnsafeBytes { LivePacket($0, knownSender: packet.sender) }
+        precondition(reusing == packet, "a live packet decoded differently with its sender known")
     }
 
     /// Valid inputs for each decoder, to seed a corpus.
@@ -172,7 +174,7 @@ package enum WormholeFuzzing {
             ),
             appendingTo: &suiteLog
         )
-        let packet = LivePacket(kind: .request, sender: "app[1]", payload: Array(#"{"term":"swift"}"#.utf8)).encoded()
+        let packet = LivePacket(kind: .request, sender: "app[1]", payload: Data(#"{"term":"swift"}"#.utf8)).encoded()
         return [
             ("mailbox-file", [Target.mailboxFile.rawValue] + mailbox),
             ("queue-log", [Target.queueLog.rawValue] + queue),

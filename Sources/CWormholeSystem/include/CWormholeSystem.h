@@ -12,6 +12,11 @@
 /// where the CPU has it, a table otherwise; both give the same value.
 uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length);
 
+/// Sends `head` followed by `body` as one packet on a connected socket (`sendmsg` with two parts, so that neither is
+/// copied into the other first), without raising SIGPIPE where the platform has MSG_NOSIGNAL. Returns the bytes sent,
+/// or -1 with errno set.
+long cwormhole_send_parts(int socket, const void *head, size_t headLength, const void *body, size_t bodyLength);
+
 #if defined(__linux__)
 #include <sys/eventfd.h>
 #include <sched.h>
@@ -29,6 +34,12 @@ int cwormhole_punch_hole(int fd, long long offset, long long length);
 
 /// The user id of the process at the other end of a connected Unix socket (SO_PEERCRED). Returns 0, or -1.
 int cwormhole_peer_uid(int socket, unsigned int *uid);
+
+/// Receives up to `count` packets waiting on a socket with one call and without blocking (recvmmsg with
+/// MSG_DONTWAIT): packet `i` goes into `buffers + i * size`, its length into `lengths[i]` (0: the peer closed the
+/// connection). Returns how many were received, fewer than `count` when no more were waiting; -1 with errno set (EAGAIN:
+/// none was waiting). `count` is at most 64.
+int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths);
 
 /// Names the calling thread (at most 15 characters are kept), as `ps -L` and debuggers show it.
 static inline void cwormhole_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }

@@ -1,4 +1,5 @@
 import Foundation
+import SystemPackage
 
 /// Live messages and requests through Unix `SOCK_SEQPACKET` sockets in a directory's `.live` subdirectory.
 ///
@@ -13,33 +14,34 @@ final class DirectoryLiveTransport: LiveTransport {
     private let live = Locked<DirectoryHandle?>(nil)
     /// The connections live messages go out on, kept between sends.
     private let connections = Locked(LiveConnectionCache())
+    /// The bytes before a message's payload, the same for every message this process sends.
+    private let messageHead: [UInt8]
 
     init(path: String, options: FileTransiting.Options, sender: String) {
         self.path = path
         self.options = options
         self.sender = sender
+        messageHead = LivePacket.head(kind: .message, sender: sender)
     }
 
     func send(_ payload: Data, identifier: String) throws(WormholeError) -> Int {
-        let packet = LivePacket(kind: .message, sender: sender, payload: Array(payload)).encoded()
         let directory = try liveDirectory()
-        let prefix = LiveSocket.prefix(for: identifier)
-        let responders = LiveSocket.responderPrefix(for: identifier)
+        let head = messageHead
         let reached = try connections.withLock { (cache) throws(WormholeError) -> Int in
             try cache.refresh(directory)
             var reached = 0
-            for name in cache.names where name.hasPrefix(prefix) && !name.hasPrefix(responders) {
+            for name in cache.listeners(of: identifier) {
                 // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
                 // then finds the socket dead and removes it.
                 if let socket = cache.sockets[name] {
-                    if case .success = socket.send(packet) {
+                    if case .success = Self.transmit(head, payload, on: socket) {
                         reached += 1
                         continue
                     }
                     cache.drop(name)
                 }
                 guard let socket = Self.connectSocket(directory, name: name) else { continue }
-                if case .success = socket.send(packet) {
+                if case .success = Self.transmit(head, payload, on: socket) {
                     reached += 1
                     cache.sockets[name] = socket
                 } else {
@@ -50,6 +52,13 @@ final class DirectoryLiveTransport: LiveTransport {
         }
         guard reached > 0 else { throw LiveErrors.notReachable(identifier) }
         return reached
+    }
+
+    /// Sends a message's head and payload as one packet, neither copied.
+    private static func transmit(_ head: [UInt8], _ payload: Data, on socket: PacketSocket) -> Result<Void, Errno> {
+        head.withUnsafeBytes { head in
+            payload.withUnsafeBytes { body in socket.send(head: head, body: body) }
+        }
     }
 
     func listen(
@@ -65,7 +74,7 @@ final class DirectoryLiveTransport: LiveTransport {
             // requester at once.
             connection?.close()
             guard packet.kind == .message else { return }
-            handler(LiveMessage(sender: packet.sender, payload: Data(packet.payload)))
+            handler(LiveMessage(sender: packet.sender, payload: packet.payload))
         }
         return NotifierObservation { endpoint.stop() }
     }
@@ -76,7 +85,7 @@ final class DirectoryLiveTransport: LiveTransport {
                 throw LiveErrors.notReachable(identifier)
             }
             defer { socket.close() }
-            let packet = LivePacket(kind: .request, sender: sender, payload: Array(payload)).encoded()
+            let packet = LivePacket(kind: .request, sender: sender, payload: payload).encoded()
             guard case .success = socket.send(packet) else {
                 throw WormholeError(
                     .remoteFailure,
@@ -103,7 +112,7 @@ final class DirectoryLiveTransport: LiveTransport {
                     identifier: identifier
                 )
             }
-            return .success(Data(reply.payload))
+            return .success(reply.payload)
         } catch {
             return .failure(error)
         }
@@ -125,25 +134,25 @@ final class DirectoryLiveTransport: LiveTransport {
                 return
             }
             handler(
-                LiveRequest(sender: packet.sender, payload: Data(packet.payload)) { answer in
+                LiveRequest(sender: packet.sender, payload: packet.payload) { answer in
                     defer { connection.close() }
                     let reply: LivePacket
                     switch answer {
                     // The same room as a request has: the packet's framing and the sender's name count too.
                     case .reply(let bytes)
                     where bytes.count <= LiveSocket.maximumMessageSize - 256 - sender.utf8.count:
-                        reply = LivePacket(kind: .reply, sender: sender, payload: Array(bytes))
+                        reply = LivePacket(kind: .reply, sender: sender, payload: bytes)
                     case .reply:
                         reply = LivePacket(
                             kind: .failure,
                             sender: sender,
-                            payload: Array("the reply is larger than 64 KiB".utf8)
+                            payload: Data("the reply is larger than 64 KiB".utf8)
                         )
                     case .failure(let description):
                         reply = LivePacket(
                             kind: .failure,
                             sender: sender,
-                            payload: Array(description.utf8.prefix(4096))
+                            payload: Data(description.utf8.prefix(4096))
                         )
                     }
                     _ = connection.send(reply.encoded())

@@ -100,10 +100,11 @@ final class LiveEndpoint: Sendable {
         var descriptors = PollSet(capacity: 16)
         descriptors.append(listening.rawValue)
         descriptors.append(wake.pollDescriptor)
-        // One buffer for every packet: a packet is copied out of it before the next is read.
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: LiveSocket.receiveBufferSize, alignment: 8)
+        // One batch for every connection: a packet is copied out of it before the next receive.
+        let batch = PacketBatch(capacity: Self.batchCapacity, slotSize: LiveSocket.receiveBufferSize)
+        // The sender last seen: a connection carries one, and its name is then not decoded again.
+        var knownSender: String?
         defer {
-            buffer.deallocate()
             // Senders see their cached connection closed and drop it.
             for index in Self.firstConnectionIndex..<descriptors.count {
                 PacketSocket(rawValue: descriptors.descriptor(at: index)).close()
@@ -116,7 +117,7 @@ final class LiveEndpoint: Sendable {
             descriptors.retain(from: Self.firstConnectionIndex) { descriptor, isReady in
                 guard isReady else { return true }
                 let connection = PacketSocket(rawValue: descriptor)
-                switch drain(connection, into: buffer, handle: handle) {
+                switch drain(connection, into: batch, knownSender: &knownSender, handle: handle) {
                 case .open: return true
                 case .closed:
                     connection.close()
@@ -142,26 +143,34 @@ final class LiveEndpoint: Sendable {
 
     private enum ConnectionState { case open, closed, handedOver }
 
+    /// The packets one receive can take: a burst is read in few calls, and a lone packet in one.
+    private static let batchCapacity = 8
+
     /// Reads every packet waiting on a connection, without blocking, and hands each over.
     private func drain(
         _ connection: PacketSocket,
-        into buffer: UnsafeMutableRawBufferPointer,
+        into batch: borrowing PacketBatch,
+        knownSender: inout String?,
         handle: @escaping @Sendable (LivePacket, PacketSocket?) -> Void
     ) -> ConnectionState {
         while true {
-            switch connection.receive(into: buffer) {
-            case .wouldBlock: return .open
-            case .closed: return .closed  // the sender closed it
-            case .packet(let count):
-                guard let packet = LivePacket(UnsafeRawBufferPointer(rebasing: buffer[..<count])) else {
+            let received = connection.receive(into: batch)
+            for index in 0..<received.count {
+                guard let packet = LivePacket(batch.packet(at: index), knownSender: knownSender) else {
                     return .closed
                 }
+                knownSender = packet.sender
                 if packet.kind == .request {
                     // The reply goes back on this connection: the handler owns it from here.
                     handle(packet, connection)
                     return .handedOver
                 }
                 handle(packet, nil)
+            }
+            switch received.then {
+            case .drained: return .open
+            case .closed: return .closed  // the sender closed it
+            case .full: continue
             }
         }
     }

@@ -1,3 +1,5 @@
+import Foundation
+
 /// The names and sizes of the Unix `SOCK_SEQPACKET` sockets in a wormhole's `.live` directory: one per listening
 /// process and identifier (the calls are ``PacketSocket``'s).
 ///
@@ -39,16 +41,22 @@ package struct LivePacket: Equatable {
     }
     package var kind: Kind
     package var sender: String
-    package var payload: [UInt8]
+    package var payload: Data
 
-    package func encoded() -> [UInt8] {
+    /// The bytes before the payload: the kind, the sender's length (little-endian) and the sender. A sender sends
+    /// them and its payload as one packet (``PacketSocket/send(head:body:)``), so this is made once per sender.
+    package static func head(kind: Kind, sender: String) -> [UInt8] {
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
         var bytes: [UInt8] = [kind.rawValue, 0, 0]
         bytes.store(UInt16(senderBytes.count), at: 1)
-        return bytes + senderBytes + payload
+        return bytes + senderBytes
     }
 
-    package init(kind: Kind, sender: String, payload: [UInt8]) {
+    package func encoded() -> [UInt8] {
+        Self.head(kind: kind, sender: sender) + payload
+    }
+
+    package init(kind: Kind, sender: String, payload: Data) {
         self.kind = kind
         self.sender = sender
         self.payload = payload
@@ -59,13 +67,29 @@ package struct LivePacket: Equatable {
         self = packet
     }
 
-    /// Decodes a packet where it was received, copying out only the sender and the payload.
-    package init?(_ bytes: UnsafeRawBufferPointer) {
+    /// Decodes a packet where it was received, copying out only the sender and the payload. A sender equal to
+    /// `knownSender`'s bytes reuses that string rather than decoding a new one (a connection carries one sender).
+    package init?(_ bytes: UnsafeRawBufferPointer, knownSender: String? = nil) {
         guard bytes.count >= 3, let kind = Kind(rawValue: bytes[0]) else { return nil }
         let senderLength = Int(bytes[1]) | Int(bytes[2]) << 8  // little-endian
         guard bytes.count >= 3 + senderLength else { return nil }
         self.kind = kind
-        self.sender = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[3..<3 + senderLength]), as: UTF8.self)
-        self.payload = Array(UnsafeRawBufferPointer(rebasing: bytes[(3 + senderLength)...]))
+        let senderBytes = UnsafeRawBufferPointer(rebasing: bytes[3..<3 + senderLength])
+        if let knownSender, Self.bytes(of: knownSender, equal: senderBytes) {
+            self.sender = knownSender
+        } else {
+            self.sender = String(decoding: senderBytes, as: UTF8.self)
+        }
+        self.payload = Data(UnsafeRawBufferPointer(rebasing: bytes[(3 + senderLength)...]))
+    }
+
+    /// Whether `string`'s UTF-8 bytes are `bytes`, compared with `memcmp` where the string is contiguous.
+    private static func bytes(of string: String, equal bytes: UnsafeRawBufferPointer) -> Bool {
+        let compared = string.utf8.withContiguousStorageIfAvailable { (utf8) -> Bool in
+            guard utf8.count == bytes.count else { return false }
+            guard let left = utf8.baseAddress, let right = bytes.baseAddress else { return true }  // both empty
+            return memcmp(left, right, bytes.count) == 0
+        }
+        return compared ?? string.utf8.elementsEqual(bytes)
     }
 }

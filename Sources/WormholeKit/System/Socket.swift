@@ -1,3 +1,4 @@
+import CWormholeSystem
 import SystemPackage
 
 #if canImport(Glibc)
@@ -6,9 +7,6 @@ import Glibc
 import Musl
 #elseif canImport(Darwin)
 import Darwin
-#endif
-#if os(Linux) || os(Android)
-import CWormholeSystem
 #endif
 
 /// The address of a socket file in a directory, reached through `/proc/self/fd/N/NAME`: the address stays under the
@@ -105,6 +103,64 @@ struct PacketSocket: Hashable, Sendable {
         }
     }
 
+    /// Sends `head` followed by `body` as one packet, whole, without copying them together first; otherwise as
+    /// ``send(_:)``.
+    func send(head: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer) -> Result<Void, Errno> {
+        valueOrErrno { cwormhole_send_parts(rawValue, head.baseAddress, head.count, body.baseAddress, body.count) }
+            .flatMap { sent in sent == head.count + body.count ? .success(()) : .failure(.messageTooLong) }
+    }
+
+    /// What ``receive(into:)-(PacketBatch)`` found: `count` packets at the start of the batch, then what follows them.
+    struct ReceivedPackets: Equatable {
+        enum Then: Equatable {
+            /// Nothing more was waiting when they were read: wait for the socket to be readable again.
+            case drained
+            /// The batch is full: more may be waiting.
+            case full
+            /// The peer closed the connection, or it failed.
+            case closed
+        }
+        var count: Int
+        var then: Then
+    }
+
+    /// Receives the packets waiting, up to the batch's capacity, without blocking: one `recvmmsg` on Linux, so that
+    /// a single packet costs one call, not a second one that finds nothing; `recv` after `recv` elsewhere.
+    func receive(into batch: borrowing PacketBatch) -> ReceivedPackets {
+        #if os(Linux) || os(Android)
+        let result = valueOrErrno {
+            cwormhole_receive_packets(
+                rawValue,
+                batch.storage.baseAddress,
+                batch.slotSize,
+                UInt32(batch.capacity),
+                batch.lengths
+            )
+        }
+        switch result {
+        case .failure(let errno):
+            let drained = errno == .wouldBlock || errno == .resourceTemporarilyUnavailable
+            return ReceivedPackets(count: 0, then: drained ? .drained : .closed)
+        case .success(let received):
+            let count = Int(received)
+            // An ended connection reads as empty packets.
+            for index in 0..<count where batch.lengths[index] == 0 {
+                return ReceivedPackets(count: index, then: .closed)
+            }
+            return ReceivedPackets(count: count, then: count < batch.capacity ? .drained : .full)
+        }
+        #else
+        for index in 0..<batch.capacity {
+            switch receive(into: batch.slot(index)) {
+            case .packet(let count): batch.lengths[index] = count
+            case .wouldBlock: return ReceivedPackets(count: index, then: .drained)
+            case .closed: return ReceivedPackets(count: index, then: .closed)
+            }
+        }
+        return ReceivedPackets(count: batch.capacity, then: .full)
+        #endif
+    }
+
     /// What ``receive(into:blocking:)`` found.
     enum Received: Equatable {
         /// A packet of `count` bytes, at the start of the buffer (a longer packet was cut to the buffer's size).
@@ -147,6 +203,40 @@ struct PacketSocket: Hashable, Sendable {
     /// Closes the socket. Call it once; the value must not be used after.
     func close() {
         system_close(rawValue)
+    }
+}
+
+/// Room for a number of packets, each whole, that ``PacketSocket/receive(into:)-(PacketBatch)`` fills with one call.
+/// Made once per serving thread and reused: only the pages that packets touch are ever backed by memory.
+struct PacketBatch: ~Copyable {
+    /// The number of packets one call can receive.
+    let capacity: Int
+    /// The bytes each packet has room for.
+    let slotSize: Int
+    fileprivate let storage: UnsafeMutableRawBufferPointer
+    fileprivate let lengths: UnsafeMutablePointer<Int>
+
+    init(capacity: Int, slotSize: Int) {
+        precondition(capacity > 0 && capacity <= 64)
+        self.capacity = capacity
+        self.slotSize = slotSize
+        storage = .allocate(byteCount: capacity * slotSize, alignment: 16)
+        lengths = .allocate(capacity: capacity)
+        lengths.initialize(repeating: 0, count: capacity)
+    }
+
+    deinit {
+        storage.deallocate()
+        lengths.deallocate()
+    }
+
+    /// The packet received at `index`, valid until the next receive into the batch.
+    func packet(at index: Int) -> UnsafeRawBufferPointer {
+        UnsafeRawBufferPointer(rebasing: storage[index * slotSize..<index * slotSize + lengths[index]])
+    }
+
+    fileprivate func slot(_ index: Int) -> UnsafeMutableRawBufferPointer {
+        UnsafeMutableRawBufferPointer(rebasing: storage[index * slotSize..<(index + 1) * slotSize])
     }
 }
 

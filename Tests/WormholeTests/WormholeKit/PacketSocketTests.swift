@@ -1,0 +1,89 @@
+import Foundation
+import SystemPackage
+import Testing
+
+@testable import WormholeKit
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The calls under live messages: a packet sent in two parts, several received with one call, the end of a
+/// connection seen after the packets before it, and a packet's sender read once per connection.
+@Suite("Live packets on a real socket pair", .limit(minutes: 1))
+struct PacketSocketTests {
+    /// A connected pair of `SOCK_SEQPACKET` sockets: `[0]` sends, `[1]` receives.
+    func socketPair() throws -> (PacketSocket, PacketSocket) {
+        var descriptors: [Int32] = [-1, -1]
+        #if os(Linux)
+        let type = Int32(SOCK_SEQPACKET.rawValue)
+        #else
+        let type = SOCK_SEQPACKET
+        #endif
+        try #require(socketpair(AF_UNIX, type, 0, &descriptors) == 0, "socketpair failed: errno \(errno)")
+        return (PacketSocket(rawValue: descriptors[0]), PacketSocket(rawValue: descriptors[1]))
+    }
+
+    /// Sends a packet as a live sender does; true when it went out whole.
+    func send(_ packet: LivePacket, on socket: PacketSocket) -> Bool {
+        let result = LivePacket.head(kind: packet.kind, sender: packet.sender).withUnsafeBytes { head in
+            packet.payload.withUnsafeBytes { body in socket.send(head: head, body: body) }
+        }
+        if case .success = result { return true }
+        return false
+    }
+
+    @Test("Packets sent in two parts arrive whole, several per call, and the end of the connection after them")
+    func batchThenEnd() throws {
+        let (sending, receiving) = try socketPair()
+        defer { receiving.close() }
+        let packets = (0..<3).map {
+            LivePacket(kind: .message, sender: "app[\($0)]", payload: Data(repeating: UInt8($0), count: 100 * $0))
+        }
+        for packet in packets { #expect(send(packet, on: sending)) }
+        sending.close()
+        let batch = PacketBatch(capacity: 8, slotSize: LiveSocket.receiveBufferSize)
+        let received = receiving.receive(into: batch)
+        #expect(received == PacketSocket.ReceivedPackets(count: 3, then: .closed))
+        for index in 0..<received.count {
+            #expect(LivePacket(batch.packet(at: index)) == packets[index])
+            #expect(Array(batch.packet(at: index)) == packets[index].encoded())
+        }
+    }
+
+    @Test("A full batch says that more may wait; the last call finds nothing and says so")
+    func fullThenDrained() throws {
+        let (sending, receiving) = try socketPair()
+        defer {
+            sending.close()
+            receiving.close()
+        }
+        for index in 0..<3 {
+            #expect(send(LivePacket(kind: .message, sender: "app", payload: Data([UInt8(index)])), on: sending))
+        }
+        let batch = PacketBatch(capacity: 2, slotSize: 256)
+        #expect(receiving.receive(into: batch) == PacketSocket.ReceivedPackets(count: 2, then: .full))
+        #expect(LivePacket(batch.packet(at: 1))?.payload == Data([1]))
+        #expect(receiving.receive(into: batch) == PacketSocket.ReceivedPackets(count: 1, then: .drained))
+        #expect(LivePacket(batch.packet(at: 0))?.payload == Data([2]))
+        #expect(receiving.receive(into: batch) == PacketSocket.ReceivedPackets(count: 0, then: .drained))
+    }
+
+    @Test("A packet decoded with its sender known gives the same packet; with another sender known, its own")
+    func knownSender() throws {
+        let packet = LivePacket(kind: .request, sender: "widget[42] — ünïcode", payload: Data("{}".utf8))
+        let bytes = packet.encoded()
+        bytes.withUnsafeBytes { buffer in
+            #expect(LivePacket(buffer, knownSender: packet.sender) == packet)
+            #expect(LivePacket(buffer, knownSender: "app[1]") == packet)
+            #expect(LivePacket(buffer, knownSender: "") == packet)
+        }
+        let anonymous = LivePacket(kind: .message, sender: "", payload: Data())
+        anonymous.encoded().withUnsafeBytes { buffer in
+            #expect(LivePacket(buffer, knownSender: "") == anonymous)
+            #expect(LivePacket(buffer, knownSender: "app") == anonymous)
+        }
+    }
+}
