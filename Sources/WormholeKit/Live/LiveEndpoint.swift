@@ -102,7 +102,8 @@ final class LiveEndpoint: Sendable {
         descriptors.append(wake.pollDescriptor)
         // One batch for every connection: a packet is copied out of it before the next receive.
         let batch = PacketBatch(capacity: Self.batchCapacity, slotSize: LiveSocket.receiveBufferSize)
-        // The sender last seen: a connection carries one, and its name is then not decoded again.
+        // The sender of the last packet, on any connection: a connection carries one sender, so its name is decoded
+        // once, not per packet.
         var knownSender: String?
         defer {
             // Senders see their cached connection closed and drop it.
