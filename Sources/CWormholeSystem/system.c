@@ -45,7 +45,10 @@ int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned i
         messages[index].msg_hdr.msg_iovlen = 1;
     }
     int received = recvmmsg(socket, messages, count, MSG_DONTWAIT, NULL);
-    for (int index = 0; index < received; index++) lengths[index] = messages[index].msg_len;
+    // A packet cut to its slot is reported as longer than the slot, never as a shorter whole packet.
+    for (int index = 0; index < received; index++) {
+        lengths[index] = (messages[index].msg_hdr.msg_flags & MSG_TRUNC) ? size + 1 : messages[index].msg_len;
+    }
     return received;
 }
 #endif

@@ -37,8 +37,9 @@ int cwormhole_peer_uid(int socket, unsigned int *uid);
 
 /// Receives up to `count` packets waiting on a socket with one call and without blocking (recvmmsg with
 /// MSG_DONTWAIT): packet `i` goes into `buffers + i * size`, its length into `lengths[i]` (0: the peer closed the
-/// connection). Returns how many were received, fewer than `count` when no more were waiting; -1 with errno set (EAGAIN:
-/// none was waiting). `count` is at most 64.
+/// connection; `size + 1`: the packet did not fit and was cut). Returns how many were received, fewer than `count` when
+/// no more were waiting or the connection failed after them (the next call then returns the error); -1 with errno set
+/// (EAGAIN: none was waiting). `count` is at most 64.
 int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths);
 
 /// Names the calling thread (at most 15 characters are kept), as `ps -L` and debuggers show it.

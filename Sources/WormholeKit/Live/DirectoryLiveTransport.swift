@@ -126,7 +126,8 @@ final class DirectoryLiveTransport: LiveTransport {
         let endpoint = try LiveEndpoint(
             directory: try liveDirectory(),
             name: LiveSocket.responderPrefix(for: identifier),
-            identifier: identifier
+            identifier: identifier,
+            batchCapacity: 1
         ) { packet, connection in
             guard let connection else { return }  // a message sent to a responder: nothing to answer
             guard packet.kind == .request else {

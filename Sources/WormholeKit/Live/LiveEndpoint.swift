@@ -16,19 +16,24 @@ final class LiveEndpoint: Sendable {
     private let listening: PacketSocket
     private let wake: WakeUpSignal
     private let stopped = Atomic<Bool>(false)
+    private let batchCapacity: Int
 
     /// - Parameters:
     ///   - prefix: The socket file's name prefix (``LiveSocket/prefix(for:)`` for a listener,
     ///     ``LiveSocket/responderPrefix(for:)`` for a responder).
     ///   - handle: Called on the endpoint's thread with each packet; `connection` is nil for a message (the endpoint
     ///     keeps the connection), and for a request the connection to reply on, which `handle` must close.
+    ///   - batchCapacity: The packets one receive can take: a burst is read in few calls, and a lone packet in one.
+    ///     A responder's connection carries one request, so 1 is enough for it.
     init(
         directory: DirectoryHandle,
         name prefix: String,
         identifier: String,
+        batchCapacity: Int = 8,
         handle: @escaping @Sendable (LivePacket, _ connection: PacketSocket?) -> Void
     ) throws(WormholeError) {
         self.directory = directory
+        self.batchCapacity = batchCapacity
         let name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
         self.name = name
         let socket: PacketSocket
@@ -101,9 +106,9 @@ final class LiveEndpoint: Sendable {
         descriptors.append(listening.rawValue)
         descriptors.append(wake.pollDescriptor)
         // One batch for every connection: a packet is copied out of it before the next receive.
-        let batch = PacketBatch(capacity: Self.batchCapacity, slotSize: LiveSocket.receiveBufferSize)
-        // The sender of the last packet, on any connection: a connection carries one sender, so its name is decoded
-        // once, not per packet.
+        let batch = PacketBatch(capacity: batchCapacity, slotSize: LiveSocket.receiveBufferSize)
+        // The sender of the last packet, on any connection: while packets come from one sender, its name is
+        // compared, not decoded again.
         var knownSender: String?
         defer {
             // Senders see their cached connection closed and drop it.
@@ -143,9 +148,6 @@ final class LiveEndpoint: Sendable {
     }
 
     private enum ConnectionState { case open, closed, handedOver }
-
-    /// The packets one receive can take: a burst is read in few calls, and a lone packet in one.
-    private static let batchCapacity = 8
 
     /// Reads every packet waiting on a connection, without blocking, and hands each over.
     private func drain(

@@ -51,8 +51,19 @@ struct PacketSocket: Hashable, Sendable {
         #else
         return valueOrErrno { socket(AF_UNIX, SOCK_SEQPACKET, 0) }.map { descriptor in
             _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
-            return PacketSocket(rawValue: descriptor)
+            let socket = PacketSocket(rawValue: descriptor)
+            socket.refuseSignalOnBrokenPipe()
+            return socket
         }
+        #endif
+    }
+
+    /// Where `send` has no `MSG_NOSIGNAL` (Darwin), a peer gone must fail a send with `EPIPE`, not kill the process
+    /// with SIGPIPE: the socket is told so once.
+    private func refuseSignalOnBrokenPipe() {
+        #if canImport(Darwin)
+        var on: Int32 = 1
+        _ = setsockopt(rawValue, SOL_SOCKET, SO_NOSIGPIPE, &on, socklen_t(MemoryLayout<Int32>.size))
         #endif
     }
 
@@ -89,7 +100,9 @@ struct PacketSocket: Hashable, Sendable {
         valueOrErrno { system_accept(rawValue) }.map { descriptor in
             // Glibc's module leaves accept4 out: the flag is set after.
             _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
-            return PacketSocket(rawValue: descriptor)
+            let connection = PacketSocket(rawValue: descriptor)
+            connection.refuseSignalOnBrokenPipe()
+            return connection
         }
     }
 
@@ -113,11 +126,13 @@ struct PacketSocket: Hashable, Sendable {
     /// What ``receive(into:)-(PacketBatch)`` found: `count` packets at the start of the batch, then what follows them.
     struct ReceivedPackets: Equatable {
         enum Then: Equatable {
-            /// Nothing more was waiting when they were read: wait for the socket to be readable again.
+            /// Nothing more was waiting when they were read, or the connection failed after them: wait for the
+            /// socket to be ready again (a failure makes it ready, and the next receive reports it).
             case drained
             /// The batch is full: more may be waiting.
             case full
-            /// The peer closed the connection, or it failed.
+            /// The peer closed the connection, it failed, or it sent a packet larger than a slot (which no sender
+            /// of ours does).
             case closed
         }
         var count: Int
@@ -143,8 +158,8 @@ struct PacketSocket: Hashable, Sendable {
             return ReceivedPackets(count: 0, then: drained ? .drained : .closed)
         case .success(let received):
             let count = Int(received)
-            // An ended connection reads as empty packets.
-            for index in 0..<count where batch.lengths[index] == 0 {
+            // An ended connection reads as empty packets; a packet cut to its slot is not one to deliver.
+            for index in 0..<count where batch.lengths[index] == 0 || batch.lengths[index] > batch.slotSize {
                 return ReceivedPackets(count: index, then: .closed)
             }
             return ReceivedPackets(count: count, then: count < batch.capacity ? .drained : .full)
@@ -152,6 +167,9 @@ struct PacketSocket: Hashable, Sendable {
         #else
         for index in 0..<batch.capacity {
             switch receive(into: batch.slot(index)) {
+            // `recv` says nothing of a packet cut to the buffer: one that fills its slot is taken for one.
+            case .packet(let count) where count >= batch.slotSize:
+                return ReceivedPackets(count: index, then: .closed)
             case .packet(let count): batch.lengths[index] = count
             case .wouldBlock: return ReceivedPackets(count: index, then: .drained)
             case .closed: return ReceivedPackets(count: index, then: .closed)
@@ -206,7 +224,7 @@ struct PacketSocket: Hashable, Sendable {
     }
 }
 
-/// Room for a number of packets, each whole, that ``PacketSocket/receive(into:)-(PacketBatch)`` fills with one call.
+/// Room for a number of packets, each whole (a longer one is refused, not cut), that ``PacketSocket/receive(into:)-(PacketBatch)`` fills with one call.
 /// Made once per serving thread and reused: only the pages that packets touch are ever backed by memory.
 struct PacketBatch: ~Copyable {
     /// The number of packets one call can receive.

@@ -11,7 +11,8 @@ import Darwin
 #endif
 
 /// The calls under live messages: a packet sent in two parts, several received with one call, the end of a
-/// connection seen after the packets before it, and a packet's sender read once per connection.
+/// connection seen after the packets before it, a packet too large for its slot refused, and a packet's sender
+/// compared with the last one's.
 @Suite("Live packets on a real socket pair", .limit(minutes: 1))
 struct PacketSocketTests {
     /// A connected pair of `SOCK_SEQPACKET` sockets: `[0]` sends, `[1]` receives.
@@ -69,6 +70,21 @@ struct PacketSocketTests {
         #expect(receiving.receive(into: batch) == PacketSocket.ReceivedPackets(count: 1, then: .drained))
         #expect(LivePacket(batch.packet(at: 0))?.payload == Data([2]))
         #expect(receiving.receive(into: batch) == PacketSocket.ReceivedPackets(count: 0, then: .drained))
+    }
+
+    @Test("A packet larger than its slot is refused with its connection, never delivered cut short")
+    func oversizedPacket() throws {
+        let (sending, receiving) = try socketPair()
+        defer {
+            sending.close()
+            receiving.close()
+        }
+        let small = LivePacket(kind: .message, sender: "app", payload: Data([1]))
+        #expect(send(small, on: sending))
+        #expect(send(LivePacket(kind: .message, sender: "app", payload: Data(count: 300)), on: sending))
+        let batch = PacketBatch(capacity: 8, slotSize: 256)
+        #expect(receiving.receive(into: batch) == PacketSocket.ReceivedPackets(count: 1, then: .closed))
+        #expect(LivePacket(batch.packet(at: 0)) == small)
     }
 
     @Test("A packet decoded with its sender known gives the same packet; with another sender known, its own")
