@@ -68,7 +68,7 @@ package struct LivePacket: Equatable {
     }
 
     /// Decodes a packet where it was received, copying out only the sender and the payload. A sender equal to
-    /// `knownSender`'s bytes reuses that string rather than decoding a new one (a connection carries one sender).
+    /// `knownSender`'s bytes reuses that string rather than decoding a new one (the endpoint passes the last packet's).
     package init?(_ bytes: UnsafeRawBufferPointer, knownSender: String? = nil) {
         guard bytes.count >= 3, let kind = Kind(rawValue: bytes[0]) else { return nil }
         let senderLength = Int(bytes[1]) | Int(bytes[2]) << 8  // little-endian

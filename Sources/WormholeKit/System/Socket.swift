@@ -167,9 +167,6 @@ struct PacketSocket: Hashable, Sendable {
         #else
         for index in 0..<batch.capacity {
             switch receive(into: batch.slot(index)) {
-            // `recv` says nothing of a packet cut to the buffer: one that fills its slot is taken for one.
-            case .packet(let count) where count >= batch.slotSize:
-                return ReceivedPackets(count: index, then: .closed)
             case .packet(let count): batch.lengths[index] = count
             case .wouldBlock: return ReceivedPackets(count: index, then: .drained)
             case .closed: return ReceivedPackets(count: index, then: .closed)
@@ -181,11 +178,12 @@ struct PacketSocket: Hashable, Sendable {
 
     /// What ``receive(into:blocking:)`` found.
     enum Received: Equatable {
-        /// A packet of `count` bytes, at the start of the buffer (a longer packet was cut to the buffer's size).
+        /// A packet of `count` bytes, at the start of the buffer, shorter than the buffer.
         case packet(count: Int)
         /// Nothing waiting (only without blocking).
         case wouldBlock
-        /// The peer closed the connection, or it failed.
+        /// The peer closed the connection, it failed, or it sent a packet that filled the buffer (which `recv` may have
+        /// cut: no sender of ours sends one that large).
         case closed
     }
 
@@ -194,6 +192,8 @@ struct PacketSocket: Hashable, Sendable {
         let flags = blocking ? 0 : Int32(MSG_DONTWAIT)
         switch valueOrErrno({ recv(rawValue, buffer.baseAddress, buffer.count, flags) }) {
         case .success(0): return .closed
+        // `recv` says nothing of a packet cut to the buffer: one that fills it is taken for one.
+        case .success(let count) where count >= buffer.count: return .closed
         case .success(let count): return .packet(count: count)
         case .failure(let errno):
             return errno == .wouldBlock || errno == .resourceTemporarilyUnavailable ? .wouldBlock : .closed
@@ -224,8 +224,9 @@ struct PacketSocket: Hashable, Sendable {
     }
 }
 
-/// Room for a number of packets, each whole (a longer one is refused, not cut), that ``PacketSocket/receive(into:)-(PacketBatch)`` fills with one call.
-/// Made once per serving thread and reused: only the pages that packets touch are ever backed by memory.
+/// Room for a number of packets, each whole (a longer one is refused, not cut), that
+/// ``PacketSocket/receive(into:)-(PacketBatch)`` fills with one call. Made once per serving thread and reused: only the
+/// pages that packets touch are ever backed by memory.
 struct PacketBatch: ~Copyable {
     /// The number of packets one call can receive.
     let capacity: Int

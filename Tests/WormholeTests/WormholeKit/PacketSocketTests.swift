@@ -87,6 +87,21 @@ struct PacketSocketTests {
         #expect(LivePacket(batch.packet(at: 0)) == small)
     }
 
+    @Test("One packet received alone (a reply) that fills its buffer is refused too, never delivered cut short")
+    func oversizedReply() throws {
+        let (sending, receiving) = try socketPair()
+        defer {
+            sending.close()
+            receiving.close()
+        }
+        #expect(send(LivePacket(kind: .reply, sender: "widget", payload: Data(count: 300)), on: sending))
+        #expect(send(LivePacket(kind: .reply, sender: "widget", payload: Data([7])), on: sending))
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 256, alignment: 8)
+        defer { buffer.deallocate() }
+        #expect(receiving.receive(into: buffer, blocking: true) == .closed)
+        #expect(receiving.receive(into: buffer, blocking: true) == .packet(count: 3 + 6 + 1))
+    }
+
     @Test("A packet decoded with its sender known gives the same packet; with another sender known, its own")
     func knownSender() throws {
         let packet = LivePacket(kind: .request, sender: "widget[42] — ünïcode", payload: Data("{}".utf8))
