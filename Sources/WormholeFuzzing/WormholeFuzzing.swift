@@ -78,6 +78,17 @@ package enum WormholeFuzzing {
     }
 
     static func consumerPosition(_ bytes: [UInt8]) {
+        // The whole file, two slots: whatever it decodes to is a slot that reads back the same once encoded again.
+        if case .position(let slot) = QueueCursorFile.decodeFile(bytes), let generation = slot.generation {
+            var encoded = [UInt8](repeating: 0, count: QueueCursorFile.slotSize)
+            encoded.withUnsafeMutableBytes {
+                QueueCursorFile.encodeSlot(offset: slot.offset, last: slot.last, generation: generation, into: $0)
+            }
+            precondition(
+                QueueCursorFile.decodeSlot(encoded[...]) == slot,
+                "a consumer position slot did not survive re-encoding"
+            )
+        }
         guard let decoded = QueueCursorFile.decode(bytes), let offset = decoded.offset else { return }
         precondition(QueueCursorFile.encode(offset) == bytes, "a consumer position did not survive re-encoding")
     }
@@ -175,11 +186,23 @@ package enum WormholeFuzzing {
             appendingTo: &suiteLog
         )
         let packet = LivePacket(kind: .request, sender: "app[1]", payload: Data(#"{"term":"swift"}"#.utf8)).encoded()
+        // A position file of two slots: the second, newer, names the record it ends.
+        var positions = [UInt8](repeating: 0, count: QueueCursorFile.fileSize)
+        positions.withUnsafeMutableBytes { file in
+            QueueCursorFile.encodeSlot(offset: 4096, last: nil, generation: 7, into: file)
+            QueueCursorFile.encodeSlot(
+                offset: 4160,
+                last: .init(start: 4096, timestampNanoseconds: 1),
+                generation: 8,
+                into: UnsafeMutableRawBufferPointer(rebasing: file[QueueCursorFile.secondSlot...])
+            )
+        }
         return [
             ("mailbox-file", [Target.mailboxFile.rawValue] + mailbox),
             ("queue-log", [Target.queueLog.rawValue] + queue),
             ("queue-log-torn", [Target.queueLog.rawValue] + torn),
             ("consumer-position", [Target.consumerPosition.rawValue] + QueueCursorFile.encode(4096)),
+            ("consumer-position-slots", [Target.consumerPosition.rawValue] + positions),
             ("suite-document", [Target.suiteDocument.rawValue] + suite),
             ("live-packet", [Target.livePacket.rawValue] + packet),
             ("suite-log", [Target.suiteLog.rawValue] + suiteLog),

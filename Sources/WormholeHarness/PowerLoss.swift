@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import Synchronization
 import WormholeCLI
 import WormholeCrashStates
 import WormholeKit
@@ -165,6 +166,8 @@ struct PowerWorkload: ParsableCommand {
     @Flag var synchronizes = false
 
     func run() throws {
+        // Traced by system calls: positions go through the descriptor, where the trace sees them.
+        QueueCursorFile.storesThroughMapping.store(false, ordering: .relaxed)
         let wormhole = try Wormhole(directory: directory, configuration: PowerLossCheck.configuration(synchronizes))
         switch mode {
         case .mailbox:

@@ -258,8 +258,8 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     let file: QueueCursorFile
     private var reader: QueueReader
     private var sinceReclaim: UInt64 = 0
-    /// The records of the last batch read, by their end: an acknowledgement stores the one it ends with.
-    private var lastRead: [UInt64: QueueCursorFile.LastRecord] = [:]
+    /// The records of the last batch read, in order, by their end: an acknowledgement stores the one it ends with.
+    private var lastRead: [(end: UInt64, record: QueueCursorFile.LastRecord)] = []
 
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
@@ -363,19 +363,48 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         }
         lastRead.removeAll(keepingCapacity: true)
         for record in batch {
-            lastRead[record.end] = .init(start: record.offset, timestampNanoseconds: record.timestampNanoseconds)
+            lastRead.append(
+                (record.end, .init(start: record.offset, timestampNanoseconds: record.timestampNanoseconds))
+            )
         }
         return batch
     }
 
+    /// The record of the last batch read that ends at `end` (usually its last one).
+    private func lastRecord(endingAt end: UInt64) -> QueueCursorFile.LastRecord? {
+        lastRead.last(where: { $0.end == end })?.record
+    }
+
     func acknowledge(through end: UInt64) throws(WormholeError) {
-        let start = reader.position
         let synchronizes = log.directory.synchronizes
         // The records first: a position flushed before the records it passes could outlive them in a power cut.
         if synchronizes, case .failure(let errno) = Descriptor(rawValue: reader.descriptor).synchronize() {
             throw WormholeError.fileSystem(errno, "flush the queue before storing a position", path: log.logPath)
         }
-        try file.write(end, last: lastRead[end], synchronize: synchronizes)
+        try file.write(end, last: lastRecord(endingAt: end), synchronize: synchronizes)
+        advance(to: end)
+    }
+
+    /// Acknowledges through `end`, then reads on: one pass of a consumer, message after message.
+    ///
+    /// Without `synchronizesWrites` the position goes through the position file's mapping (no system call per
+    /// message); when the read finds nothing more, the pass ends and the position is written through the descriptor
+    /// as well. With it, as ``acknowledge(through:)``: written and flushed after the log is.
+    func acknowledge(through end: UInt64, thenRead maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
+        guard !log.directory.synchronizes else {
+            try acknowledge(through: end)
+            return try read(maximumCount: maximumCount)
+        }
+        try file.store(end, last: lastRecord(endingAt: end))
+        advance(to: end)
+        let batch = try read(maximumCount: maximumCount)
+        if batch.isEmpty { try file.writeStored() }
+        return batch
+    }
+
+    /// Moves the reader past an acknowledged position, and reclaims space every 4 MiB.
+    private func advance(to end: UInt64) {
+        let start = reader.position
         reader.advance(to: end)
         sinceReclaim += end - min(start, end)
         if sinceReclaim > 4 << 20 {

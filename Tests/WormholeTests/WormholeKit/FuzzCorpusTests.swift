@@ -57,6 +57,11 @@ struct FuzzCorpusTests {
             }
             #expect(records == 3)
             #expect(QueueCursorFile.decode(Array(try #require(seeds["consumer-position"]).dropFirst()))?.offset == 4096)
+            let slots = Array(try #require(seeds["consumer-position-slots"]).dropFirst())
+            #expect(
+                QueueCursorFile.decodeFile(slots)
+                    == .position(.init(offset: 4160, last: .init(start: 4096, timestampNanoseconds: 1), generation: 8))
+            )
         }
     }
 }
