@@ -387,19 +387,16 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
 
     /// Acknowledges through `end`, then reads on: one pass of a consumer, message after message.
     ///
-    /// Without `synchronizesWrites` the position goes through the position file's mapping (no system call per
-    /// message); when the read finds nothing more, the pass ends and the position is written through the descriptor
-    /// as well. With it, as ``acknowledge(through:)``: written and flushed after the log is.
+    /// Without `synchronizesWrites` the position is stored through the position file's mapping: no system call per
+    /// message. With it, as ``acknowledge(through:)``: written and flushed after the log is.
     func acknowledge(through end: UInt64, thenRead maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
-        guard !log.directory.synchronizes else {
+        if log.directory.synchronizes {
             try acknowledge(through: end)
-            return try read(maximumCount: maximumCount)
+        } else {
+            try file.store(end, last: lastRecord(endingAt: end))
+            advance(to: end)
         }
-        try file.store(end, last: lastRecord(endingAt: end))
-        advance(to: end)
-        let batch = try read(maximumCount: maximumCount)
-        if batch.isEmpty { try file.writeStored() }
-        return batch
+        return try read(maximumCount: maximumCount)
     }
 
     /// Moves the reader past an acknowledged position, and reclaims space every 4 MiB.

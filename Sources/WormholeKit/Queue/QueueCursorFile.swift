@@ -11,9 +11,9 @@ import Synchronization
 ///
 /// Without `synchronizesWrites`, a consumer stores its positions through a shared mapping of the file (a store to
 /// memory that outlives the process, where a `pwrite` costs a system call per message), into the slot that does not
-/// hold the newest: a process killed in the middle of a store leaves that slot torn and the other one whole. It
-/// writes through the descriptor at the end of each pass and at least once a second, which moves the file's
-/// modification time (how recently the consumer was seen) and shows in system-call traces.
+/// hold the newest: a process killed in the middle of a store leaves that slot torn and the other one whole. A store
+/// a second or more after the last write goes through the descriptor instead, which moves the file's modification
+/// time (how recently the consumer was seen).
 package final class QueueCursorFile: Sendable {
     /// The record a stored position ends: where it starts and its timestamp.
     package struct LastRecord: Equatable, Sendable {
@@ -67,8 +67,6 @@ package final class QueueCursorFile: Sendable {
         var mapping: UnsafeMutableRawPointer?
         /// When the position was last written through the descriptor.
         var lastWrite = ContinuousClock.now
-        /// A position stored through the mapping since that write.
-        var unwritten: (offset: UInt64, last: LastRecord?)?
     }
 
     private let descriptor: Int32
@@ -267,12 +265,11 @@ package final class QueueCursorFile: Sendable {
         }
         state.newestSlot = 1
         state.lastWrite = .now
-        state.unwritten = nil
     }
 
     /// Stores an offset through the shared mapping, into the slot that does not hold the newest one: no system call,
-    /// and a process killed mid-store leaves the other slot whole. The first store, and one a second after the last
-    /// write through the descriptor, are written through it instead (which also maps the file, once it is whole).
+    /// and a process killed mid-store leaves the other slot whole. The first store, and one a second or more after the
+    /// last write through the descriptor, are written through it instead (the first also maps the file, once whole).
     package func store(_ offset: UInt64, last: LastRecord?) throws(WormholeError) {
         try writer.withLock { (state) throws(WormholeError) in
             guard let mapping = state.mapping, Self.storesThroughMapping.load(ordering: .relaxed),
@@ -291,16 +288,6 @@ package final class QueueCursorFile: Sendable {
                 into: UnsafeMutableRawBufferPointer(start: mapping + slot * Self.secondSlot, count: Self.slotSize)
             )
             state.newestSlot = slot
-            state.unwritten = (offset, last)
-        }
-    }
-
-    /// Writes the newest position through the descriptor if it was stored through the mapping since the last write:
-    /// at the end of a pass, so that the file's modification time tells when the consumer was last seen.
-    package func writeStored() throws(WormholeError) {
-        try writer.withLock { (state) throws(WormholeError) in
-            guard let (offset, last) = state.unwritten else { return }
-            try write(offset, last: last, synchronize: false, state: &state)
         }
     }
 

@@ -13,10 +13,13 @@ import Darwin
 /// this package is a `Locked`, so that `scripts/sanitize thread` reports only real races.
 package final class Locked<Value>: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private var value: Value
+    /// The value, out of line: the lock makes access exclusive, and a stored property would have every access checked
+    /// again at run time (exclusivity enforcement), on paths taken per message.
+    private let value: UnsafeMutablePointer<Value>
 
     package init(_ value: Value) {
-        self.value = value
+        self.value = .allocate(capacity: 1)
+        self.value.initialize(to: value)
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
         pthread_mutex_init(mutex, nil)
@@ -25,6 +28,8 @@ package final class Locked<Value>: @unchecked Sendable {
     deinit {
         pthread_mutex_destroy(mutex)
         mutex.deallocate()
+        value.deinitialize(count: 1)
+        value.deallocate()
     }
 
     /// Runs `body` with the value, holding the lock; `body` must not take this lock again.
@@ -33,6 +38,6 @@ package final class Locked<Value>: @unchecked Sendable {
     ) throws(Failure) -> Result {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
-        return try body(&value)
+        return try body(&value.pointee)
     }
 }
