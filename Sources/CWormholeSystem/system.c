@@ -20,9 +20,34 @@ long cwormhole_send_parts(int socket, const void *head, size_t headLength, const
 #include <linux/falloc.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/epoll.h>
 
 int cwormhole_punch_hole(int fd, long long offset, long long length) {
     return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
+}
+
+int cwormhole_epoll_pair(int first, int second) {
+    int epoll = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll < 0) return -1;
+    int descriptors[2] = {first, second};
+    for (int index = 0; index < 2; index++) {
+        struct epoll_event event = {.events = EPOLLIN, .data.u32 = (uint32_t)index};
+        if (epoll_ctl(epoll, EPOLL_CTL_ADD, descriptors[index], &event) != 0) {
+            int saved = errno;
+            close(epoll);
+            errno = saved;
+            return -1;
+        }
+    }
+    return epoll;
+}
+
+int cwormhole_epoll_wait_pair(int epoll, int timeout, int *ready) {
+    struct epoll_event events[2];
+    int count = epoll_wait(epoll, events, 2, timeout);
+    *ready = 0;
+    for (int index = 0; index < count; index++) *ready |= 1 << events[index].data.u32;
+    return count;
 }
 
 int cwormhole_peer_uid(int socket, unsigned int *uid) {

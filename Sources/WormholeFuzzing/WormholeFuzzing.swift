@@ -78,7 +78,7 @@ package enum WormholeFuzzing {
     }
 
     static func consumerPosition(_ bytes: [UInt8]) {
-        // The whole file, two slots: whatever it decodes to is a slot that reads back the same once encoded again.
+        // The whole file, three slots: whatever it decodes to is a slot that reads back the same once encoded again.
         if case .position(let slot) = QueueCursorFile.decodeFile(bytes), let generation = slot.generation {
             var encoded = [UInt8](repeating: 0, count: QueueCursorFile.slotSize)
             encoded.withUnsafeMutableBytes {
@@ -186,15 +186,23 @@ package enum WormholeFuzzing {
             appendingTo: &suiteLog
         )
         let packet = LivePacket(kind: .request, sender: "app[1]", payload: Data(#"{"term":"swift"}"#.utf8)).encoded()
-        // A position file of two slots: the second, newer, names the record it ends.
+        // A position file of three slots: written once, then stored into the third, whose newer position names the
+        // record it ends.
         var positions = [UInt8](repeating: 0, count: QueueCursorFile.fileSize)
         positions.withUnsafeMutableBytes { file in
-            QueueCursorFile.encodeSlot(offset: 4096, last: nil, generation: 7, into: file)
+            for start in [0, QueueCursorFile.slotStride] {
+                QueueCursorFile.encodeSlot(
+                    offset: 4096,
+                    last: nil,
+                    generation: 7,
+                    into: UnsafeMutableRawBufferPointer(rebasing: file[start...])
+                )
+            }
             QueueCursorFile.encodeSlot(
                 offset: 4160,
                 last: .init(start: 4096, timestampNanoseconds: 1),
                 generation: 8,
-                into: UnsafeMutableRawBufferPointer(rebasing: file[QueueCursorFile.secondSlot...])
+                into: UnsafeMutableRawBufferPointer(rebasing: file[(2 * QueueCursorFile.slotStride)...])
             )
         }
         return [

@@ -19,6 +19,7 @@ long cwormhole_send_parts(int socket, const void *head, size_t headLength, const
 
 #if defined(__linux__)
 #include <sys/eventfd.h>
+#include <sys/vfs.h>
 #include <sched.h>
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -28,9 +29,26 @@ long cwormhole_send_parts(int socket, const void *head, size_t headLength, const
 /// Creates a close-on-exec, non-blocking eventfd (Glibc's module map does not import eventfd).
 static inline int cwormhole_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
 
+/// The type of the file system holding an open file (`fstatfs`'s `f_type`: 0xEF53 for ext2/3/4, 0x01021994 for
+/// tmpfs), or -1 with errno set (Glibc's module map does not import statfs).
+static inline long cwormhole_file_system_type(int fd) {
+    struct statfs info;
+    return fstatfs(fd, &info) == 0 ? (long)info.f_type : -1;
+}
+
 /// Frees the blocks of [offset, offset + length) without changing the file's size or later offsets
 /// (fallocate with FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE). Returns 0, or -1 with errno set.
 int cwormhole_punch_hole(int fd, long long offset, long long length);
+
+/// Creates a close-on-exec epoll instance that waits for input on `first` and `second` (level-triggered, as `poll`):
+/// registered once, where `poll` adds and removes itself on both descriptors' wait queues at every call. Returns the
+/// instance, or -1 with errno set.
+int cwormhole_epoll_pair(int first, int second);
+
+/// Waits up to `timeout` milliseconds (-1: for ever) on an instance made by `cwormhole_epoll_pair`; sets bit 0 of
+/// `*ready` when `first` has input and bit 1 when `second` has. Returns how many have (0: timed out), or -1 with errno
+/// set.
+int cwormhole_epoll_wait_pair(int epoll, int timeout, int *ready);
 
 /// The user id of the process at the other end of a connected Unix socket (SO_PEERCRED). Returns 0, or -1.
 int cwormhole_peer_uid(int socket, unsigned int *uid);

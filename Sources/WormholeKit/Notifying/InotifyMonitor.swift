@@ -8,7 +8,7 @@ import Synchronization
 /// that observe that name, and a process is never woken by its own posts to other names. The thread starts with
 /// the first observation. When the last one ends it lingers for ``idleTimeout`` milliseconds (listening often stops
 /// and starts again at once), then retires, closing its descriptors: listening and stopping leaves no descriptor
-/// behind, and never piles up inotify instances, of which a user may have only 128. It waits in `poll(2)` on the
+/// behind, and never piles up inotify instances, of which a user may have only 128. It waits in `epoll_wait(2)` on the
 /// inotify descriptor and an eventfd that wakes it when its last observation ends. Handlers run on this thread, one
 /// at a time.
 final class InotifyMonitor: Sendable {

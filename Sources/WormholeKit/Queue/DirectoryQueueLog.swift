@@ -387,8 +387,9 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
 
     /// Acknowledges through `end`, then reads on: one pass of a consumer, message after message.
     ///
-    /// Without `synchronizesWrites` the position is stored through the position file's mapping: no system call per
-    /// message. With it, as ``acknowledge(through:)``: written and flushed after the log is.
+    /// Without `synchronizesWrites` the position is stored (``QueueCursorFile/store(_:last:)``): through a mapping of
+    /// the position file where the file system allows it, with no system call per message. With it, as
+    /// ``acknowledge(through:)``: written and flushed after the log is.
     func acknowledge(through end: UInt64, thenRead maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
         if log.directory.synchronizes {
             try acknowledge(through: end)

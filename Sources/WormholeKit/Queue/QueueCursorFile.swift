@@ -1,19 +1,19 @@
+import CWormholeSystem
 import Foundation
 import Synchronization
 
-/// A consumer's stored position, in two slots of 48 bytes (at offsets 0 and 64) that its writer fills in turn.
+/// A consumer's stored position, in three slots of 48 bytes, at offsets 0, 64 and 128.
 ///
 /// A slot begins as the first format did: 16 bytes, `WHQC`, a CRC-32C of the offset, the offset (little-endian);
 /// then 20 optional bytes that name the record ending at the offset (its start and timestamp, with a CRC-32C that
 /// covers the offset too), so that a position the log no longer backs is recognised; then a generation and a CRC-32C of
-/// bytes 8–43, which tell the newer slot. Readers of the first 16 or 36 bytes alone read the first slot, which is at
-/// most one acknowledgement behind. `FORMAT.md` gives the rules.
+/// bytes 8–43, which tell the newest slot. `FORMAT.md` gives the rules.
 ///
-/// Without `synchronizesWrites`, a consumer stores its positions through a shared mapping of the file (a store to
-/// memory that outlives the process, where a `pwrite` costs a system call per message), into the slot that does not
-/// hold the newest: a process killed in the middle of a store leaves that slot torn and the other one whole. A store
-/// a second or more after the last write goes through the descriptor instead, which moves the file's modification
-/// time (how recently the consumer was seen).
+/// A position is *written* to every slot with one `pwrite`, or *stored* through a shared mapping of the file into the
+/// second or third slot, in turn (the one not holding the newest): a store to memory that outlives the process, where
+/// a `pwrite` costs a system call per message, and a process killed in the middle of it leaves that slot torn and the
+/// other whole. The first slot is only ever written, so that an older version, which reads that slot alone, never
+/// finds it torn.
 package final class QueueCursorFile: Sendable {
     /// The record a stored position ends: where it starts and its timestamp.
     package struct LastRecord: Equatable, Sendable {
@@ -30,8 +30,8 @@ package final class QueueCursorFile: Sendable {
     package struct Slot: Equatable, Sendable {
         package var offset: UInt64
         package var last: LastRecord?
-        /// Which of two slots is newer; nil when a writer of the first format wrote the slot (or a store was cut
-        /// before it).
+        /// Which slot is newest; nil in a first slot that an older version wrote (or one whose last bytes do not
+        /// check).
         package var generation: UInt64?
     }
 
@@ -41,32 +41,41 @@ package final class QueueCursorFile: Sendable {
         case empty
         /// The newest whole slot.
         case position(Slot)
-        /// Neither slot is whole.
+        /// No slot is whole.
         case damaged
     }
 
     private static let magic: UInt32 = 0x4351_4857  // "WHQC"
-    /// The bytes of one slot, and where the second one starts.
+    /// The bytes of one slot, and the distance from one slot to the next.
     package static let slotSize = 48
-    package static let secondSlot = 64
-    package static let fileSize = secondSlot + slotSize
-    /// The longest the file's modification time may lag behind stores through the mapping.
-    private static let writeInterval = Duration.seconds(1)
+    package static let slotStride = 64
+    /// The file: three slots.
+    package static let fileSize = 2 * slotStride + slotSize
+    /// How long stores through the mapping may go on after the last write, in nanoseconds: the file's modification
+    /// time, which only a write moves, tells how recently the consumer was seen.
+    private static let writeInterval: UInt64 = 1_000_000_000
+    /// The file systems where a store to a mapped page that was written before never allocates (so never faults for
+    /// lack of space): ext2/3/4 and tmpfs. On others (copy-on-write ones such as btrfs, network ones), and on Darwin,
+    /// whose `fsync` is not documented to flush pages dirtied through a mapping, every position is written.
+    private static let fileSystemsForStores: Set<Int> = [0xEF53, 0x0102_1994]
 
-    /// Whether consumers store positions through the mapping. The power-loss explorer turns it off in the workloads
-    /// it traces: it sees system calls, not stores to memory, and a store to a shared mapping reaches the disk as a
-    /// `pwrite` without `fsync` does (by the page cache's write-back), so the writes it traces model the same states.
+    /// Whether consumers may store positions through a mapping. The power-loss explorer turns it off in the
+    /// workloads it traces, since it sees system calls and not stores to memory; the rules for the slots that stores
+    /// fill are checked by the tests of torn slots and by the crash test, whose processes are killed mid-store.
     package static let storesThroughMapping = Atomic<Bool>(true)
 
     /// The writer's side: used by one cursor at a time, under this lock (uncontended).
     private struct WriterState {
+        /// The newest generation this process wrote or read.
         var generation: UInt64 = 0
-        /// The slot holding the newest position.
-        var newestSlot = 0
-        /// The file mapped, once a write through the descriptor made it whole.
+        /// The slot the next store goes into: 1 or 2.
+        var nextSlot = 1
+        /// The file mapped, once a write made it whole; nil where stores are not used.
         var mapping: UnsafeMutableRawPointer?
+        /// Whether mapping was tried (it is tried once).
+        var mappingTried = false
         /// When the position was last written through the descriptor.
-        var lastWrite = ContinuousClock.now
+        var lastWrite: UInt64 = 0
     }
 
     private let descriptor: Int32
@@ -108,8 +117,8 @@ package final class QueueCursorFile: Sendable {
 
     /// The stored offset and, when stored with it, the record it ends.
     package func readWithLastRecord() throws(WormholeError) -> (offset: UInt64, last: LastRecord?)? {
-        // A slot being stored by its consumer reads as torn; the other one is whole. Both can read torn only while a
-        // write through the descriptor replaces them together: read again.
+        // A slot being stored reads as torn, and another one is whole; all of them can read torn only while a write
+        // replaces them together: read again, after a pause.
         for attempt in 1...3 {
             let bytes: [UInt8]
             switch Descriptor(rawValue: descriptor).read(count: Self.fileSize, at: 0) {
@@ -119,9 +128,16 @@ package final class QueueCursorFile: Sendable {
             }
             switch Self.decodeFile(bytes) {
             case .empty: return nil
-            case .position(let slot): return (slot.offset, slot.last)
-            case .damaged where attempt < 3: continue
-            case .damaged: break
+            case .position(let slot):
+                // The generations go on from the file's: a later store must count as newer than every slot.
+                if let generation = slot.generation {
+                    writer.withLock { $0.generation = max($0.generation, generation) }
+                }
+                return (slot.offset, slot.last)
+            case .damaged where attempt < 3:
+                usleep(1_000)
+            case .damaged:
+                break
             }
         }
         throw WormholeError(
@@ -132,26 +148,22 @@ package final class QueueCursorFile: Sendable {
         )
     }
 
-    /// Decodes a position file: the newer of its whole slots.
+    /// Decodes a position file: its newest whole slot.
     package static func decodeFile(_ bytes: [UInt8]) -> Contents {
         if bytes.isEmpty { return .empty }
-        let first = decodeSlot(bytes[...])
-        // The second slot counts only whole, generation and all: a writer of the first format never writes it.
-        let second =
-            bytes.count >= fileSize
-            ? decodeSlot(bytes[secondSlot..<fileSize]).flatMap { $0.generation == nil ? nil : $0 } : nil
-        switch (first, second) {
-        case (let first?, let second?):
-            // A first slot without a generation was written last, by an older writer (which reads and writes that
-            // slot alone) or by a store cut after the offset, which is the newest either way.
-            guard let generation = first.generation, let other = second.generation, other > generation else {
-                return .position(first)
+        let first = decodeSlot(bytes[0..<min(bytes.count, slotSize)])
+        // An older version writes the first slot alone, without a generation: what it wrote last is its newest.
+        if let first, first.generation == nil { return .position(first) }
+        var newest = first
+        // The second and third slots count only whole, generation and all.
+        for start in [slotStride, 2 * slotStride] where bytes.count >= start + slotSize {
+            guard let slot = decodeSlot(bytes[start..<start + slotSize]), let generation = slot.generation else {
+                continue
             }
-            return .position(second)
-        case (let first?, nil): return .position(first)
-        case (nil, let second?): return .position(second)
-        case (nil, nil): return .damaged
+            if let known = newest?.generation, known >= generation { continue }
+            newest = slot
         }
+        return newest.map { .position($0) } ?? .damaged
     }
 
     /// One slot: nil unless its first 16 bytes are whole.
@@ -160,8 +172,8 @@ package final class QueueCursorFile: Sendable {
         guard bytes.count >= 16, let offset = decode(Array(bytes[0..<16]))?.offset else { return nil }
         var result = Slot(offset: offset, last: decodeLastRecord(bytes, offset: offset), generation: nil)
         if bytes.count >= slotSize {
-            let covered = bytes.withUnsafeBytes { UnsafeRawBufferPointer(rebasing: $0[8..<44]) }
-            if bytes[...].load(at: 44) as UInt32 == CRC32C.checksum(covered) {
+            let checksum = bytes.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[8..<44])) }
+            if bytes[...].load(at: 44) as UInt32 == checksum {
                 result.generation = bytes[...].load(at: 36)
             }
         }
@@ -231,10 +243,10 @@ package final class QueueCursorFile: Sendable {
 
     // MARK: Writing
 
-    /// Stores an offset through the descriptor: both slots, in one `pwrite` of 112 bytes at offset 0 (within a
-    /// sector, so a power cut keeps it whole or not at all); with `synchronize`, flushed before it returns.
+    /// Writes an offset to every slot, with one `pwrite` of 176 bytes at offset 0 (within a sector, so a power cut
+    /// keeps it whole or not at all); with `synchronize`, flushed before it returns.
     ///
-    /// Both slots, so that a position moved back (a consumer starting over after a power cut) replaces the newer one.
+    /// Every slot, so that a position moved back (a consumer starting over after a power cut) replaces newer ones.
     package func write(_ offset: UInt64, last: LastRecord? = nil, synchronize: Bool = false) throws(WormholeError) {
         try writer.withLock { (state) throws(WormholeError) in
             try write(offset, last: last, synchronize: synchronize, state: &state)
@@ -247,55 +259,69 @@ package final class QueueCursorFile: Sendable {
         synchronize: Bool,
         state: inout WriterState
     ) throws(WormholeError) {
-        state.generation += 1
+        let generation = state.generation + 1
         var bytes = [UInt8](repeating: 0, count: Self.fileSize)
         bytes.withUnsafeMutableBytes { file in
-            Self.encodeSlot(offset: offset, last: last, generation: state.generation, into: file)
-            Self.encodeSlot(
-                offset: offset,
-                last: last,
-                generation: state.generation,
-                into: UnsafeMutableRawBufferPointer(rebasing: file[Self.secondSlot...])
-            )
+            for start in [0, Self.slotStride, 2 * Self.slotStride] {
+                Self.encodeSlot(
+                    offset: offset,
+                    last: last,
+                    generation: generation,
+                    into: UnsafeMutableRawBufferPointer(rebasing: file[start..<start + Self.slotSize])
+                )
+            }
         }
         var result = Descriptor(rawValue: descriptor).write(bytes, at: 0)
         if case .success = result, synchronize { result = Descriptor(rawValue: descriptor).synchronize() }
         if case .failure(let errno) = result {
             throw WormholeError.fileSystem(errno, "store the position of consumer \(name)", path: path)
         }
-        state.newestSlot = 1
-        state.lastWrite = .now
+        state.generation = generation
+        state.lastWrite = ProcessFacts.coarseMonotonicNanoseconds()
     }
 
-    /// Stores an offset through the shared mapping, into the slot that does not hold the newest one: no system call,
-    /// and a process killed mid-store leaves the other slot whole. The first store, and one a second or more after the
-    /// last write through the descriptor, are written through it instead (the first also maps the file, once whole).
+    /// Stores an offset through the shared mapping, into the second or third slot, whichever does not hold the
+    /// newest: no system call, and a process killed mid-store leaves the other whole. The first store of a process,
+    /// one a second or more after the last write, and every one where stores are not used, are written instead.
     package func store(_ offset: UInt64, last: LastRecord?) throws(WormholeError) {
         try writer.withLock { (state) throws(WormholeError) in
-            guard let mapping = state.mapping, Self.storesThroughMapping.load(ordering: .relaxed),
-                ContinuousClock.now - state.lastWrite < Self.writeInterval
+            guard let mapping = state.mapping,
+                ProcessFacts.coarseMonotonicNanoseconds() &- state.lastWrite < Self.writeInterval
             else {
                 try write(offset, last: last, synchronize: false, state: &state)
-                if state.mapping == nil { state.mapping = map() }
+                if !state.mappingTried, Self.storesThroughMapping.load(ordering: .relaxed) {
+                    state.mappingTried = true
+                    state.mapping = map()
+                }
                 return
             }
-            let slot = 1 - state.newestSlot
             state.generation += 1
             Self.encodeSlot(
                 offset: offset,
                 last: last,
                 generation: state.generation,
-                into: UnsafeMutableRawBufferPointer(start: mapping + slot * Self.secondSlot, count: Self.slotSize)
+                into: UnsafeMutableRawBufferPointer(
+                    start: mapping + state.nextSlot * Self.slotStride,
+                    count: Self.slotSize
+                )
             )
-            state.newestSlot = slot
+            state.nextSlot = 3 - state.nextSlot
         }
     }
 
-    /// Maps the file for stores, or nil where it cannot be (the stores then go through the descriptor).
+    /// Whether stores go through a mapping of the file (after the first store): for tests.
+    package var storesThroughItsMapping: Bool { writer.withLock { $0.mapping != nil } }
+
+    /// Maps the file for stores, or nil where stores are not used (the positions are then written).
     private func map() -> UnsafeMutableRawPointer? {
+        #if os(Linux)
+        guard Self.fileSystemsForStores.contains(cwormhole_file_system_type(descriptor)) else { return nil }
         let mapping = mmap(nil, Self.fileSize, PROT_READ | PROT_WRITE, MAP_SHARED, descriptor, 0)
         guard let mapping, mapping != UnsafeMutableRawPointer(bitPattern: -1) else { return nil }
         return mapping
+        #else
+        return nil
+        #endif
     }
 
     /// Flushes the stored position to the disk.
@@ -305,7 +331,8 @@ package final class QueueCursorFile: Sendable {
         }
     }
 
-    /// When the position was last written through the descriptor: how recently the consumer was seen.
+    /// When the position was last written (stores through the mapping do not count): how recently the consumer was
+    /// seen, to within a second of its last acknowledgement.
     package var lastWritten: Date? {
         guard case .success(let status) = Descriptor(rawValue: descriptor).status(), status.size > 0 else { return nil }
         return Date(timeIntervalSince1970: status.modificationTime)

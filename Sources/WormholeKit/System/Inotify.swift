@@ -10,7 +10,8 @@ import SystemPackage
 /// An inotify instance and the eventfd that wakes its reader: the kernel calls of ``InotifyMonitor``.
 ///
 /// Both descriptors are non-blocking and close-on-exec. The reader waits in ``wait(timeoutMilliseconds:)`` on both,
-/// and ``wake()`` (from any thread) makes that wait return.
+/// through an epoll instance that holds them (registered once: a wake-up costs less than a `poll` of both), and
+/// ``wake()`` (from any thread) makes that wait return.
 struct Inotify: Sendable {
     /// The events that wake observers: the file was written, or may no longer be the one at its path.
     static let watchedEvents =
@@ -22,6 +23,7 @@ struct Inotify: Sendable {
 
     private let inotify: Int32
     private let wakeUp: Int32
+    private let epoll: Int32
 
     /// Opens an instance; fails with the errno of `inotify_init1` (EMFILE: the user's instance limit) or `eventfd`.
     static func open() -> Result<Inotify, Errno> {
@@ -33,12 +35,20 @@ struct Inotify: Sendable {
             _ = Glibc_close(inotify)
             return .failure(errno)
         }
-        return .success(Inotify(inotify: inotify, wakeUp: wakeUp))
+        let epoll = cwormhole_epoll_pair(inotify, wakeUp)
+        guard epoll >= 0 else {
+            let errno = currentErrno
+            _ = Glibc_close(inotify)
+            _ = Glibc_close(wakeUp)
+            return .failure(errno)
+        }
+        return .success(Inotify(inotify: inotify, wakeUp: wakeUp, epoll: epoll))
     }
 
-    private init(inotify: Int32, wakeUp: Int32) {
+    private init(inotify: Int32, wakeUp: Int32, epoll: Int32) {
         self.inotify = inotify
         self.wakeUp = wakeUp
+        self.epoll = epoll
     }
 
     /// Watches the file at `path` (not following a final symbolic link); returns the watch descriptor, the same for
@@ -71,21 +81,19 @@ struct Inotify: Sendable {
     /// Waits for events or a wake-up, up to `timeoutMilliseconds` (-1: for ever); nil when the wait failed for good.
     /// A wake-up is consumed.
     func wait(timeoutMilliseconds: Int32) -> Readiness? {
-        var descriptors = [
-            pollfd(fd: inotify, events: Int16(POLLIN), revents: 0),
-            pollfd(fd: wakeUp, events: Int16(POLLIN), revents: 0),
-        ]
-        guard case .success(let ready) = valueOrErrno({ poll(&descriptors, 2, timeoutMilliseconds) }) else {
+        var ready: Int32 = 0
+        guard case .success(let count) = valueOrErrno({ cwormhole_epoll_wait_pair(epoll, timeoutMilliseconds, &ready) })
+        else {
             return nil
         }
         var readiness = Readiness()
-        guard ready > 0 else { return readiness }
-        if descriptors[1].revents != 0 {
+        guard count > 0 else { return readiness }
+        if ready & 2 != 0 {
             var value: UInt64 = 0
             _ = Glibc_read(wakeUp, &value, 8)
             readiness.wasWoken = true
         }
-        readiness.hasEvents = descriptors[0].revents != 0
+        readiness.hasEvents = ready & 1 != 0
         return readiness
     }
 
@@ -114,8 +122,9 @@ struct Inotify: Sendable {
         return overflowed
     }
 
-    /// Closes both descriptors; the instance is not used after this.
+    /// Closes the descriptors; the instance is not used after this.
     func close() {
+        _ = Glibc_close(epoll)
         _ = Glibc_close(inotify)
         _ = Glibc_close(wakeUp)
     }

@@ -228,6 +228,18 @@ enum ProcessFacts {
         return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
     }
 
+    /// Nanoseconds of a monotonic clock that is cheap to read and coarse (a few milliseconds on Linux): for a check
+    /// made per message that only needs to tell seconds apart. (`ContinuousClock` reads `CLOCK_BOOTTIME`, which is
+    /// slower here.)
+    static func coarseMonotonicNanoseconds() -> UInt64 {
+        #if canImport(Darwin)
+        return clock_gettime_nsec_np(CLOCK_MONOTONIC_RAW_APPROX)
+        #else
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &now)
+        return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+        #endif
+    }
 }
 
 /// A swift-system call's result, with its `Errno` typed.

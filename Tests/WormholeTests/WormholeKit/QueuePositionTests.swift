@@ -3,8 +3,8 @@ import Testing
 
 @testable import WormholeKit
 
-/// A consumer's position file: two slots filled in turn through a shared mapping, the newer whole one read back, and
-/// files of the earlier formats still read.
+/// A consumer's position file: written to its three slots, stored through a shared mapping into the second and third
+/// in turn, the newest whole slot read back, and files of the earlier formats still read.
 @Suite("Queue consumer positions", .limit(minutes: 3))
 struct QueuePositionTests {
     let directory = TemporaryDirectory()
@@ -18,9 +18,14 @@ struct QueuePositionTests {
         return bytes
     }
 
-    /// A file of two slots.
-    static func file(_ first: [UInt8], _ second: [UInt8]) -> [UInt8] {
-        first + [UInt8](repeating: 0, count: QueueCursorFile.secondSlot - first.count) + second
+    /// A file of three slots.
+    static func file(_ slots: [UInt8]...) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: QueueCursorFile.fileSize)
+        for (index, slot) in slots.enumerated() {
+            let start = index * QueueCursorFile.slotStride
+            bytes.replaceSubrange(start..<start + slot.count, with: slot)
+        }
+        return bytes
     }
 
     static func offset(_ bytes: [UInt8]) -> UInt64? {
@@ -28,24 +33,32 @@ struct QueuePositionTests {
         return nil
     }
 
-    @Test("The newer whole slot wins; a torn one gives way to the other; files of the earlier formats still read")
+    @Test("The newest whole slot wins; a torn one gives way to another; files of the earlier formats still read")
     func slotRules() {
-        let older = Self.slot(100, generation: 4)
-        let newer = Self.slot(164, generation: 5)
-        #expect(Self.offset(Self.file(older, newer)) == 164)
-        #expect(Self.offset(Self.file(newer, older)) == 164)
-        // A store cut short (a process killed mid-store) leaves its slot torn: the other one is read.
-        for torn in [4, 9, 40, 45] {
-            var cut = newer
-            cut[torn] ^= 0x5A
-            #expect(Self.offset(Self.file(older, cut)) == 100, "a byte torn at \(torn)")
-            // In the first slot, a store cut after its offset (in the generation) leaves the newest offset whole.
-            #expect(Self.offset(Self.file(cut, older)) == (torn < 36 ? 100 : 164), "a byte torn at \(torn)")
+        let written = Self.slot(100, generation: 4)
+        let older = Self.slot(164, generation: 5)
+        let newer = Self.slot(228, generation: 6)
+        #expect(Self.offset(Self.file(written, older, newer)) == 228)
+        #expect(Self.offset(Self.file(written, newer, older)) == 228)
+        // A position moved back is written to every slot with a newer generation: it replaces them all.
+        let back = Self.slot(0, generation: 7)
+        #expect(Self.offset(Self.file(back, back, back)) == 0)
+        // Any one byte of the file damaged: one of the positions stored, never anything else, never damaged.
+        let whole = Self.file(written, older, newer)
+        for index in 0..<whole.count {
+            var damaged = whole
+            damaged[index] ^= 0x5A
+            let offset = Self.offset(damaged)
+            #expect(
+                offset == 228 || offset == 164 || offset == 100,
+                "a byte damaged at \(index): \(String(describing: offset))"
+            )
         }
-        // An older writer (16 or 36 bytes at offset 0) over a file of two slots: its slot has no generation and wins.
-        var oldWriter = Self.file(older, newer)
-        oldWriter.replaceSubrange(0..<16, with: QueueCursorFile.encode(228))
-        #expect(Self.offset(oldWriter) == 228)
+        // An older version writes 16 or 36 bytes at offset 0, without a generation: what it wrote last wins, even
+        // below the positions stored after it by this version (it read its own first slot, which lags).
+        var oldWriter = whole
+        oldWriter.replaceSubrange(0..<16, with: QueueCursorFile.encode(132))
+        #expect(Self.offset(oldWriter) == 132)
         // The formats before: 16 bytes, and 36 bytes naming the record.
         #expect(Self.offset(QueueCursorFile.encode(64)) == 64)
         let named = Array(Self.slot(64, generation: 1, last: .init(start: 0, timestampNanoseconds: 9)).prefix(36))
@@ -55,32 +68,28 @@ struct QueuePositionTests {
         )
         #expect(QueueCursorFile.decodeFile([]) == .empty)
         #expect(QueueCursorFile.decodeFile(Array("damaged".utf8)) == .damaged)
-        // The second slot alone counts only whole: zeros there never stand for a position.
-        #expect(
-            QueueCursorFile.decodeFile(Self.file([UInt8](repeating: 7, count: 48), newer))
-                == .position(
-                    .init(offset: 164, last: nil, generation: 5)
-                )
-        )
-        #expect(
-            QueueCursorFile.decodeFile([UInt8](repeating: 7, count: 48) + [UInt8](repeating: 0, count: 64)) == .damaged
-        )
+        // The other slots count only whole: zeros there never stand for a position.
+        let noise = [UInt8](repeating: 7, count: QueueCursorFile.slotSize)
+        #expect(QueueCursorFile.decodeFile(Self.file(noise, [], newer)) == .position(.init(offset: 228, generation: 6)))
+        #expect(QueueCursorFile.decodeFile(Self.file(noise)) == .damaged)
     }
 
-    @Test("Positions stored through the mapping are what other readers see; a second on, a store writes both slots")
+    @Test(
+        "Stores go through the mapping into the second and third slots, seen by other readers at once; a second on, a write"
+    )
     func storesReachOtherReaders() async throws {
         try await offThePool {
             let path = directory("stores")
             let queue = try Wormhole(directory: path).queue("jobs")
             try queue.enqueue(contentsOf: Array(0..<6))
-            let cursor = try queue.log.openCursor(consumer: "c")
+            let cursor = try #require(try queue.log.openCursor(consumer: "c") as? DirectoryQueueCursor)
             let file = URL(fileURLWithPath: path + "/jobs.consumers/c")
             func slots() throws -> [UInt64?] {
                 let bytes = Array(try Data(contentsOf: file))
-                return [
-                    QueueCursorFile.decodeSlot(bytes[0..<QueueCursorFile.slotSize])?.offset,
-                    QueueCursorFile.decodeSlot(bytes[QueueCursorFile.secondSlot...])?.offset,
-                ]
+                return (0..<3).map { index in
+                    let start = index * QueueCursorFile.slotStride
+                    return QueueCursorFile.decodeSlot(bytes[start..<start + QueueCursorFile.slotSize])?.offset
+                }
             }
             var batch = try cursor.read(maximumCount: 1)
             var ends: [UInt64] = []
@@ -91,33 +100,51 @@ struct QueuePositionTests {
                 #expect(try queue.status().consumers.first?.offset == last.end)
             }
             #expect(ends.count == 5)
-            // The first store was written (both slots), the next ones stored in one slot, then the other.
-            #expect(try slots() == [ends[3], ends[4]])
-            let written = try #require(try FileManager.default.attributesOfItem(atPath: file.path)[.modificationDate] as? Date)
+            #expect(
+                cursor.file.storesThroughItsMapping,
+                "the test directory is on ext4 or tmpfs, where stores are used"
+            )
+            // The first position was written to every slot; the next ones were stored in the second and third in turn.
+            #expect(try slots() == [ends[0], ends[3], ends[4]])
+            let attributes = try FileManager.default.attributesOfItem(atPath: file.path)
+            let writtenAt = try #require(attributes[.modificationDate] as? Date)
             Thread.sleep(forTimeInterval: 1.2)
             let last = try #require(batch.last)
             _ = try cursor.acknowledge(through: last.end, thenRead: 1)
-            #expect(try slots() == [last.end, last.end])
+            #expect(try slots() == [last.end, last.end, last.end])
             let rewritten = try FileManager.default.attributesOfItem(atPath: file.path)[.modificationDate] as? Date
-            #expect(rewritten.map { $0 > written } == true)
+            #expect(rewritten.map { $0 > writtenAt } == true)
         }
     }
 
-    @Test("A store torn in its slot: the consumer comes back one message early, never past one")
-    func tornStore() async throws {
+    @Test(
+        "A consumer started again goes on with newer generations than its file's, and a store torn mid-way costs one message"
+    )
+    func generationsAndTornStores() async throws {
         try await offThePool {
-            let path = directory("torn")
+            let path = directory("generations")
             let queue = try Wormhole(directory: path).queue("jobs")
-            try queue.enqueue(contentsOf: Array(0..<3))
-            let records = try queue.log.openCursor(consumer: "probe").read(maximumCount: 3)
-            // The file a consumer killed in the middle of storing its third position leaves: the second slot holds
-            // the first message's end, and the first slot, being stored with the second's, is torn.
-            var torn = Self.slot(records[1].end, generation: 3)
+            try queue.enqueue(contentsOf: Array(0..<4))
+            let records = try queue.log.openCursor(consumer: "probe").read(maximumCount: 4)
+            // What an earlier process left: written at the first record, stored at the second with a high generation,
+            // and the third stored torn (the process was killed in the middle of that store).
+            var torn = Self.slot(records[2].end, generation: 42)
             torn[12] ^= 0xFF
-            let file = Self.file(torn, Self.slot(records[0].end, generation: 2))
-            try Data(file).write(to: URL(fileURLWithPath: path + "/jobs.consumers/c"))
-            let after = try queue.log.openCursor(consumer: "c").read(maximumCount: 3)
-            #expect(try after.map { try JSONDecoder().decode(Int.self, from: $0.payload) } == [1, 2])
+            let left = Self.file(
+                Self.slot(records[0].end, generation: 40),
+                Self.slot(records[1].end, generation: 41),
+                torn
+            )
+            try Data(left).write(to: URL(fileURLWithPath: path + "/jobs.consumers/c"))
+            let cursor = try queue.log.openCursor(consumer: "c")
+            let again = try cursor.read(maximumCount: 1)
+            #expect(try again.map { try JSONDecoder().decode(Int.self, from: $0.payload) } == [2])
+            // Its stores count as newer than every slot the earlier process left.
+            _ = try cursor.acknowledge(through: again[0].end, thenRead: 1)
+            _ = try cursor.acknowledge(through: records[3].end, thenRead: 1)
+            #expect(try queue.status().consumers.first?.offset == records[3].end)
+            let after = try queue.log.openCursor(consumer: "c").read(maximumCount: 4)
+            #expect(after.isEmpty)
         }
     }
 }
