@@ -117,7 +117,19 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     }
 
     /// Registers the group if it is new, and reads its notification channel.
+    ///
+    /// Two processes registering the same new group at once: the `INSERT` of the second waits for the first's commit
+    /// and then inserts nothing, while its `SELECT` reads the snapshot taken before that commit and finds nothing
+    /// either. The next statement's snapshot sees the row, so the query is run again.
     private static func openGroup(_ group: String, _ connections: Connections) throws(WormholeError) -> String {
+        for _ in 0..<3 {
+            if let channel = try queryGroupChannel(group, connections) { return channel }
+        }
+        return try decode(String.self, nil, doing: "opening the group \(group)")
+    }
+
+    private static func queryGroupChannel(_ group: String, _ connections: Connections) throws(WormholeError) -> String?
+    {
         let rows = try connections.query(
             """
             WITH made AS (
@@ -128,7 +140,8 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
             """,
             doing: "opening the group \(group)"
         )
-        return try decode(String.self, rows.first, doing: "opening the group \(group)")
+        guard let row = rows.first else { return nil }
+        return try decode(String.self, row, doing: "opening the group \(group)")
     }
 
     public func queueLog(

@@ -44,7 +44,14 @@ final class InotifyMonitor: Sendable {
                 return running
             }
             let started = try Instance()
-            try started.add(id: id, path: path, create: create, handler: handler)
+            do throws(WormholeError) {
+                try started.add(id: id, path: path, create: create, handler: handler)
+            } catch {
+                // Its thread never started, so nothing else closes its descriptors: a process whose watches fail
+                // (the watch limit reached) would otherwise leak three per try, and then inotify instances.
+                started.discard()
+                throw error
+            }
             started.start()
             current = started
             return started
@@ -149,6 +156,9 @@ final class InotifyMonitor: Sendable {
 
         /// Wakes the thread, so that it notices it is idle.
         func wake() { inotify.wake() }
+
+        /// Closes the descriptors of an instance whose thread was never started.
+        func discard() { inotify.close() }
 
         private func run() {
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)

@@ -336,7 +336,11 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         return header.count == 4 && header[...].load(at: 0) as UInt32 == QueueFormat.magic ? nil : 0
     }
 
-    deinit { Descriptor(rawValue: reader.descriptor).close() }
+    deinit {
+        // A clean stop leaves the position written, not only stored (best effort: it is stored either way).
+        try? file.writeStored()
+        Descriptor(rawValue: reader.descriptor).close()
+    }
 
     var consumer: String { file.name }
 

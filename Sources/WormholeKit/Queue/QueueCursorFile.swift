@@ -52,11 +52,13 @@ package final class QueueCursorFile: Sendable {
     /// The file: three slots.
     package static let fileSize = 2 * slotStride + slotSize
     /// How long stores through the mapping may go on after the last write, in nanoseconds: the file's modification
-    /// time, which only a write moves, tells how recently the consumer was seen.
+    /// time, which a write always moves (a store only now and then), tells how recently the consumer was seen.
     private static let writeInterval: UInt64 = 1_000_000_000
-    /// The file systems where a store to a mapped page that was written before never allocates (so never faults for
-    /// lack of space): ext2/3/4 and tmpfs. On others (copy-on-write ones such as btrfs, network ones), and on Darwin,
-    /// whose `fsync` is not documented to flush pages dirtied through a mapping, every position is written.
+    /// The file systems that write a file's blocks in place, so that a store to a page written before does not need
+    /// new blocks (and so does not fault for lack of space, where a `pwrite` would return an error): ext2/3/4 and
+    /// tmpfs. On others (copy-on-write ones such as btrfs, network ones), and on Darwin, whose `fsync` is not
+    /// documented to flush pages dirtied through a mapping, every position is written. A store can still fault where
+    /// a `pwrite` would fail on a broken disk (a page that cannot be read back) or a file made immutable meanwhile.
     private static let fileSystemsForStores: Set<Int> = [0xEF53, 0x0102_1994]
 
     /// Whether consumers may store positions through a mapping. The power-loss explorer turns it off in the
@@ -76,6 +78,8 @@ package final class QueueCursorFile: Sendable {
         var mappingTried = false
         /// When the position was last written through the descriptor.
         var lastWrite: UInt64 = 0
+        /// The newest position stored through the mapping since the last write, written when the cursor goes.
+        var unwritten: (offset: UInt64, last: LastRecord?)?
     }
 
     private let descriptor: Int32
@@ -278,6 +282,7 @@ package final class QueueCursorFile: Sendable {
         }
         state.generation = generation
         state.lastWrite = ProcessFacts.coarseMonotonicNanoseconds()
+        state.unwritten = nil
     }
 
     /// Stores an offset through the shared mapping, into the second or third slot, whichever does not hold the
@@ -306,6 +311,16 @@ package final class QueueCursorFile: Sendable {
                 )
             )
             state.nextSlot = 3 - state.nextSlot
+            state.unwritten = (offset, last)
+        }
+    }
+
+    /// Writes the newest position if it was only stored since the last write: when a consumer's cursor goes, so that
+    /// the first slot (all an older version reads) and the modification time catch up with it.
+    package func writeStored() throws(WormholeError) {
+        try writer.withLock { (state) throws(WormholeError) in
+            guard let (offset, last) = state.unwritten else { return }
+            try write(offset, last: last, synchronize: false, state: &state)
         }
     }
 
