@@ -78,7 +78,7 @@ struct QueuePositionTests {
     }
 
     @Test(
-        "Stores go through the mapping into the second and third slots, seen by other readers at once; a second on, a write"
+        "Stores go into the second and third slots where the file system allows, seen by readers at once; a second on, a write"
     )
     func storesReachOtherReaders() async throws {
         try await offThePool {
