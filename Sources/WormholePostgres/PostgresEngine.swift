@@ -125,7 +125,10 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
         for _ in 0..<3 {
             if let channel = try queryGroupChannel(group, connections) { return channel }
         }
-        return try decode(String.self, nil, doing: "opening the group \(group)")
+        throw WormholeError(
+            .serverRejected,
+            "PostgreSQL returned no row, three times, while opening the group \(group)."
+        )
     }
 
     private static func queryGroupChannel(_ group: String, _ connections: Connections) throws(WormholeError) -> String?

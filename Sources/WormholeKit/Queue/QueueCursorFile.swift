@@ -346,8 +346,8 @@ package final class QueueCursorFile: Sendable {
         }
     }
 
-    /// When the position was last written (stores through the mapping do not count): how recently the consumer was
-    /// seen, to within a second of its last acknowledgement.
+    /// The file's modification time, which every write moves (a store through the mapping only now and then): how
+    /// recently the consumer was seen, to within a second of its last acknowledgement.
     package var lastWritten: Date? {
         guard case .success(let status) = Descriptor(rawValue: descriptor).status(), status.size > 0 else { return nil }
         return Date(timeIntervalSince1970: status.modificationTime)

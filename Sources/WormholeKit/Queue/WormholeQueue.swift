@@ -127,8 +127,8 @@ public final class WormholeQueue: Sendable {
     /// Calls `handler` with the messages this consumer has not handled yet in batches, in order: up to
     /// `maximumCount` messages at a time, as many as are there.
     ///
-    /// The fast way to consume a busy queue: the handler returning acknowledges the whole batch with one write of
-    /// the consumer's position, where ``consume(consumer:as:on:errorHandler:handler:)`` writes it once per message.
+    /// The fast way to consume a busy queue: the handler returning acknowledges the whole batch by storing the
+    /// consumer's position once, where ``consume(consumer:as:on:errorHandler:handler:)`` stores it once per message.
     /// A handler that throws leaves the whole batch unacknowledged, to be offered again. A message that cannot be
     /// decoded is reported as ``WormholeError/Code/decodingFailed`` and left out of its batch.
     ///
