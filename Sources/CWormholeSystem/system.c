@@ -3,6 +3,12 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+static _Thread_local void *current_driver = 0;
+
+void *cwormhole_current_driver(void) { return current_driver; }
+
+void cwormhole_set_current_driver(void *driver) { current_driver = driver; }
+
 long cwormhole_send_parts(int socket, const void *head, size_t headLength, const void *body, size_t bodyLength) {
     struct iovec parts[2] = {{(void *)head, headLength}, {(void *)body, bodyLength}};
     struct msghdr message = {0};

@@ -45,7 +45,7 @@ extension SharedStore {
         consumer: String?,
         tables: Set<String>? = nil,
         includingOwnWrites: Bool = false,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (StoreError) -> Void)? = nil,
         handler: @escaping @Sendable (StoreTransaction) throws -> Void
     ) throws(StoreError) -> RemoteChangeObserver {

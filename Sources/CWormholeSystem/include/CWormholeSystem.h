@@ -17,6 +17,13 @@ uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length);
 /// or -1 with errno set.
 long cwormhole_send_parts(int socket, const void *head, size_t headLength, const void *body, size_t bodyLength);
 
+/// The calling thread's callback driver (an opaque object of WormholeKit's), or NULL: a C11 thread-local, far
+/// cheaper to read per message than a pthread key or Foundation's thread dictionary.
+void *cwormhole_current_driver(void);
+
+/// Sets the calling thread's callback driver (NULL to clear it).
+void cwormhole_set_current_driver(void *driver);
+
 #if defined(__linux__)
 #include <sys/eventfd.h>
 #include <sys/vfs.h>

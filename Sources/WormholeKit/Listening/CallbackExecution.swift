@@ -8,12 +8,26 @@ import Dispatch
 public struct CallbackExecution: Sendable {
     enum Kind: Sendable {
         case queue(DispatchQueue)
+        case automatic
         case serialQueue
         case notifierThread
     }
     let kind: Kind
 
-    /// A new serial dispatch queue for each listener (the default): callbacks never block other listeners.
+    /// The default: each listener's callbacks run one at a time and in order, never on the thread that starts
+    /// listening, and with no hand-off to another thread when they can run on the notifier's own.
+    ///
+    /// On Linux, a callback for a change that the notifier's thread found (inotify) runs on that thread once the
+    /// change is read, the fastest path, as ``notifierThread`` does; on a busy CPU a hand-off to another thread costs a
+    /// context switch per message. Anywhere else (the initial message, a polling or PostgreSQL notifier, Darwin) it
+    /// runs on a serial dispatch queue of the listener's own, as ``serialQueue`` does. A callback that keeps the
+    /// notifier's thread for more than 20 ms is not waited for: a new thread takes over the notifier's work, so that
+    /// other listeners of the process wait at most about 30 ms, once; the listener's later callbacks run on its own
+    /// queue. Callbacks that wait for each other therefore never deadlock. Choose ``serialQueue`` when no callback
+    /// may ever delay another listener's, even briefly.
+    public static let automatic = CallbackExecution(kind: .automatic)
+    /// A new serial dispatch queue for each listener: callbacks never delay other listeners, and each message costs
+    /// a hand-off to the queue's thread.
     public static let serialQueue = CallbackExecution(kind: .serialQueue)
     /// The given dispatch queue; give a serial queue to keep callbacks from overlapping with your other work.
     public static func queue(_ queue: DispatchQueue) -> CallbackExecution { CallbackExecution(kind: .queue(queue)) }
@@ -33,6 +47,9 @@ public struct CallbackExecution: Sendable {
     package func makeScheduler(label: String) -> @Sendable (@escaping @Sendable () -> Void) -> Void {
         switch kind {
         case .queue(let queue): return { work in queue.async(execute: work) }
+        case .automatic:
+            let scheduler = InlineScheduler(label: label)
+            return { work in scheduler.schedule(work) }
         case .serialQueue:
             let queue = DispatchQueue(label: label)
             return { work in queue.async(execute: work) }

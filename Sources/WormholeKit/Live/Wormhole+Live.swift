@@ -44,7 +44,7 @@ extension Wormhole {
     public func listenForLiveMessages<Message: Decodable & Sendable>(
         withIdentifier identifier: String,
         as type: Message.Type = Message.self,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         listener: @escaping @Sendable (Message) -> Void
     ) throws(WormholeError) -> LiveListener {
@@ -72,7 +72,7 @@ extension Wormhole {
     ///   created.
     public func listenForLiveMessageData(
         withIdentifier identifier: String,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         listener: @escaping @Sendable (Data) -> Void
     ) throws(WormholeError) -> LiveListener {
@@ -169,7 +169,7 @@ extension Wormhole {
     public func respondToRequests<Query: Decodable & Sendable, Answer: Encodable & Sendable>(
         withIdentifier identifier: String,
         as type: Query.Type = Query.self,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         responder: @escaping @Sendable (Query) throws -> Answer
     ) throws(WormholeError) -> LiveListener {
@@ -207,7 +207,7 @@ extension Wormhole {
     /// ``respondToRequests(withIdentifier:as:on:errorHandler:responder:)``.
     public func respondToRequestData(
         withIdentifier identifier: String,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         responder: @escaping @Sendable (Data) throws -> Data
     ) throws(WormholeError) -> LiveListener {

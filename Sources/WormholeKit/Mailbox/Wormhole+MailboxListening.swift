@@ -29,7 +29,7 @@ extension Wormhole {
         withIdentifier identifier: String,
         as type: Message.Type = Message.self,
         deliveringCurrentMessage: Bool = false,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         listener: @escaping @Sendable (Message) -> Void
     ) throws(WormholeError) -> MessageListener {
@@ -53,7 +53,7 @@ extension Wormhole {
     public func listenForEnvelopes(
         withIdentifier identifier: String,
         deliveringCurrentMessage: Bool = false,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         listener: @escaping @Sendable (Envelope) -> Void
     ) throws(WormholeError) -> MessageListener {
@@ -144,7 +144,7 @@ extension Wormhole {
         to center: NotificationCenter,
         as name: Notification.Name? = nil,
         deliveringCurrentMessage: Bool = false,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil
     ) throws(WormholeError) -> MessageListener {
         let box = UncheckedSendableBox(center)

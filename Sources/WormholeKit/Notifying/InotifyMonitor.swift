@@ -10,7 +10,8 @@ import Synchronization
 /// and starts again at once), then retires, closing its descriptors: listening and stopping leaves no descriptor
 /// behind, and never piles up inotify instances, of which a user may have only 128. It waits in `epoll_wait(2)` on the
 /// inotify descriptor and an eventfd that wakes it when its last observation ends. Handlers run on this thread, one
-/// at a time.
+/// at a time, and so do the callbacks they schedule with ``CallbackExecution/automatic``, after each handler returns;
+/// when such a callback blocks, ``CallbackWatchdog`` has a new thread take over the waiting and the handlers.
 final class InotifyMonitor: Sendable {
     static let shared = InotifyMonitor()
 
@@ -148,9 +149,16 @@ final class InotifyMonitor: Sendable {
         var isIdle: Bool { registry.withLock { $0.byID.isEmpty } }
 
         func start() {
+            startThread(handingOver: nil)
+        }
+
+        /// Starts a thread that waits on the descriptor and runs the handlers; `handingOver` is the work of a thread
+        /// whose callback blocked (nil for the first thread), which this one runs first, before calling every handler
+        /// once for the events that thread had read and not handled yet.
+        private func startThread(handingOver handedOver: [InlineScheduler]?) {
             Thread { [self] in
                 nameCurrentThread("wh-inotify")
-                run()
+                run(handingOver: handedOver)
             }.start()
         }
 
@@ -160,13 +168,22 @@ final class InotifyMonitor: Sendable {
         /// Closes the descriptors of an instance whose thread was never started.
         func discard() { inotify.close() }
 
-        private func run() {
+        private func run(handingOver handedOver: [InlineScheduler]?) {
+            let driver = CallbackDriver { [self] rest in startThread(handingOver: rest) }
+            driver.install()
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
             defer {
                 buffer.deallocate()
-                inotify.close()
+                driver.uninstall()
+                // A thread that was taken over leaves the descriptors to the one that took over.
+                if !driver.isReplaced { inotify.close() }
             }
-            while true {
+            if let handedOver {
+                for scheduler in handedOver { _ = driver.enqueue(scheduler) }
+                driver.runDeferred()
+                runHandlers(wakingEveryone: true, woken: [], replaced: [], driver: driver)
+            }
+            while !driver.isReplaced {
                 guard let readiness = inotify.wait(timeoutMilliseconds: isIdle ? InotifyMonitor.idleTimeout : -1) else {
                     return
                 }
@@ -174,23 +191,30 @@ final class InotifyMonitor: Sendable {
                     if InotifyMonitor.shared.retire(self) { return }
                     continue
                 }
-                if readiness.hasEvents { drainEvents(buffer) }
+                if readiness.hasEvents { drainEvents(buffer, driver: driver) }
             }
         }
 
         /// Reads every queued event, then calls each affected handler once: a burst of posts wakes a handler
         /// once, which is enough, as it reads the newest state.
-        private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer) {
+        private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer, driver: CallbackDriver) {
             var woken = Set<Int32>()
             var replaced = Set<Int32>()
             let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
                 woken.insert(watch)
                 if mask & Inotify.replacementEvents != 0 { replaced.insert(watch) }
             }
+            // After an overflow the kernel dropped events: wake everyone, who will read the newest state.
+            runHandlers(wakingEveryone: overflowed, woken: woken, replaced: replaced, driver: driver)
+        }
+
+        /// Calls the handlers of the watches woken (of every watch when `wakingEveryone`), each once, and after each
+        /// the callbacks it scheduled; stops when the driver is replaced meanwhile, as the new thread calls every
+        /// handler once.
+        private func runHandlers(wakingEveryone: Bool, woken: Set<Int32>, replaced: Set<Int32>, driver: CallbackDriver) {
             let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
                 var chosen: [UInt64: @Sendable () -> Void] = [:]
-                // After an overflow the kernel dropped events: wake everyone, who will read the newest state.
-                let affected = overflowed ? Set(registry.watches.keys) : woken
+                let affected = wakingEveryone ? Set(registry.watches.keys) : woken
                 for watch in affected {
                     if let group = registry.watches[watch]?.handlers { chosen.merge(group) { first, _ in first } }
                 }
@@ -198,8 +222,12 @@ final class InotifyMonitor: Sendable {
                 return chosen
             }
             for id in handlers.keys.sorted() {
-                // A handler cancelled by an earlier handler in this batch is skipped.
-                if registry.withLock({ $0.byID[id] != nil }) { handlers[id]!() }
+                if driver.isReplaced { return }
+                // A handler cancelled by an earlier handler (or callback) in this batch is skipped.
+                if registry.withLock({ $0.byID[id] != nil }) {
+                    handlers[id]!()
+                    driver.runDeferred()
+                }
             }
         }
 

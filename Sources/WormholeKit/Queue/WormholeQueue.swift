@@ -97,7 +97,7 @@ public final class WormholeQueue: Sendable {
     public func consume<Message: Decodable & Sendable>(
         consumer: String,
         as type: Message.Type = Message.self,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Message>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
@@ -114,7 +114,7 @@ public final class WormholeQueue: Sendable {
     /// ``consume(consumer:as:on:errorHandler:handler:)``.
     public func consumeData(
         consumer: String,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Data>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
@@ -143,7 +143,7 @@ public final class WormholeQueue: Sendable {
         consumer: String,
         as type: Message.Type = Message.self,
         maximumCount: Int = 1_000,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable ([QueueMessage<Message>]) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
@@ -162,7 +162,7 @@ public final class WormholeQueue: Sendable {
     public func consumeDataBatches(
         consumer: String,
         maximumCount: Int = 1_000,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable ([QueueMessage<Data>]) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {

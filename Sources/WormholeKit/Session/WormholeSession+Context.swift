@@ -105,7 +105,7 @@ extension WormholeSession {
     /// comes while none is waits for the first, which gets it at once.
     public func onApplicationContext(
         keys: Set<String>? = nil,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (SessionContextUpdate) -> Void
     ) -> SessionListener {
         let listener = contextHandlers.listen(on: execution) { update in

@@ -46,7 +46,7 @@ extension WormholeSession {
         replyHandler: (@Sendable ([String: JSONValue]) -> Void)?,
         errorHandler: (@Sendable (WormholeError) -> Void)?,
         timeout: Duration = .seconds(10),
-        on execution: CallbackExecution = .serialQueue
+        on execution: CallbackExecution = .automatic
     ) {
         let schedule = execution.makeScheduler(label: "wormhole.session.\(name).reply")
         Thread { [self] in
@@ -152,7 +152,7 @@ extension WormholeSession {
     /// When the counterpart waits for a reply, one handler answers with ``SessionMessage/reply(_:)``. With no
     /// handler, the counterpart's send fails with ``WormholeError/Code/remoteFailure``.
     public func onMessage(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (SessionMessage) -> Void
     ) -> SessionListener {
         messageHandlers.listen(on: execution, handler)
@@ -169,7 +169,7 @@ extension WormholeSession {
 
     /// Calls `handler` when the counterpart becomes reachable or stops being so (`sessionReachabilityDidChange`).
     public func onReachabilityChange(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (Bool) -> Void
     ) -> SessionListener {
         reachabilityHandlers.listen(on: execution, handler)
@@ -185,7 +185,7 @@ extension WormholeSession {
     /// Calls `handler` with each change of ``activationState`` (`activationDidCompleteWith`,
     /// `sessionDidBecomeInactive`, `sessionDidDeactivate`).
     public func onActivationStateChange(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (SessionActivationState) -> Void
     ) -> SessionListener {
         activationHandlers.listen(on: execution, handler)
@@ -201,7 +201,7 @@ extension WormholeSession {
     /// Calls `handler` with each error the session meets while receiving (a record it cannot read, the engine
     /// failing); with no handler, errors are logged. Errors of a call you make are thrown by that call.
     public func onError(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (WormholeError) -> Void
     ) -> SessionListener {
         errorHandlers.listen(on: execution, handler)

@@ -174,7 +174,7 @@ extension WormholeSession {
     /// User info is taken from its queue only while at least one such handler is registered and the session is
     /// activated.
     public func onUserInfo(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (SessionUserInfoTransfer) -> Void
     ) -> SessionListener {
         let listener = userInfoHandlers.listen(on: execution, handler)
@@ -196,7 +196,7 @@ extension WormholeSession {
     /// Calls `handler` when the counterpart has received a user info transfer this side queued
     /// (`didFinish userInfoTransfer`), while this side is activated.
     public func onUserInfoTransferFinished(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (SessionUserInfoTransfer) -> Void
     ) -> SessionListener {
         userInfoFinishedHandlers.listen(on: execution, handler)
@@ -308,7 +308,7 @@ extension WormholeSession {
     /// Files are taken from their queue only while at least one such handler is registered and the session is
     /// activated.
     public func onFile(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (ReceivedFile) -> Void
     ) -> SessionListener {
         let listener = fileHandlers.listen(on: execution, handler)
@@ -327,7 +327,7 @@ extension WormholeSession {
     /// Calls `handler` when the counterpart has received a file this side sent (`didFinish fileTransfer`), while
     /// this side is activated.
     public func onFileTransferFinished(
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         handler: @escaping @Sendable (FileTransfer) -> Void
     ) -> SessionListener {
         fileFinishedHandlers.listen(on: execution, handler)

@@ -136,7 +136,7 @@ public final class WormholeSuite: Sendable {
         includingOwnChanges: Bool = false,
         direction: String? = nil,
         repostingTo notificationCenter: NotificationCenter? = nil,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (SuiteChange) -> Void
     ) throws(WormholeError) -> SuiteObserver {

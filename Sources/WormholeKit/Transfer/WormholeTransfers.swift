@@ -94,7 +94,7 @@ public final class WormholeTransfers: Sendable {
     public func receive(
         consumer: String,
         into destination: String,
-        on execution: CallbackExecution = .serialQueue,
+        on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (ReceivedFile) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {

@@ -1,0 +1,272 @@
+import CWormholeSystem
+import Foundation
+import Synchronization
+
+// The default callback execution, `CallbackExecution.automatic`: a listener's callbacks run one at a time and in
+// order, on the notifier's own thread when they are scheduled there (no hand-off to another thread, which on a busy
+// CPU costs a context switch per message), and on a serial dispatch queue of the listener's own otherwise. A callback
+// that blocks the notifier's thread for longer than `CallbackDriver.blockedAfter` has the thread's work taken over by
+// a new thread (the way Go hands off a blocked thread's work), and its listener moves to its dispatch queue for good.
+
+/// Runs one listener's callbacks in order, one at a time: inline on a callback driver's thread when scheduled from
+/// one, on its own serial dispatch queue otherwise.
+final class InlineScheduler: Sendable {
+    private struct State {
+        /// The work scheduled and not yet run, from `head` on; the array keeps its capacity, so that scheduling
+        /// allocates nothing but the work's closure.
+        var pending: [@Sendable () -> Void] = []
+        var head = 0
+        /// Whether a thread has taken on running the pending work: a driver (after the handler that scheduled it
+        /// returns) or the dispatch queue.
+        var claimed = false
+        /// Set once a callback of this listener blocked a driver: its work goes to the dispatch queue from then on.
+        var blocksDrivers = false
+
+        mutating func next() -> (@Sendable () -> Void)? {
+            guard head < pending.count else {
+                claimed = false
+                return nil
+            }
+            defer {
+                head += 1
+                if head == pending.count {
+                    pending.removeAll(keepingCapacity: true)
+                    head = 0
+                }
+            }
+            return pending[head]
+        }
+    }
+
+    private let state = Locked(State())
+    private let queue: DispatchQueue
+
+    init(label: String) {
+        queue = DispatchQueue(label: label)
+    }
+
+    /// Schedules `work` after everything scheduled before it.
+    func schedule(_ work: @escaping @Sendable () -> Void) {
+        let driver = CallbackDriver.current
+        enum Claim { case none, driver, queue }
+        let claim = state.withLock { state -> Claim in
+            state.pending.append(work)
+            guard !state.claimed else { return .none }
+            state.claimed = true
+            return driver != nil && !state.blocksDrivers ? .driver : .queue
+        }
+        // Not run here: the caller may hold locks, which a callback must not run under. The driver runs it as soon
+        // as the handler that scheduled it returns; a driver already replaced takes nothing more.
+        if claim == .none || (claim == .driver && driver!.enqueue(self)) { return }
+        queue.async { [self] in runPending(stamping: nil) }
+    }
+
+    /// Runs the pending work until none is left; on a driver's thread, each piece is timed by the driver.
+    func runPending(stamping driver: CallbackDriver?) {
+        while let work = state.withLock({ $0.next() }) {
+            if let driver {
+                driver.callbackWillStart(self)
+                work()
+                driver.callbackDidEnd()
+            } else {
+                work()
+            }
+        }
+    }
+
+    /// Called when one of this listener's callbacks blocked a driver.
+    fileprivate func markBlocking() { state.withLock { $0.blocksDrivers = true } }
+}
+
+/// A thread that runs callbacks inline (a notifier's thread) and that can be replaced when one of them blocks.
+///
+/// The thread installs its driver, calls ``runDeferred()`` after each handler it calls, and stops its loop once
+/// ``isReplaced``; ``CallbackWatchdog`` calls `takeOver` with the work not yet started when a callback has run for
+/// longer than ``blockedAfter``, and `takeOver` starts a thread that does this one's job.
+final class CallbackDriver: Sendable {
+    /// How long a callback may hold the driver's thread before its work is taken over: other listeners of the process
+    /// wait at most about this long (plus the watchdog's tick) for a callback that blocks.
+    static let blockedAfter: UInt64 = 20_000_000
+
+    private struct State {
+        var deferred: [InlineScheduler] = []
+        var head = 0
+        /// When the callback running now started (the coarse monotonic clock), 0 when none is.
+        var callbackStarted: UInt64 = 0
+        var running: InlineScheduler?
+        var replaced = false
+    }
+
+    private let state = Locked(State())
+    private let takeOver: @Sendable ([InlineScheduler]) -> Void
+
+    /// - Parameter takeOver: Starts a thread that does this one's job, first running the schedulers given.
+    init(takeOver: @escaping @Sendable ([InlineScheduler]) -> Void) {
+        self.takeOver = takeOver
+    }
+
+    /// The calling thread's driver, if it has one.
+    static var current: CallbackDriver? {
+        guard let pointer = cwormhole_current_driver() else { return nil }
+        return Unmanaged<CallbackDriver>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    /// Makes this the calling thread's driver until ``uninstall()``; the thread keeps a reference to it meanwhile.
+    func install() {
+        cwormhole_set_current_driver(Unmanaged.passUnretained(self).toOpaque())
+        CallbackWatchdog.shared.register(self)
+    }
+
+    func uninstall() {
+        CallbackWatchdog.shared.unregister(self)
+        cwormhole_set_current_driver(nil)
+    }
+
+    /// Whether another thread has taken over this one's job: its loop must stop.
+    var isReplaced: Bool { state.withLock { $0.replaced } }
+
+    /// Takes on running `scheduler`'s pending work at the next ``runDeferred()``; false when this driver was
+    /// replaced, and takes nothing more.
+    func enqueue(_ scheduler: InlineScheduler) -> Bool {
+        state.withLock { state in
+            guard !state.replaced else { return false }
+            state.deferred.append(scheduler)
+            return true
+        }
+    }
+
+    /// Runs the work that handlers scheduled, in the order they scheduled it; stops early if the driver is replaced
+    /// meanwhile (the rest is the new thread's).
+    func runDeferred() {
+        while let scheduler = state.withLock({ state -> InlineScheduler? in
+            guard !state.replaced, state.head < state.deferred.count else { return nil }
+            defer {
+                state.head += 1
+                if state.head == state.deferred.count {
+                    state.deferred.removeAll(keepingCapacity: true)
+                    state.head = 0
+                }
+            }
+            return state.deferred[state.head]
+        }) {
+            scheduler.runPending(stamping: self)
+        }
+    }
+
+    fileprivate func callbackWillStart(_ scheduler: InlineScheduler) {
+        state.withLock { state in
+            state.callbackStarted = max(1, ProcessFacts.coarseMonotonicNanoseconds())
+            state.running = scheduler
+        }
+        CallbackWatchdog.shared.noteCallback()
+    }
+
+    fileprivate func callbackDidEnd() {
+        state.withLock { state in
+            state.callbackStarted = 0
+            state.running = nil
+        }
+    }
+
+    /// Whether a callback is running on the driver's thread now.
+    fileprivate var isInCallback: Bool { state.withLock { $0.callbackStarted != 0 } }
+
+    /// Called by the watchdog: when a callback has held the thread since before `now - blockedAfter`, marks the
+    /// driver replaced, moves its listener to its dispatch queue, and hands the work not yet started to a new thread.
+    fileprivate func replaceIfBlocked(now: UInt64) {
+        let handedOver = state.withLock { state -> (InlineScheduler, [InlineScheduler])? in
+            guard !state.replaced, state.callbackStarted != 0, now &- state.callbackStarted >= Self.blockedAfter,
+                let running = state.running
+            else { return nil }
+            state.replaced = true
+            let rest = Array(state.deferred[state.head...])
+            state.deferred = []
+            state.head = 0
+            return (running, rest)
+        }
+        guard let (blocking, rest) = handedOver else { return }
+        blocking.markBlocking()
+        takeOver(rest)
+    }
+}
+
+/// The thread that watches callback drivers for callbacks that block, every ``tick``; it sleeps while no callback
+/// has run for a second, and the next callback wakes it.
+final class CallbackWatchdog: Sendable {
+    static let shared = CallbackWatchdog()
+
+    static let tick = DispatchTimeInterval.milliseconds(10)
+    /// Quiet ticks before it sleeps until the next callback.
+    static let ticksBeforeSleeping = 100
+
+    private struct State {
+        var drivers: [ObjectIdentifier: CallbackDriver] = [:]
+        var started = false
+    }
+
+    private let state = Locked(State())
+    private let callbacks = Atomic<UInt64>(0)
+    private let sleeping = Atomic<Bool>(false)
+    private let wakeUp = DispatchSemaphore(value: 0)
+
+    func register(_ driver: CallbackDriver) {
+        let start = state.withLock { state -> Bool in
+            state.drivers[ObjectIdentifier(driver)] = driver
+            defer { state.started = true }
+            return !state.started
+        }
+        if start {
+            Thread { [self] in
+                nameCurrentThread("wh-watchdog")
+                run()
+            }.start()
+        }
+    }
+
+    func unregister(_ driver: CallbackDriver) {
+        _ = state.withLock { $0.drivers.removeValue(forKey: ObjectIdentifier(driver)) }
+    }
+
+    /// Called as each callback starts: counts it, and wakes the watchdog if it sleeps.
+    func noteCallback() {
+        // Sequentially consistent, against the watchdog's going to sleep: either it sees this count, or this sees
+        // it sleeping.
+        callbacks.add(1, ordering: .sequentiallyConsistent)
+        if sleeping.load(ordering: .sequentiallyConsistent), sleeping.exchange(false, ordering: .sequentiallyConsistent)
+        {
+            wakeUp.signal()
+        }
+    }
+
+    private func run() {
+        var quietTicks = 0
+        var seen = callbacks.load(ordering: .relaxed)
+        while true {
+            _ = wakeUp.wait(timeout: .now() + Self.tick)
+            let drivers = state.withLock { Array($0.drivers.values) }
+            let now = ProcessFacts.coarseMonotonicNanoseconds()
+            var busy = false
+            for driver in drivers {
+                driver.replaceIfBlocked(now: now)
+                busy = busy || driver.isInCallback
+            }
+            let count = callbacks.load(ordering: .relaxed)
+            if busy || count != seen {
+                quietTicks = 0
+                seen = count
+                continue
+            }
+            quietTicks += 1
+            guard quietTicks >= Self.ticksBeforeSleeping else { continue }
+            quietTicks = 0
+            sleeping.store(true, ordering: .sequentiallyConsistent)
+            if callbacks.load(ordering: .sequentiallyConsistent) != seen {
+                // A callback started meanwhile: stay awake; if its driver already saw this sleep and signalled,
+                // take the signal back.
+                if !sleeping.exchange(false, ordering: .sequentiallyConsistent) { wakeUp.wait() }
+                continue
+            }
+            wakeUp.wait()
+        }
+    }
+}

@@ -1,0 +1,87 @@
+import CWormholeSystem
+import Foundation
+import Synchronization
+import Testing
+
+@testable import WormholeKit
+
+/// The default callback execution, `.automatic`: inline on the inotify thread, a blocked callback taken over.
+@Suite("Callbacks run inline by default, and one that blocks is taken over", .limit(minutes: 3))
+struct InlineCallbackTests {
+    let directory = TemporaryDirectory()
+
+    /// The calling thread's name, as `ps -L` shows it.
+    static func threadName() -> String {
+        var name = [CChar](repeating: 0, count: 16)
+        _ = cwormhole_thread_name(&name, name.count)
+        return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    @Test("By default a listener's callbacks run on the inotify thread, in order; the current message never on the caller's thread")
+    func inlineOnTheNotifierThread() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("w"))
+            try wormhole.passMessageObject(0, identifier: "count")
+            let caller = currentThreadID()
+            let received = Collector<(Int, String, Bool)>()
+            let listener = try wormhole.listenForMessage(
+                withIdentifier: "count",
+                as: Int.self,
+                deliveringCurrentMessage: true
+            ) { number in
+                received.append((number, Self.threadName(), currentThreadID() == caller))
+            }
+            #expect(eventually { received.count == 1 })
+            for number in 1...50 {
+                try wormhole.passMessageObject(number, identifier: "count")
+                #expect(eventually { received.values.last?.0 == number })
+            }
+            let values = received.values
+            #expect(values.map(\.0) == Array(0...50), "each once, in order")
+            #expect(values.allSatisfy { !$0.2 }, "never on the thread that started listening")
+            // (The second may still find the queue that ran the first at work, and run after it there.)
+            #expect(values.dropFirst(2).allSatisfy { $0.1 == "wh-inotify" }, "threads: \(Set(values.map(\.1)))")
+            _ = listener
+        }
+    }
+
+    @Test("A default callback that blocks does not stop other listeners: they get theirs, and it moves to its own queue")
+    func blockedCallbackIsTakenOver() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("w"))
+            let released = DispatchSemaphore(value: 0)
+            let blocked = Collector<(Int, String, Bool)>()
+            let others = Collector<(String, String)>()
+            // The first message's callback waits for another listener's callback: with every callback waiting on one
+            // thread, they would never meet.
+            let waiting = try wormhole.listenForMessage(withIdentifier: "slow", as: Int.self) { number in
+                let met = number == 1 ? released.wait(timeout: .now() + 20) == .success : true
+                blocked.append((number, Self.threadName(), met))
+            }
+            let releasing = try wormhole.listenForMessage(withIdentifier: "fast", as: String.self) { text in
+                others.append((text, Self.threadName()))
+                if text == "release" { released.signal() }
+            }
+            let queue = try wormhole.queue("jobs")
+            let consumer = try queue.consume(consumer: "worker", as: String.self) { message in
+                others.append(("job " + message.value, Self.threadName()))
+            }
+            // Quiet for longer than the watchdog stays awake, so that the blocking callback has to wake it.
+            Thread.sleep(forTimeInterval: 1.3)
+            try wormhole.passMessageObject(1, identifier: "slow")
+            try wormhole.passMessageObject("release", identifier: "fast")
+            #expect(eventually { blocked.count == 1 })
+            #expect(blocked.values.first?.1 == "wh-inotify", "it blocked the inotify thread")
+            #expect(blocked.values.first?.2 == true, "the other listener's callback ran while this one waited")
+            try queue.enqueue("after")
+            try wormhole.passMessageObject("later", identifier: "fast")
+            try wormhole.passMessageObject(2, identifier: "slow")
+            #expect(eventually { blocked.count == 2 && others.count == 3 })
+            #expect(Set(others.values.map(\.0)) == ["release", "job after", "later"])
+            #expect(others.values.allSatisfy { $0.1 == "wh-inotify" }, "quick callbacks stay inline: \(others.values)")
+            #expect(blocked.values.last?.0 == 2)
+            #expect(blocked.values.last?.1 != "wh-inotify", "the listener that blocked moved to its own queue")
+            _ = (waiting, releasing, consumer)
+        }
+    }
+}
