@@ -10,8 +10,10 @@ import CWormholeHarness
 enum ListeningPath: String, CaseIterable, Sendable {
     /// `on: .notifierThread`: no hop, the fastest.
     case notifierThread = "notifier-thread"
-    /// The default execution: a serial dispatch queue per listener.
-    case serialQueue = "default"
+    /// The default execution, `.automatic`: inline on the notifier thread while callbacks are quick.
+    case automatic = "default"
+    /// `on: .serialQueue`: a serial dispatch queue per listener (the default before `.automatic`).
+    case serialQueue = "serial-queue"
     /// `on: .queue(q)` with a queue of the caller's.
     case givenQueue = "given-queue"
     /// `for try await` over an `AsyncSequence`.
@@ -46,6 +48,7 @@ final class ListeningEndpoint: Sendable {
         let execution: CallbackExecution
         switch path {
         case .notifierThread: execution = .notifierThread
+        case .automatic: execution = .automatic
         case .serialQueue: execution = .serialQueue
         case .givenQueue: execution = .queue(DispatchQueue(label: "bench.given"))
         case .asyncSequence:

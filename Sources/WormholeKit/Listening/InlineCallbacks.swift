@@ -168,8 +168,9 @@ final class CallbackDriver: Sendable {
         }
     }
 
-    /// Whether a callback is running on the driver's thread now.
-    fileprivate var isInCallback: Bool { state.withLock { $0.callbackStarted != 0 } }
+    /// Whether a callback is running on the driver's thread now, and the driver may still be replaced (a replaced
+    /// one, still running its blocked listener's callbacks, keeps the watchdog awake no longer).
+    fileprivate var isInCallback: Bool { state.withLock { $0.callbackStarted != 0 && !$0.replaced } }
 
     /// Called by the watchdog: when a callback has held the thread since before `now - blockedAfter`, marks the
     /// driver replaced, moves its listener to its dispatch queue, and hands the work not yet started to a new thread.

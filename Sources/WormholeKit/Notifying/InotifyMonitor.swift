@@ -211,7 +211,12 @@ final class InotifyMonitor: Sendable {
         /// Calls the handlers of the watches woken (of every watch when `wakingEveryone`), each once, and after each
         /// the callbacks it scheduled; stops when the driver is replaced meanwhile, as the new thread calls every
         /// handler once.
-        private func runHandlers(wakingEveryone: Bool, woken: Set<Int32>, replaced: Set<Int32>, driver: CallbackDriver) {
+        private func runHandlers(
+            wakingEveryone: Bool,
+            woken: Set<Int32>,
+            replaced: Set<Int32>,
+            driver: CallbackDriver
+        ) {
             let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
                 var chosen: [UInt64: @Sendable () -> Void] = [:]
                 let affected = wakingEveryone ? Set(registry.watches.keys) : woken

@@ -17,7 +17,7 @@ struct InlineCallbackTests {
         return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    @Test("By default a listener's callbacks run on the inotify thread, in order; the current message never on the caller's thread")
+    @Test("By default callbacks run on the inotify thread, in order; the current message not on the caller's")
     func inlineOnTheNotifierThread() async throws {
         try await offThePool {
             let wormhole = try Wormhole(directory: directory("w"))
@@ -45,7 +45,7 @@ struct InlineCallbackTests {
         }
     }
 
-    @Test("A default callback that blocks does not stop other listeners: they get theirs, and it moves to its own queue")
+    @Test("A default callback that blocks does not stop other listeners, and moves to its own queue")
     func blockedCallbackIsTakenOver() async throws {
         try await offThePool {
             let wormhole = try Wormhole(directory: directory("w"))
