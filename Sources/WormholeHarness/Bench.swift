@@ -104,7 +104,7 @@ struct BenchMailbox: ParsableCommand {
     @Option(
         parsing: .upToNextOption,
         help:
-            "Only these ways to listen, and nothing else (for a profile of one path): notifier-thread, default, given-queue, async-sequence."
+            "Only these ways to listen, and nothing else (for a profile of one path): \(ListeningPath.names)."
     )
     var onlyListening: [String] = []
 
@@ -113,7 +113,7 @@ struct BenchMailbox: ParsableCommand {
 
     func validate() throws {
         if onlyListening.contains(where: { ListeningPath(rawValue: $0) == nil }) {
-            throw ValidationError("--only-listening takes notifier-thread, default, given-queue or async-sequence.")
+            throw ValidationError("--only-listening takes \(ListeningPath.names).")
         }
         if ListeningPayload(rawValue: payload) == nil { throw ValidationError("--payload is codable or raw.") }
         if roundTrips < 100 { throw ValidationError("--round-trips must be at least 100.") }

@@ -16,8 +16,15 @@ enum ListeningPath: String, CaseIterable, Sendable {
     case serialQueue = "serial-queue"
     /// `on: .queue(q)` with a queue of the caller's.
     case givenQueue = "given-queue"
-    /// `for try await` over an `AsyncSequence`.
+    /// `for try await` over an `AsyncSequence`, in a plain `Task`.
     case asyncSequence = "async-sequence"
+    /// The same, in a `Task(executorPreference: NotifierTaskExecutor())`.
+    case asyncSequenceOnNotifier = "async-sequence-notifier-executor"
+}
+
+extension ListeningPath {
+    /// Every path's name, for help and errors.
+    static var names: String { allCases.map(\.rawValue).joined(separator: ", ") }
 }
 
 /// What the messages of the listening-paths benchmark are.
@@ -51,8 +58,14 @@ final class ListeningEndpoint: Sendable {
         case .automatic: execution = .automatic
         case .serialQueue: execution = .serialQueue
         case .givenQueue: execution = .queue(DispatchQueue(label: "bench.given"))
-        case .asyncSequence:
-            handle = Self.iterate(wormhole: wormhole, identifier: identifier, payload: payload, handler: handler)
+        case .asyncSequence, .asyncSequenceOnNotifier:
+            handle = Self.iterate(
+                wormhole: wormhole,
+                identifier: identifier,
+                payload: payload,
+                onNotifier: path == .asyncSequenceOnNotifier,
+                handler: handler
+            )
             return
         }
         switch payload {
@@ -75,13 +88,14 @@ final class ListeningEndpoint: Sendable {
         wormhole: Wormhole,
         identifier: String,
         payload: ListeningPayload,
+        onNotifier: Bool,
         handler: @escaping @Sendable (Int) -> Void
     ) -> WormholeCancellable {
         let task: Task<Void, Never>
         switch payload {
         case .codable:
             let messages = wormhole.messages(withIdentifier: identifier, as: BenchMessage.self)
-            task = Task {
+            task = Task(executorPreference: onNotifier ? NotifierTaskExecutor() : nil) {
                 do {
                     for try await message in messages { handler(message.sequence) }
                 } catch {
@@ -96,7 +110,7 @@ final class ListeningEndpoint: Sendable {
                     continuation.yield($0)
                 }
             }
-            task = Task {
+            task = Task(executorPreference: onNotifier ? NotifierTaskExecutor() : nil) {
                 do {
                     for try await envelope in envelopes { handler(Self.sequence(of: envelope.payload)) }
                 } catch {

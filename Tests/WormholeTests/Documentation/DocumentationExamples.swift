@@ -80,6 +80,28 @@ enum DocumentationExamples {
         }
     }
 
+    // Sources/WormholeKit/WormholeKit.docc/Listening.md, "As an AsyncSequence", with NotifierTaskExecutor.
+    // Compile-only, as above; InlineCallbackTests runs the same loop.
+    static func listeningOnTheNotifierExecutor(wormhole: Wormhole) {
+        Task(executorPreference: NotifierTaskExecutor()) {
+            for try await tap in wormhole.messages(withIdentifier: "button", as: Tap.self) {
+                print("tapped", tap.number)
+            }
+        }
+    }
+
+    // Sources/WormholeKit/Listening/NotifierTaskExecutor.swift, the type's doc comment.
+    // Compile-only.
+    static func notifierTaskExecutorDocComment() throws {
+        let wormhole = try Wormhole(applicationGroupIdentifier: "group.com.example.app")
+        let reader = Task(executorPreference: NotifierTaskExecutor()) {
+            for try await tap in wormhole.messages(withIdentifier: "button", as: Tap.self) {
+                print("tapped", tap.number)  // on the notifier's thread, or this executor's queue
+            }
+        }
+        reader.cancel()  // (not in the docs)
+    }
+
     // Sources/WormholeKit/WormholeKit.docc/Listening.md, "Catching up".
     static func listeningCatchingUp(
         wormhole: Wormhole,

@@ -84,4 +84,38 @@ struct InlineCallbackTests {
             _ = (waiting, releasing, consumer)
         }
     }
+
+    @Test("A task that prefers NotifierTaskExecutor resumes on the inotify thread as it iterates")
+    func taskExecutorResumesInline() async throws {
+        let wormhole = try Wormhole(directory: directory("w"))
+        let messages = wormhole.messages(withIdentifier: "count", as: Int.self)
+        let reader = Task(executorPreference: NotifierTaskExecutor()) { () -> [(Int, String)] in
+            var seen: [(Int, String)] = []
+            for try await number in messages {
+                seen.append((number, Self.threadName()))
+                if number == 20 { break }
+            }
+            return seen
+        }
+        let plain = Task { () -> [String] in
+            var threads: [String] = []
+            for try await number in wormhole.messages(withIdentifier: "count", as: Int.self) {
+                threads.append(Self.threadName())
+                if number == 20 { break }
+            }
+            return threads
+        }
+        try await offThePool {
+            // Each message once the readers wait for it: a mailbox keeps the newest.
+            for number in 1...20 {
+                usleep(20_000)
+                try wormhole.passMessageObject(number, identifier: "count")
+            }
+        }
+        let seen = try await reader.value
+        #expect(seen.map(\.0) == Array(1...20))
+        #expect(seen.allSatisfy { $0.1 == "wh-inotify" }, "threads: \(Set(seen.map(\.1)))")
+        let threads = try await plain.value
+        #expect(!threads.contains("wh-inotify"), "a plain task runs on the global executor: \(Set(threads))")
+    }
 }
