@@ -362,7 +362,8 @@ struct BenchPeer: ParsableCommand {
         case .queueEcho:
             let wormhole = try Wormhole(directory: directory)
             let pong = try wormhole.queue("pong")
-            let consumer = try wormhole.queue("ping").consumeData(consumer: "echo", on: .notifierThread) { message in
+            let execution = ListeningPath(rawValue: path)?.consumerExecution ?? .notifierThread
+            let consumer = try wormhole.queue("ping").consumeData(consumer: "echo", on: execution) { message in
                 try pong.enqueueData(message.value)
             }
             Output.line("ready")
@@ -375,7 +376,8 @@ struct BenchPeer: ParsableCommand {
         case .suiteEcho:
             // Answers each ping of the suite with the same number as its pong.
             let suite = try Wormhole(directory: directory).suite("bench")
-            let observer = try suite.observe(keys: ["ping"], on: .notifierThread) { change in
+            let execution = ListeningPath(rawValue: path)?.consumerExecution ?? .notifierThread
+            let observer = try suite.observe(keys: ["ping"], on: execution) { change in
                 guard let sequence = change.values["ping", as: Int.self] else { return }
                 do { try suite.set(sequence, forKey: "pong") } catch { Output.error("\(error)") }
             }

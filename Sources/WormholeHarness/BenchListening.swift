@@ -25,6 +25,10 @@ enum ListeningPath: String, CaseIterable, Sendable {
 extension ListeningPath {
     /// Every path's name, for help and errors.
     static var names: String { allCases.map(\.rawValue).joined(separator: ", ") }
+
+    /// The callback execution of the two paths that queue consumers and suite observers are timed along: the
+    /// notifier-thread callback for every other path's name, the default (`.automatic`) for `default`.
+    var consumerExecution: CallbackExecution { self == .automatic ? .automatic : .notifierThread }
 }
 
 /// What the messages of the listening-paths benchmark are.

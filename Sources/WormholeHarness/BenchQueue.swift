@@ -59,7 +59,8 @@ struct BenchQueue: ParsableCommand {
                 )
             )
             let floor = try floorLatency(directory: base + "/floor-latency")
-            let queue = try queueLatency(directory: base + "/queue-latency")
+            let queue = try queueLatency(directory: base + "/queue-latency", path: .notifierThread)
+            let byDefault = try queueLatency(directory: base + "/queue-latency-default", path: .automatic)
             Output.line(
                 String(
                     format:
@@ -70,6 +71,15 @@ struct BenchQueue: ParsableCommand {
                     floor.p50,
                     floor.p99,
                     queue.p50 / floor.p50
+                )
+            )
+            Output.line(
+                String(
+                    format: "  one-way latency p50/p99 with the default execution on both sides: %.1f/%.1f µs "
+                        + "(p50 %.2fx the notifier-thread consumers')",
+                    byDefault.p50,
+                    byDefault.p99,
+                    byDefault.p50 / queue.p50
                 )
             )
         }
@@ -143,11 +153,12 @@ struct BenchQueue: ParsableCommand {
         return Double(count - 1) / (Double(last - first) / 1e9)
     }
 
-    private func queueLatency(directory: String) throws -> LatencySamples {
+    /// A ping-pong of one message between two consumers in two processes, both with `path`'s execution.
+    private func queueLatency(directory: String, path: ListeningPath) throws -> LatencySamples {
         let wormhole = try Wormhole(directory: directory)
         let ping = try wormhole.queue("ping")
         let peer = try ChildProcess(
-            arguments: ["bench-peer", "queue-echo", "--directory", directory],
+            arguments: ["bench-peer", "queue-echo", "--directory", directory, "--path", path.rawValue],
             readyLine: "ready"
         ) { line in Output.line("peer: " + line) }
         defer { peer.terminate() }
@@ -157,7 +168,7 @@ struct BenchQueue: ParsableCommand {
         let state = Locked<(sentAt: UInt64, samples: [UInt64])>((0, []))
         let done = DispatchSemaphore(value: 0)
         let payload = Data(repeating: 0x78, count: 64)
-        let consumer = try wormhole.queue("pong").consumeData(consumer: "bench", on: .notifierThread) { _ in
+        let consumer = try wormhole.queue("pong").consumeData(consumer: "bench", on: path.consumerExecution) { _ in
             let now = monotonicNanoseconds()
             let sequence = state.withLock { state -> Int in
                 let sequence = state.samples.count

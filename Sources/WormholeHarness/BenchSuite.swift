@@ -87,6 +87,11 @@ struct BenchSuite: ParsableCommand {
             }
             let mailbox = try measureMailbox(directory: base + "/mailbox")
             let remote = try measureRemoteChange(directory: base + "/remote", size: sizes.max() ?? 1000)
+            let byDefault = try measureRemoteChange(
+                directory: base + "/remote-default",
+                size: sizes.max() ?? 1000,
+                path: .automatic
+            )
             Output.line(
                 String(
                     format: "  remote change, one way: suite p50 %.1f µs (p99 %.1f), mailbox p50 %.1f µs (p99 %.1f): "
@@ -98,12 +103,28 @@ struct BenchSuite: ParsableCommand {
                     remote.p50 / mailbox.p50
                 )
             )
+            Output.line(
+                String(
+                    format: "  remote change with the default execution on both sides: p50 %.1f µs (p99 %.1f), "
+                        + "%.2fx the notifier-thread observers'",
+                    byDefault.p50,
+                    byDefault.p99,
+                    byDefault.p50 / remote.p50
+                )
+            )
             summary.append(
                 String(
                     format: "%@: a change reaches another process's observer at p50 %.1f µs, %.2fx the mailbox",
                     location,
                     remote.p50,
                     remote.p50 / mailbox.p50
+                )
+            )
+            summary.append(
+                String(
+                    format: "%@: with the default execution, %.2fx the notifier-thread observers'",
+                    location,
+                    byDefault.p50 / remote.p50
                 )
             )
         }
@@ -164,17 +185,22 @@ struct BenchSuite: ParsableCommand {
         return try mailbox.runWormhole(directory: directory, peerCPU: 0)
     }
 
-    private func measureRemoteChange(directory: String, size: Int) throws -> LatencySamples {
+    /// A ping-pong of changes between observers in two processes, both with `path`'s execution.
+    private func measureRemoteChange(
+        directory: String,
+        size: Int,
+        path: ListeningPath = .notifierThread
+    ) throws -> LatencySamples {
         let suite = try Wormhole(directory: directory).suite("bench")
         try suite.update { values in
             for index in 0..<size { try values.set("value \(index)", forKey: "key\(index)") }
         }
-        let peer = try startPeer("suite-echo", directory: directory)
+        let peer = try startPeer("suite-echo", directory: directory, path: path)
         defer { peer.terminate() }
         let pingPong = PingPong(warmUp: warmUp, roundTrips: roundTrips)
         let observer = try suite.observe(
             keys: ["pong"],
-            on: .notifierThread,
+            on: path.consumerExecution,
             errorHandler: { pingPong.fail($0) }
         ) { change in
             guard let sequence = change.values["pong", as: Int.self], let next = pingPong.received(sequence) else {
@@ -192,9 +218,13 @@ struct BenchSuite: ParsableCommand {
         return try pingPong.wait()
     }
 
-    private func startPeer(_ mode: String, directory: String) throws -> ChildProcess {
+    private func startPeer(
+        _ mode: String,
+        directory: String,
+        path: ListeningPath = .notifierThread
+    ) throws -> ChildProcess {
         let peer = try ChildProcess(
-            arguments: ["bench-peer", mode, "--directory", directory, "--cpu", "0"],
+            arguments: ["bench-peer", mode, "--directory", directory, "--cpu", "0", "--path", path.rawValue],
             readyLine: "ready"
         ) { line in Output.line("peer: " + line) }
         guard peer.waitUntilReady(timeout: 10) else {
