@@ -113,7 +113,9 @@ struct SQLiteHistory: StoreHistory {
         tables: Set<String>?
     ) throws(StoreError) -> (transactions: [StoreTransaction], scannedThrough: Int64) {
         do {
-            return try store.databasePool.read { db in
+            // No transaction around the read: each statement of it reads a whole snapshot, and one that fetches
+            // more starts over from `token`. A transaction would cost a BEGIN and a COMMIT per wake-up.
+            return try store.databasePool.unsafeRead { db in
                 try HistorySchema.transactions(db, after: token, limit: limit, tables: tables)
             }
         } catch {

@@ -18,13 +18,18 @@ public struct CallbackExecution: Sendable {
     /// listening, and with no hand-off to another thread when they can run on the notifier's own.
     ///
     /// On Linux, a callback for a change that the notifier's thread found (inotify) runs on that thread once the
-    /// change is read, the fastest path, as ``notifierThread`` does; on a busy CPU a hand-off to another thread costs a
-    /// context switch per message. Anywhere else (the initial message, a polling or PostgreSQL notifier, Darwin) it
-    /// runs on a serial dispatch queue of the listener's own, as ``serialQueue`` does. A callback that keeps the
-    /// notifier's thread for more than 20 ms is not waited for: a new thread takes over the notifier's work, so that
-    /// other listeners of the process wait at most about 30 ms, once; the listener's later callbacks run on its own
-    /// queue. Callbacks that wait for each other therefore never deadlock. Choose ``serialQueue`` when no callback
-    /// may ever delay another listener's, even briefly.
+    /// change is read, as ``notifierThread`` runs it, the fastest path: on a busy CPU a hand-off to another thread
+    /// costs a context switch per message. A callback scheduled from any other thread (the message present when
+    /// listening begins, a polling or PostgreSQL notifier, a socket's thread, Darwin) runs on a serial dispatch queue
+    /// of the listener's own, as ``serialQueue`` runs it.
+    ///
+    /// A callback that keeps the notifier's thread for more than about 20 ms (measured on a clock that ticks every
+    /// few milliseconds, checked every 10 ms) is not waited for: a new thread takes over the notifier's work, so the
+    /// process's other listeners wait for it some tens of milliseconds, once, and this listener's later callbacks run
+    /// on its own queue. So callbacks of different listeners that wait for one another are held up, not deadlocked.
+    /// Quick callbacks still run one after another on that thread: many of them, or one taking a few milliseconds
+    /// each time, delay other listeners of the process. Choose ``serialQueue`` when no callback may ever delay
+    /// another listener's.
     public static let automatic = CallbackExecution(kind: .automatic)
     /// A new serial dispatch queue for each listener: callbacks never delay other listeners, and each message costs
     /// a hand-off to the queue's thread.

@@ -95,6 +95,9 @@ final class CallbackDriver: Sendable {
         var callbackStarted: UInt64 = 0
         var running: InlineScheduler?
         var replaced = false
+        /// Whether the watchdog knows this driver: from its first callback on, so that a process whose listeners
+        /// all run elsewhere never starts the watchdog's thread.
+        var watched = false
     }
 
     private let state = Locked(State())
@@ -114,11 +117,10 @@ final class CallbackDriver: Sendable {
     /// Makes this the calling thread's driver until ``uninstall()``; the thread keeps a reference to it meanwhile.
     func install() {
         cwormhole_set_current_driver(Unmanaged.passUnretained(self).toOpaque())
-        CallbackWatchdog.shared.register(self)
     }
 
     func uninstall() {
-        CallbackWatchdog.shared.unregister(self)
+        if state.withLock({ $0.watched }) { CallbackWatchdog.shared.unregister(self) }
         cwormhole_set_current_driver(nil)
     }
 
@@ -154,10 +156,13 @@ final class CallbackDriver: Sendable {
     }
 
     fileprivate func callbackWillStart(_ scheduler: InlineScheduler) {
-        state.withLock { state in
+        let first = state.withLock { state in
             state.callbackStarted = max(1, ProcessFacts.coarseMonotonicNanoseconds())
             state.running = scheduler
+            defer { state.watched = true }
+            return !state.watched
         }
+        if first { CallbackWatchdog.shared.register(self) }
         CallbackWatchdog.shared.noteCallback()
     }
 
@@ -176,8 +181,9 @@ final class CallbackDriver: Sendable {
     /// driver replaced, moves its listener to its dispatch queue, and hands the work not yet started to a new thread.
     fileprivate func replaceIfBlocked(now: UInt64) {
         let handedOver = state.withLock { state -> (InlineScheduler, [InlineScheduler])? in
-            guard !state.replaced, state.callbackStarted != 0, now &- state.callbackStarted >= Self.blockedAfter,
-                let running = state.running
+            // (A callback may have started after `now` was read.)
+            guard !state.replaced, state.callbackStarted != 0, now > state.callbackStarted,
+                now - state.callbackStarted >= Self.blockedAfter, let running = state.running
             else { return nil }
             state.replaced = true
             let rest = Array(state.deferred[state.head...])

@@ -7,20 +7,26 @@ import Synchronization
 final class ListenerSink: Sendable {
     let id: UInt64
     private let lastSeen = Locked<Envelope?>(nil)
-    private let cancelled = Atomic<Bool>(false)
+    private let cancelled: Flag
     private let deliver: @Sendable (Result<Envelope, WormholeError>) -> Void
     /// Run once when the sink is cancelled, however: it ends the listener's `AsyncSequence`, if any.
     private let onCancel = Locked<(@Sendable () -> Void)?>(nil)
 
-    init(id: UInt64, deliver: @escaping @Sendable (Result<Envelope, WormholeError>) -> Void) {
+    /// - Parameter cancelled: Set when the sink is cancelled; a scheduled delivery can check it before it runs.
+    init(
+        id: UInt64,
+        cancelled: Flag = Flag(),
+        deliver: @escaping @Sendable (Result<Envelope, WormholeError>) -> Void
+    ) {
         self.id = id
+        self.cancelled = cancelled
         self.deliver = deliver
     }
 
-    var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
+    var isCancelled: Bool { cancelled.isSet }
 
     func cancel() {
-        guard !cancelled.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        guard !cancelled.set() else { return }
         let action = onCancel.withLock { action in
             defer { action = nil }
             return action

@@ -18,7 +18,8 @@ extension Wormhole {
     ///   - type: The type of its messages.
     ///   - deliveringCurrentMessage: Whether the message already in the mailbox, if any, is delivered first: the
     ///     way to catch up on what was passed while this process was away.
-    ///   - execution: Where the callbacks run; a serial queue of the listener's own by default.
+    ///   - execution: Where the callbacks run; by default ``CallbackExecution/automatic``: in order, on the
+    ///     notifier's thread while they return quickly.
     ///   - errorHandler: Called when a message cannot be read or decoded; listening goes on. When nil, the error
     ///     is logged.
     ///   - listener: Called with each new message.
@@ -71,7 +72,11 @@ extension Wormhole {
             sink = ListenerSink(id: id, deliver: handle)
         } else {
             let schedule = execution.makeScheduler(label: "wormhole.listener.\(identifier).\(id)")
-            sink = ListenerSink(id: id) { result in schedule { handle(result) } }
+            // A listener cancelled after its callback was scheduled (by another callback, say) skips it.
+            let cancelled = Flag()
+            sink = ListenerSink(id: id, cancelled: cancelled) { result in
+                schedule { if !cancelled.isSet { handle(result) } }
+            }
         }
         return try register(sink, identifier: identifier, deliveringCurrentMessage: deliveringCurrentMessage)
     }

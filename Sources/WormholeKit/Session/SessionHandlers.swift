@@ -63,9 +63,11 @@ final class SessionHandlers<Value: Sendable>: Sendable {
     /// info transfer, a file) has been handled. Returns false when no handler ran (none was there, or every one was
     /// removed before its turn): then nothing may be acknowledged.
     ///
-    /// Called on a session's own queue, never on Swift's cooperative pool.
+    /// Called on a session's own queue, never on Swift's cooperative pool, and never on a callback driver's thread
+    /// (the notifier's), where handlers with the default execution would wait for this call to return.
     @discardableResult
     func deliverAndWait(_ value: Value) -> Bool {
+        assert(CallbackDriver.current == nil, "deliverAndWait on the notifier's thread would wait for itself")
         let current = entries.withLock { $0.sorted { $0.key < $1.key }.map(\.value) }
         guard !current.isEmpty else { return false }
         let ran = Locked(0)

@@ -98,8 +98,11 @@ extension WormholeSession {
     /// Takes the counterpart's user info transfers in order while a handler is there.
     func consumeUserInfo() throws(WormholeError) -> QueueConsumer {
         let outbox = try wormhole.suite(incoming.userInfoOutbox)
+        // On a queue of its own, never inline on the notifier's thread: the handler waits for the user's handlers,
+        // which run where they were registered, perhaps on that very thread.
         return try wormhole.queue(incoming.userInfo).consumeData(
             consumer: name,
+            on: .serialQueue,
             errorHandler: { [weak self] error in self?.reportUnlessStopping(error) }
         ) { [weak self] message in
             guard let self, activationState == .activated, !userInfoHandlers.isEmpty else { throw NoHandlerLeft() }
@@ -277,9 +280,11 @@ extension WormholeSession {
     /// Takes the counterpart's files in order while a handler is there.
     func receiveFiles() throws(WormholeError) -> QueueConsumer {
         let outbox = try wormhole.suite(incoming.filesOutbox)
+        // On a queue of its own, as `consumeUserInfo()`'s consumer.
         return try wormhole.transfers(incoming.files).receive(
             consumer: name,
             into: receivedFilesDirectory,
+            on: .serialQueue,
             errorHandler: { [weak self] error in self?.reportUnlessStopping(error) }
         ) { [weak self] file in
             // Moved into the directory already: when it comes again, it is found there and not moved twice.
