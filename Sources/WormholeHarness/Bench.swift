@@ -77,7 +77,8 @@ struct BenchMailbox: ParsableCommand {
             mailbox writes a second one process passes. Then the ways to listen, with ~64-byte Codable messages \
             and with 64 raw bytes, sent from an app thread that waits for each answer: the notifier-thread \
             callback, the default execution (`.automatic`: inline on the notifier thread while quick), a serial \
-            queue per listener, a given dispatch queue and an AsyncSequence, the peer answering along the same path; ratios are to the notifier-thread callback of the \
+            queue per listener, a given dispatch queue and an AsyncSequence, the peer answering along the same path; \
+            ratios are to the notifier-thread callback of the \
             same run. Build with -c release for meaningful figures. `wormhole bench store` measures the shared \
             SQLite store.
             """

@@ -89,7 +89,8 @@ public final class WormholeQueue: Sendable {
     /// - Parameters:
     ///   - consumer: The consumer's durable name (rules of ``MessageIdentifier``).
     ///   - type: The type of the messages.
-    ///   - execution: Where the handler runs; by default ``CallbackExecution/automatic``: one message at a time, on the notifier's thread when it returns quickly.
+    ///   - execution: Where the handler runs; by default ``CallbackExecution/automatic``: one message at a time, on
+    ///     the notifier's thread while it returns quickly.
     ///   - errorHandler: Called when `handler` throws, a message cannot be decoded, or the queue cannot be read;
     ///     consuming goes on. When nil, the error is logged.
     ///   - handler: Called with each message; returning acknowledges it.
