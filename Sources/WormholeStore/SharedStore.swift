@@ -254,10 +254,13 @@ public final class SharedStore: Sendable {
         try read { db in try HistorySchema.currentToken(db) }
     }
 
-    /// Deletes the history that every registered consumer has merged, and consumers (with what only they needed)
-    /// not seen for longer than `maximumAge` (by default ``Configuration/historyMaximumAge``).
+    /// Deletes the history that every registered consumer has merged and that is older than
+    /// ``mergedHistoryGrace``, and consumers (with what only they needed) not seen for longer than `maximumAge` (by
+    /// default ``Configuration/historyMaximumAge``).
     ///
-    /// With no consumer registered, history older than `maximumAge` is deleted. Returns how many transactions went.
+    /// With no consumer registered, history older than `maximumAge` is deleted. Passing consumers (a nil consumer
+    /// name) are not registered: the grace gives them, in any process, that long to read a transaction that the
+    /// registered ones have merged. Returns how many transactions went.
     @discardableResult
     public func purgeHistory(maximumAge: Duration? = nil) throws(StoreError) -> Int {
         try purgeHistory(maximumAgeInSeconds: (maximumAge ?? configuration.historyMaximumAge).seconds)
@@ -276,7 +279,15 @@ public final class SharedStore: Sendable {
             return try databasePool.write { db in
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
                 // What every consumer has merged, and what is older than the cutoff, whichever reaches further.
-                let merged = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
+                let registered = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
+                // Not the last few seconds, even when merged: passing consumers, which no table lists, read them.
+                let settled =
+                    try Int64.fetchOne(
+                        db,
+                        sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
+                        arguments: [Date().timeIntervalSince1970 - Self.mergedHistoryGrace.seconds]
+                    ) ?? 0
+                let merged = registered.map { min($0, settled) }
                 let old =
                     try Int64.fetchOne(
                         db,
@@ -304,6 +315,9 @@ public final class SharedStore: Sendable {
             throw Self.storeError(error, "purge the history", path: path)
         }
     }
+
+    /// How long history that every registered consumer has merged is kept all the same, for passing consumers.
+    public static let mergedHistoryGrace = Duration.seconds(30)
 
     /// Purges at most once a second, after consumers move on.
     func purgeIfDue() {
