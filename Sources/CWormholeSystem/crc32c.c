@@ -39,9 +39,14 @@ static uint32_t crc32c_sse42(uint32_t crc, const uint8_t *bytes, size_t length) 
 
 uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length) {
 #if defined(__x86_64__)
+    // Found once; threads that race to find it store the same value (atomically, so that ThreadSanitizer agrees).
     static int has_sse42 = -1;
-    if (has_sse42 < 0) has_sse42 = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-    if (has_sse42) return crc32c_sse42(crc, (const uint8_t *)bytes, length);
+    int found = __atomic_load_n(&has_sse42, __ATOMIC_RELAXED);
+    if (found < 0) {
+        found = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+        __atomic_store_n(&has_sse42, found, __ATOMIC_RELAXED);
+    }
+    if (found) return crc32c_sse42(crc, (const uint8_t *)bytes, length);
 #endif
     return crc32c_table(crc, (const uint8_t *)bytes, length);
 }

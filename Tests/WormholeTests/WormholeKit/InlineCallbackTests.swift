@@ -118,4 +118,45 @@ struct InlineCallbackTests {
         let threads = try await plain.value
         #expect(!threads.contains("wh-inotify"), "a plain task runs on the global executor: \(Set(threads))")
     }
+
+    @Test("Under load, with callbacks that block now and then, every listener gets its messages once, in order")
+    func takeoversUnderLoad() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("w"))
+            let identifiers = (0..<4).map { "m\($0)" }
+            let count = 200
+            // Two listeners per mailbox; the first of m0 and of m1 blocks for 30 ms on every 40th message, which has
+            // the notifier's work taken over (and that listener moved to its queue) while the others go on.
+            let received = (0..<8).map { _ in Collector<Int>() }
+            var listeners: [MessageListener] = []
+            for (index, collector) in received.enumerated() {
+                let blocks = index == 0 || index == 2
+                listeners.append(
+                    try wormhole.listenForMessage(withIdentifier: identifiers[index / 2], as: Int.self) { number in
+                        if blocks && number % 40 == 0 { usleep(30_000) }
+                        collector.append(number)
+                    }
+                )
+            }
+            // A queue consumer on the same thread whose handler blocks once: every message still comes once, in order.
+            let queue = try wormhole.queue("jobs")
+            let jobs = Collector<Int>()
+            let consumer = try queue.consume(consumer: "worker", as: Int.self) { message in
+                if message.value == 50 { usleep(40_000) }
+                jobs.append(message.value)
+            }
+            for number in 1...count {
+                for identifier in identifiers { try wormhole.passMessageObject(number, identifier: identifier) }
+                try queue.enqueue(number)
+                if number % 25 == 0 { usleep(2_000) }
+            }
+            #expect(eventually(timeout: 30) { received.allSatisfy { $0.values.last == count } && jobs.count == count })
+            for (index, collector) in received.enumerated() {
+                let values = collector.values
+                #expect(zip(values, values.dropFirst()).allSatisfy { $0 < $1 }, "listener \(index): \(values)")
+            }
+            #expect(jobs.values == Array(1...count))
+            _ = (listeners, consumer)
+        }
+    }
 }

@@ -136,7 +136,7 @@ struct SuiteLogTests {
                 try values.set(12, forKey: "size")
             }
             let reader = try makeSuite(sender: "reader")
-            let changes = Mutex<[SuiteChange]>([])
+            let changes = Locked<[SuiteChange]>([])
             let observer = try reader.observe(on: .notifierThread) { change in changes.withLock { $0.append(change) } }
             defer { observer.cancel() }
             try FileManager.default.removeItem(atPath: file)
@@ -155,7 +155,7 @@ struct SuiteLogTests {
             try writer.update { values in
                 for index in 0..<100 { try values.set(index, forKey: "key\(index)") }
             }
-            let seen = Mutex<[Int]>([])
+            let seen = Locked<[Int]>([])
             let observer = try reader.observe(keys: ["counter"], on: .notifierThread) { change in
                 if let value = change.values["counter", as: Int.self] { seen.withLock { $0.append(value) } }
             }
