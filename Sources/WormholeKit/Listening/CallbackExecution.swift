@@ -14,7 +14,7 @@ public struct CallbackExecution: Sendable {
     }
     let kind: Kind
 
-    /// The default: each listener's callbacks run one at a time and in order, never on the thread that starts
+    /// The default: each listener's callbacks run one at a time and in order, never inside the call that starts
     /// listening, and with no hand-off to another thread when they can run on the notifier's own.
     ///
     /// On Linux, a callback for a change that the notifier's thread found (inotify) runs on that thread once the
@@ -23,13 +23,17 @@ public struct CallbackExecution: Sendable {
     /// listening begins, a polling or PostgreSQL notifier, a socket's thread, Darwin) runs on a serial dispatch queue
     /// of the listener's own, as ``serialQueue`` runs it.
     ///
-    /// A callback that keeps the notifier's thread for more than about 20 ms (measured on a clock that ticks every
-    /// few milliseconds, checked every 10 ms) is not waited for: a new thread takes over the notifier's work, so the
+    /// A callback that keeps the notifier's thread for more than about 20 ms of wall-clock time (measured on a clock
+    /// that ticks every few milliseconds, checked every 10 ms; for a queue consumer or a store observer, one pass over
+    /// what waits, the library's reads and writes included; a thread preempted that long counts too) is not waited
+    /// for: a new thread takes over the notifier's work, so the
     /// process's other listeners wait for it some tens of milliseconds, once, and this listener's later callbacks run
     /// on its own queue. So callbacks of different listeners that wait for one another are held up, not deadlocked.
     /// Quick callbacks still run one after another on that thread: many of them, or one taking a few milliseconds
-    /// each time, delay other listeners of the process. Choose ``serialQueue`` when no callback may ever delay
-    /// another listener's.
+    /// each time, delay other listeners of the process, ``notifierThread`` ones included. A listener's callbacks may
+    /// run on the notifier's thread and later on its queue, so do not rely on the thread (its thread-local values,
+    /// `DispatchQueue.getSpecific`). Choose ``serialQueue`` when no callback may ever delay another listener's, or
+    /// when callbacks must always run on one queue.
     public static let automatic = CallbackExecution(kind: .automatic)
     /// A new serial dispatch queue for each listener: callbacks never delay other listeners, and each message costs
     /// a hand-off to the queue's thread.

@@ -21,7 +21,8 @@ import Foundation
 /// queue of the executor's own. The rules of ``CallbackExecution/automatic`` apply: a task that keeps the notifier's
 /// thread for more than 20 ms is not waited for (a new thread takes over the notifier's work), and from then on its
 /// jobs run on the executor's queue. Code isolated to an actor (the main actor, say) still runs on that actor. The
-/// executor runs one job at a time: give each task its own.
+/// executor runs one job at a time: give each task its own, and know that the task's child tasks (`async let`, task
+/// groups) inherit the preference and take turns on it too.
 public final class NotifierTaskExecutor: TaskExecutor {
     private let scheduler = InlineScheduler(label: "wormhole.task-executor")
 

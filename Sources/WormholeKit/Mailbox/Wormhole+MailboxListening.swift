@@ -141,7 +141,8 @@ extension Wormhole {
     ///   - name: The notification's name; the identifier by default.
     ///   - deliveringCurrentMessage: Whether the message already in the mailbox, if any, is posted first.
     ///   - execution: Where the posts are made (observers run there, as `NotificationCenter` calls them on the
-    ///     posting thread unless they asked for a queue).
+    ///     posting thread unless they asked for a queue); by default ``CallbackExecution/automatic``, so observers
+    ///     that gave no queue run on the notifier's thread while they return quickly.
     ///   - errorHandler: Called when a message cannot be read; when nil, the error is logged.
     /// - Returns: The listener; reposting stops when it is cancelled or released.
     public func repostMessages(

@@ -127,7 +127,8 @@ public final class WormholeSuite: Sendable {
     ///   - notificationCenter: If given, each changed key is also posted there as a notification named like the key,
     ///     its object the new value (a Foundation JSON object, nil when removed), as app groups often repost Darwin
     ///     notifications.
-    ///   - execution: Where `handler` runs.
+    ///   - execution: Where `handler` runs (and the notifications are posted); by default
+    ///     ``CallbackExecution/automatic``: in order, on the notifier's thread while it returns quickly.
     ///   - errorHandler: Called when the suite cannot be read; observing goes on. When nil, the error is logged.
     ///   - handler: Called with each change.
     /// - Returns: The observer; it stops when cancelled or released.

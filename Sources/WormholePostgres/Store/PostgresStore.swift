@@ -295,7 +295,8 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
 
     /// Calls `handler` with each transaction other processes commit, from this consumer's history token on.
     ///
-    /// The handler runs where `execution` says (by default `CallbackExecution.automatic`: a serial queue of the observer's own, as PostgreSQL's notifications come on no inotify thread). A transaction is
+    /// The handler runs where `execution` says (by default `CallbackExecution.automatic`: a serial queue of the
+    /// observer's own, as PostgreSQL's notifications come on no inotify thread). A transaction is
     /// acknowledged when the handler returns without throwing; when it throws, the error goes to `errorHandler` as
     /// `StoreError.Code.handlerFailed` and the same transaction is offered again at the next commit.
     ///
