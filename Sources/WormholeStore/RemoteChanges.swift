@@ -34,8 +34,8 @@ extension SharedStore {
     /// Calls `handler` with each transaction other processes commit, from this consumer's history token on.
     ///
     /// The handler runs where `execution` says, by default `CallbackExecution.automatic` (in order, on the
-    /// notifier's thread while each pass returns quickly), together with the
-    /// reading of the history. A transaction is acknowledged (the token moves past it) when the handler returns
+    /// notifier's thread while the handler returns quickly, a backlog in passes of a few milliseconds), together
+    /// with the reading of the history. A transaction is acknowledged (the token moves past it) when the handler returns
     /// without throwing; when it throws, the error goes to `errorHandler` as `StoreError.Code.handlerFailed` and
     /// the same transaction is offered again at the next commit. History rows that cannot be read are reported to
     /// `errorHandler` as `StoreError.Code.corruptHistory`, and the rest of their transaction is delivered. With no

@@ -24,9 +24,9 @@ public struct CallbackExecution: Sendable {
     /// of the listener's own, as ``serialQueue`` runs it.
     ///
     /// A callback that keeps the notifier's thread for more than about 20 ms of wall-clock time (measured on a clock
-    /// that ticks every few milliseconds, checked every 10 ms; for a queue consumer or a store observer, one pass over
-    /// what waits, the library's reads and writes included; a thread preempted that long counts too) is not waited
-    /// for: a new thread takes over the notifier's work, so the
+    /// that ticks every few milliseconds, checked every 10 ms; for a queue consumer or a store observer, the library's
+    /// reads and writes around the handler count too, though a long backlog is taken in passes of a few milliseconds,
+    /// each timed on its own; a thread preempted that long counts too) is not waited for: a new thread takes over the notifier's work, so the
     /// process's other listeners wait for it some tens of milliseconds, once, and this listener's later callbacks run
     /// on its own queue. So callbacks of different listeners that wait for one another are held up, not deadlocked.
     /// Quick callbacks still run one after another on that thread: many of them, or one taking a few milliseconds

@@ -124,6 +124,25 @@ final class CallbackDriver: Sendable {
         cwormhole_set_current_driver(nil)
     }
 
+    /// How long one pass of a queue consumer or a store observer runs on a driver's thread before it leaves the rest
+    /// to a pass scheduled after it: each pass is timed on its own, so that catching up on a backlog is never taken
+    /// for a callback that blocks.
+    static let passBudget: UInt64 = 5_000_000
+
+    /// When a pass that may have to stop early started: nil unless it runs as a timed callback on a driver's thread
+    /// (scheduled with ``CallbackExecution/automatic``). Elsewhere a pass never stops early: a `.notifierThread`
+    /// pass scheduled again would run at once, inside this one.
+    static func passStart() -> UInt64? {
+        guard let driver = current, driver.state.withLock({ $0.callbackStarted != 0 }) else { return nil }
+        return ProcessFacts.coarseMonotonicNanoseconds()
+    }
+
+    /// Whether a pass that started at `start` (from ``passStart()``) has used up ``passBudget``.
+    static func passIsOverBudget(_ start: UInt64?) -> Bool {
+        guard let start else { return false }
+        return ProcessFacts.coarseMonotonicNanoseconds() &- start >= passBudget
+    }
+
     /// Whether another thread has taken over this one's job: its loop must stop.
     var isReplaced: Bool { state.withLock { $0.replaced } }
 

@@ -115,6 +115,11 @@ public final class QueueConsumer: WormholeCancellable {
     }
 
     private func deliverPending() {
+        // On the notifier's thread, a long backlog is handled in passes of a few milliseconds each (see
+        // `CallbackDriver.passBudget`): the rest comes in the next pass.
+        let passStarted = CallbackDriver.passStart()
+        var stoppedEarly = false
+        defer { if stoppedEarly { wake() } }
         // Cancelled: the cancel made its own last try of an owed acknowledgement.
         guard !isCancelled else { return }
         cursor.withLock { cursor in
@@ -133,6 +138,12 @@ public final class QueueConsumer: WormholeCancellable {
                 while !cancelled.load(ordering: .relaxed) {
                     guard let last = batch.last, deliver(batch) else { return }
                     owedAcknowledgement.store(last.end, ordering: .releasing)
+                    if CallbackDriver.passIsOverBudget(passStarted) {
+                        try cursor.acknowledge(through: last.end)
+                        acknowledged(cursor)
+                        stoppedEarly = true
+                        return
+                    }
                     batch = try cursor.acknowledge(through: last.end, thenRead: batchSize)
                     acknowledged(cursor)
                 }

@@ -90,7 +90,8 @@ public final class WormholeQueue: Sendable {
     ///   - consumer: The consumer's durable name (rules of ``MessageIdentifier``).
     ///   - type: The type of the messages.
     ///   - execution: Where the handler runs; by default ``CallbackExecution/automatic``: one message at a time, on
-    ///     the notifier's thread while each pass over what waits returns quickly.
+    ///     the notifier's thread while the handler returns quickly (a backlog is taken in passes of a few
+    ///     milliseconds).
     ///   - errorHandler: Called when `handler` throws, a message cannot be decoded, or the queue cannot be read;
     ///     consuming goes on. When nil, the error is logged.
     ///   - handler: Called with each message; returning acknowledges it.

@@ -132,6 +132,9 @@ public final class RemoteChangeObserver: WormholeCancellable {
     deinit { cancel() }
 
     private func deliverPending() {
+        // On the notifier's thread, a long backlog is handled in passes of a few milliseconds each (see
+        // `CallbackDriver.passBudget`): the rest comes in the next pass.
+        let passStarted = CallbackDriver.passStart()
         while !cancelled.load(ordering: .relaxed) {
             let before = cursor.current
             let batch: [StoreTransaction]
@@ -176,6 +179,7 @@ public final class RemoteChangeObserver: WormholeCancellable {
             // Done once a read finds nothing new: a batch whose transactions were all skipped (this author's, out of
             // scope) may have more behind it.
             if scanned <= before { return }
+            if CallbackDriver.passIsOverBudget(passStarted) { return wake() }
         }
     }
 

@@ -162,4 +162,36 @@ struct InlineCallbackTests {
             _ = (listeners, consumer)
         }
     }
+
+    @Test("A consumer catching up on a long backlog on the inotify thread does so in passes, and is not moved off it")
+    func backlogInPasses() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("w"))
+            let queue = try wormhole.queue("backlog")
+            let count = 30_000
+            let handled = Collector<(Int, String)>()
+            let consumer = try queue.consume(consumer: "worker", as: Int.self) { message in
+                if message.value % 1_000 == 0 || message.value > count {
+                    handled.append((message.value, Self.threadName()))
+                }
+            }
+            // On the notifier thread proper, a pass is not timed and never stops early.
+            let onNotifier = Collector<Int>()
+            let direct = try queue.consume(consumer: "direct", as: Int.self, on: .notifierThread) { message in
+                if message.value % 1_000 == 0 { onNotifier.append(message.value) }
+            }
+            // One append, one wake-up: one pass would take far longer than the watchdog's 20 ms.
+            try queue.enqueue(contentsOf: Array(1...count))
+            #expect(eventually(timeout: 60) { handled.values.last?.0 == count })
+            #expect(handled.values.map(\.0) == Array(stride(from: 1_000, through: count, by: 1_000)))
+            #expect(eventually { onNotifier.count == count / 1_000 })
+            #expect(onNotifier.values == Array(stride(from: 1_000, through: count, by: 1_000)))
+            // A consumer taken for blocking would handle the next message on its own queue (a thread taken over is
+            // named as its successor is, so only the next message tells).
+            try queue.enqueue(count + 1)
+            #expect(eventually { handled.values.last?.0 == count + 1 })
+            #expect(handled.values.last?.1 == "wh-inotify", "moved off the notifier's thread: \(handled.values.last!)")
+            _ = (consumer, direct)
+        }
+    }
 }
