@@ -8,33 +8,56 @@ import Synchronization
 // that blocks the notifier's thread for longer than `CallbackDriver.blockedAfter` has the thread's work taken over by
 // a new thread (the way Go hands off a blocked thread's work), and its listener moves to its dispatch queue for good.
 
+/// A first-in, first-out list that keeps its storage once emptied: on the path of every message, a push and a pop
+/// allocate nothing.
+struct ReusableQueue<Element> {
+    private var elements: [Element] = []
+    private var head = 0
+
+    mutating func append(_ element: Element) { elements.append(element) }
+
+    /// The oldest element, removed; nil when none is left.
+    mutating func popFirst() -> Element? {
+        guard head < elements.count else { return nil }
+        defer {
+            head += 1
+            if head == elements.count {
+                elements.removeAll(keepingCapacity: true)
+                head = 0
+            }
+        }
+        return elements[head]
+    }
+
+    /// Every element left, oldest first, removed.
+    mutating func removeAll() -> [Element] {
+        defer {
+            elements = []
+            head = 0
+        }
+        return Array(elements[head...])
+    }
+}
+
 /// Runs one listener's callbacks in order, one at a time: inline on a callback driver's thread when scheduled from
 /// one, on its own serial dispatch queue otherwise.
 final class InlineScheduler: Sendable {
     private struct State {
-        /// The work scheduled and not yet run, from `head` on; the array keeps its capacity, so that scheduling
-        /// allocates nothing but the work's closure.
-        var pending: [@Sendable () -> Void] = []
-        var head = 0
+        /// The work scheduled and not yet run.
+        var pending = ReusableQueue<@Sendable () -> Void>()
         /// Whether a thread has taken on running the pending work: a driver (after the handler that scheduled it
         /// returns) or the dispatch queue.
         var claimed = false
         /// Set once a callback of this listener blocked a driver: its work goes to the dispatch queue from then on.
         var blocksDrivers = false
 
+        /// The next piece of work; nil, and the claim given up, when none is left.
         mutating func next() -> (@Sendable () -> Void)? {
-            guard head < pending.count else {
+            guard let work = pending.popFirst() else {
                 claimed = false
                 return nil
             }
-            defer {
-                head += 1
-                if head == pending.count {
-                    pending.removeAll(keepingCapacity: true)
-                    head = 0
-                }
-            }
-            return pending[head]
+            return work
         }
     }
 
@@ -85,15 +108,14 @@ final class InlineScheduler: Sendable {
 /// longer than ``blockedAfter``, and `takeOver` starts a thread that does this one's job.
 final class CallbackDriver: Sendable {
     /// How long a callback may hold the driver's thread before its work is taken over: other listeners of the process
-    /// wait at most about this long (plus the watchdog's tick) for a callback that blocks.
+    /// wait for a callback that blocks about this long, plus up to a watchdog tick and the coarse clock's step.
     static let blockedAfter: UInt64 = 20_000_000
 
     private struct State {
-        var deferred: [InlineScheduler] = []
-        var head = 0
-        /// When the callback running now started (the coarse monotonic clock), 0 when none is.
-        var callbackStarted: UInt64 = 0
-        var running: InlineScheduler?
+        /// The schedulers whose work handlers scheduled, to run once the handler returns.
+        var deferred = ReusableQueue<InlineScheduler>()
+        /// The listener whose callback runs now, and when it started (the coarse monotonic clock).
+        var running: (scheduler: InlineScheduler, started: UInt64)?
         var replaced = false
         /// Whether the watchdog knows this driver: from its first callback on, so that a process whose listeners
         /// all run elsewhere never starts the watchdog's thread.
@@ -133,7 +155,7 @@ final class CallbackDriver: Sendable {
     /// (scheduled with ``CallbackExecution/automatic``). Elsewhere a pass never stops early: a `.notifierThread`
     /// pass scheduled again would run at once, inside this one.
     static func passStart() -> UInt64? {
-        guard let driver = current, driver.state.withLock({ $0.callbackStarted != 0 }) else { return nil }
+        guard let driver = current, driver.state.withLock({ $0.running != nil }) else { return nil }
         return ProcessFacts.coarseMonotonicNanoseconds()
     }
 
@@ -159,25 +181,14 @@ final class CallbackDriver: Sendable {
     /// Runs the work that handlers scheduled, in the order they scheduled it; stops early if the driver is replaced
     /// meanwhile (the rest is the new thread's).
     func runDeferred() {
-        while let scheduler = state.withLock({ state -> InlineScheduler? in
-            guard !state.replaced, state.head < state.deferred.count else { return nil }
-            defer {
-                state.head += 1
-                if state.head == state.deferred.count {
-                    state.deferred.removeAll(keepingCapacity: true)
-                    state.head = 0
-                }
-            }
-            return state.deferred[state.head]
-        }) {
+        while let scheduler = state.withLock({ $0.replaced ? nil : $0.deferred.popFirst() }) {
             scheduler.runPending(stamping: self)
         }
     }
 
     fileprivate func callbackWillStart(_ scheduler: InlineScheduler) {
         let first = state.withLock { state in
-            state.callbackStarted = max(1, ProcessFacts.coarseMonotonicNanoseconds())
-            state.running = scheduler
+            state.running = (scheduler, ProcessFacts.coarseMonotonicNanoseconds())
             defer { state.watched = true }
             return !state.watched
         }
@@ -186,29 +197,23 @@ final class CallbackDriver: Sendable {
     }
 
     fileprivate func callbackDidEnd() {
-        state.withLock { state in
-            state.callbackStarted = 0
-            state.running = nil
-        }
+        state.withLock { $0.running = nil }
     }
 
     /// Whether a callback is running on the driver's thread now, and the driver may still be replaced (a replaced
     /// one, still running its blocked listener's callbacks, keeps the watchdog awake no longer).
-    fileprivate var isInCallback: Bool { state.withLock { $0.callbackStarted != 0 && !$0.replaced } }
+    fileprivate var isInCallback: Bool { state.withLock { $0.running != nil && !$0.replaced } }
 
     /// Called by the watchdog: when a callback has held the thread since before `now - blockedAfter`, marks the
     /// driver replaced, moves its listener to its dispatch queue, and hands the work not yet started to a new thread.
     fileprivate func replaceIfBlocked(now: UInt64) {
         let handedOver = state.withLock { state -> (InlineScheduler, [InlineScheduler])? in
             // (A callback may have started after `now` was read.)
-            guard !state.replaced, state.callbackStarted != 0, now > state.callbackStarted,
-                now - state.callbackStarted >= Self.blockedAfter, let running = state.running
+            guard !state.replaced, let running = state.running, now > running.started,
+                now - running.started >= Self.blockedAfter
             else { return nil }
             state.replaced = true
-            let rest = Array(state.deferred[state.head...])
-            state.deferred = []
-            state.head = 0
-            return (running, rest)
+            return (running.scheduler, state.deferred.removeAll())
         }
         guard let (blocking, rest) = handedOver else { return }
         blocking.markBlocking()
