@@ -278,22 +278,21 @@ public final class SharedStore: Sendable {
         do {
             return try databasePool.write { db in
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
-                // What every consumer has merged, and what is older than the cutoff, whichever reaches further.
+                // The last transaction committed before `time` (seconds since 1970), or 0.
+                func lastCommit(before time: TimeInterval) throws -> Int64 {
+                    try Int64.fetchOne(
+                        db,
+                        sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
+                        arguments: [time]
+                    ) ?? 0
+                }
+                // What every consumer has merged, and what is older than the cutoff, whichever reaches further; but
+                // not the last `mergedHistoryGrace`, even when merged: passing consumers, which no table lists,
+                // read it.
                 let registered = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
-                // Not the last few seconds, even when merged: passing consumers, which no table lists, read them.
-                let settled =
-                    try Int64.fetchOne(
-                        db,
-                        sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
-                        arguments: [Date().timeIntervalSince1970 - Self.mergedHistoryGrace.seconds]
-                    ) ?? 0
+                let settled = try lastCommit(before: Date().timeIntervalSince1970 - Self.mergedHistoryGrace.seconds)
                 let merged = registered.map { min($0, settled) }
-                let old =
-                    try Int64.fetchOne(
-                        db,
-                        sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
-                        arguments: [cutoff]
-                    ) ?? 0
+                let old = try lastCommit(before: cutoff)
                 let through = max(merged ?? 0, old)
                 let transactions =
                     try Int.fetchOne(
