@@ -286,6 +286,8 @@ enum Schema {
         ],
         // Version 3: shared stores (PostgresStore). FORMAT.md's "Stores on PostgreSQL" describes them.
         StoreSchema.migration,
+        // Version 4: the stores' purge keeps merged history for a grace period, for passing consumers.
+        StoreSchema.graceMigration,
     ]
 
     /// Runs the migrations this database lacks; returns the version it is at now.

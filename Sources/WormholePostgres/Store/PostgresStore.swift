@@ -343,8 +343,11 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     }
 
     /// Deletes consumers not seen for longer than `maximumAge` (by default ``Configuration/historyMaximumAge``), then
-    /// the history that every remaining consumer has merged, or older than `maximumAge`, whichever reaches further.
-    /// Returns how many transactions went.
+    /// the history that every remaining consumer has merged and that is older than ``mergedHistoryGrace``, or older
+    /// than `maximumAge`, whichever reaches further.
+    ///
+    /// Passing consumers (a nil consumer name) are not registered: the grace gives them, on any host, that long to
+    /// read a transaction that the registered ones have merged. Returns how many transactions went.
     @discardableResult
     public func purgeHistory(maximumAge: Duration? = nil) throws(StoreError) -> Int {
         let age = (maximumAge ?? configuration.historyMaximumAge).secondsValue
@@ -353,6 +356,10 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
             return Int(try Self.decode(Int64.self, rows.first, "the transactions purged"))
         }
     }
+
+    /// How long history that every registered consumer has merged is kept all the same, for passing consumers: 30
+    /// seconds, as `SharedStore`'s. The schema's purge function holds the figure (migration 4).
+    public static let mergedHistoryGrace = Duration.seconds(30)
 
     /// Purges at most once a minute, after consumers move on.
     func purgeIfDue() {

@@ -1,4 +1,4 @@
-/// The tables and functions of shared stores on PostgreSQL: migration 3 of ``Schema``.
+/// The tables and functions of shared stores on PostgreSQL: migrations 3 and 4 of ``Schema``.
 ///
 /// A store is a schema of the user's tables, each with a row trigger (`wormhole_history`) that records the row's
 /// table, operation and primary key in `wormhole.store_changes`, under the transaction's `xid8`. The transaction's
@@ -266,6 +266,49 @@ enum StoreSchema {
                     + "WITH CHECK (wormhole.may_use(grp))",
             ]
         }
+
+    /// Migration 4: the purge keeps what every registered consumer has merged for ``PostgresStore/mergedHistoryGrace``
+    /// (30 s) more, for passing consumers (`consumer: nil`), which no table lists: migration 3's purge deleted it at
+    /// once, and a passing observer in another process that had not read it yet missed those transactions. The
+    /// function keeps its signature, so that every caller gets the fix.
+    static let graceMigration: [String] = [
+        """
+        CREATE OR REPLACE FUNCTION wormhole.store_purge(p_grp text, p_store text, p_maximum_age double precision)
+        RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $$
+        DECLARE
+            v_cutoff timestamptz := pg_catalog.now() - pg_catalog.make_interval(secs => p_maximum_age);
+            v_settled_before timestamptz := pg_catalog.now() - pg_catalog.make_interval(secs => \(mergedHistoryGrace));
+            v_merged bigint;
+            v_settled bigint;
+            v_old bigint;
+            v_count bigint;
+        BEGIN
+            DELETE FROM wormhole.store_consumers c
+            WHERE c.grp = p_grp AND c.store = p_store AND c.seen < v_cutoff;
+            SELECT pg_catalog.min(c.token) INTO v_merged FROM wormhole.store_consumers c
+            WHERE c.grp = p_grp AND c.store = p_store;
+            -- Merged, but not the last seconds of it: passing consumers may not have read it yet.
+            SELECT pg_catalog.max(t.id) INTO v_settled FROM wormhole.store_transactions t
+            WHERE t.grp = p_grp AND t.store = p_store AND t.committed < v_settled_before;
+            SELECT pg_catalog.max(t.id) INTO v_old FROM wormhole.store_transactions t
+            WHERE t.grp = p_grp AND t.store = p_store AND t.committed < v_cutoff;
+            WITH gone AS (
+                DELETE FROM wormhole.store_transactions t
+                WHERE t.grp = p_grp AND t.store = p_store
+                    AND t.id <= greatest(least(coalesce(v_merged, 0), coalesce(v_settled, 0)), coalesce(v_old, 0))
+                RETURNING t.xid),
+            changes AS (
+                DELETE FROM wormhole.store_changes c USING gone
+                WHERE c.grp = p_grp AND c.store = p_store AND c.xid = gone.xid)
+            SELECT pg_catalog.count(*) INTO v_count FROM gone;
+            RETURN v_count;
+        END
+        $$
+        """
+    ]
+
+    /// Seconds of ``PostgresStore/mergedHistoryGrace``, as migration 4 writes them into the purge.
+    private static let mergedHistoryGrace = 30
 
     /// The tables a role granted a group may read and write for its stores.
     static let grantedTables =

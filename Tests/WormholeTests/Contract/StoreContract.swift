@@ -409,6 +409,34 @@ struct StoreContract {
     }
 
     @Test(
+        "History every registered consumer has merged stays for a grace period, for passing consumers",
+        arguments: StoreKind.allCases
+    )
+    func mergedHistoryGrace(kind: StoreKind) async throws {
+        try await offThePool {
+            let fixture = try StoreFixture(kind)
+            let app = try fixture.open(author: "app")
+            let widget = try fixture.open(author: "widget")
+            let passing = Collector<Int64>()
+            let durable = try widget.observeRemoteChanges(consumer: "durable", tables: nil, errorHandler: nil) { _ in }
+            // Registered nowhere: only the grace keeps what the durable consumer merged for it.
+            let observer = try widget.observeRemoteChanges(consumer: nil, tables: nil, errorHandler: nil) {
+                passing.append($0.id)
+            }
+            for id in 1...3 { try app.insert("item", id: Int64(id), value: 0) }
+            let newest = try app.currentToken()
+            #expect(eventually(timeout: 30) { (try? app.historyToken(forConsumer: "durable")) == newest })
+            // What the durable consumer merged is younger than the grace: a purge from any process keeps it.
+            #expect(try app.purgeHistory(maximumAge: nil) == 0, "merged, but younger than the grace")
+            #expect(try app.transactions(after: 0).count == 3)
+            #expect(eventually(timeout: 30) { passing.count == 3 })
+            #expect(passing.values == passing.values.sorted())
+            durable.cancel()
+            observer.cancel()
+        }
+    }
+
+    @Test(
         "Four writers at once: every consumer gets every transaction once, in token order",
         arguments: StoreKind.allCases
     )

@@ -271,28 +271,6 @@ struct SharedStoreTests {
         }
     }
 
-    @Test("History every registered consumer has merged stays for a grace period, for passing consumers")
-    func mergedHistoryGrace() async throws {
-        try await offThePool {
-            let store = try open()
-            let passing = Collector<Int64>()
-            let durable = try store.observeRemoteChanges(consumer: "durable", includingOwnWrites: true) { _ in }
-            // Registered nowhere: only the grace keeps what the durable consumer merged for it.
-            let observer = try store.observeRemoteChanges(consumer: nil, includingOwnWrites: true) {
-                passing.append($0.id)
-            }
-            for value in 0..<3 {
-                try store.write { db in try db.execute(sql: "INSERT INTO item(value) VALUES (?)", arguments: [value]) }
-            }
-            let newest = try store.currentToken()
-            #expect(eventually { (try? store.historyToken(forConsumer: "durable")) == newest })
-            #expect(try store.purgeHistory() == 0, "merged, but younger than the grace")
-            #expect(try store.transactions().count == 3)
-            #expect(eventually { passing.count == 3 })
-            _ = (durable, observer)
-        }
-    }
-
     @Test("Four processes writing at once: no lost change, no busy error, every consumer sees every transaction once")
     func fourConcurrentWriters() async throws {
         try await offThePool {
