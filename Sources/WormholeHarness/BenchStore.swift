@@ -21,7 +21,9 @@ struct BenchStore: ParsableCommand {
             clock serves both processes). 2. The cost of history: single-row insert transactions through the store \
             (history recorded, other processes notified) against plain GRDB writes to an untracked table of the \
             same database, alternating in blocks. 3. Concurrent writers: 4 processes insert at once while 2 \
-            durable consumers watch; counts what was lost, duplicated, or failed with SQLITE_BUSY.
+            durable consumers watch; counts what was lost, duplicated, or failed with SQLITE_BUSY. 4. A purge's \
+            lookups while a consumer that is away holds the history (nothing to delete), against the scan of the \
+            commits' times that purges made before, on the same database.
             """
     )
 
@@ -36,6 +38,9 @@ struct BenchStore: ParsableCommand {
 
     @Option(help: "Transactions each of the 4 concurrent writer processes commits.")
     var perWriter = 500
+
+    @Option(help: "Transactions kept in the history for the purge's figure.")
+    var keptTransactions = 300_000
 
     @Option(parsing: .upToNextOption, help: "Directories to measure in; 'default' is the default group root.")
     var locations: [String] = ["default", "/dev/shm"]
@@ -74,6 +79,7 @@ struct BenchStore: ParsableCommand {
             try measureLatency(path: base + "/latency.sqlite")
             try measureHistoryCost(path: base + "/cost.sqlite")
             try measureConcurrentWriters(path: base + "/writers.sqlite")
+            try measurePurge(path: base + "/purge.sqlite")
         }
     }
 
@@ -213,6 +219,67 @@ struct BenchStore: ParsableCommand {
                 plainEach,
                 recordedEach,
                 recordedEach / plainEach
+            )
+        )
+    }
+
+    /// A purge's cost while a registered consumer that is away holds `keptTransactions` of the last day: it deletes
+    /// nothing, so what it costs is finding what it could delete. Against the query purges used before, in the same
+    /// run: `MAX(id)` of the commits stamped before the grace and before the maximum age.
+    private func measurePurge(path: String) throws {
+        let store = try SharedStore(
+            path: path,
+            migrator: Self.migrator,
+            configuration: Self.configuration(author: "bench")
+        )
+        let now = Date().timeIntervalSince1970
+        try store.databasePool.write { db in
+            let change = try db.cachedStatement(
+                sql: "INSERT INTO wormhole_history(operation, table_name, primary_key) VALUES ('insert', 'item', ?)"
+            )
+            let commit = try db.cachedStatement(
+                sql: "INSERT INTO wormhole_history(operation, author, timestamp) VALUES ('commit', 'bench', ?)"
+            )
+            for index in 0..<keptTransactions {
+                try change.execute(arguments: ["{\"id\":\(index)}"])
+                try commit.execute(arguments: [now - 86_400 + 86_400 * Double(index) / Double(keptTransactions)])
+            }
+            try db.execute(
+                sql: "INSERT INTO wormhole_consumer(name, token, seen_at) VALUES ('away', 0, ?)",
+                arguments: [now]
+            )
+        }
+        let rounds = 20
+        var purge: [UInt64] = []
+        var scan: [UInt64] = []
+        for _ in 0..<rounds {
+            var start = monotonicNanoseconds()
+            let purged = try store.purgeHistory()
+            purge.append(monotonicNanoseconds() - start)
+            guard purged == 0 else { throw Output.fail("the purge deleted \(purged) transactions it must keep") }
+            start = monotonicNanoseconds()
+            try store.databasePool.read { db in
+                for cutoff in [Date().timeIntervalSince1970 - 30, Date().timeIntervalSince1970 - 7 * 86_400] {
+                    _ = try Int64.fetchOne(
+                        db,
+                        sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
+                        arguments: [cutoff]
+                    )
+                }
+            }
+            scan.append(monotonicNanoseconds() - start)
+        }
+        let purgeMedian = Double(purge.sorted()[rounds / 2]) / 1000
+        let scanMedian = Double(scan.sorted()[rounds / 2]) / 1000
+        Output.line(
+            String(
+                format: "  purge with %d transactions kept for a consumer that is away, median of %d: %.1f µs; "
+                    + "the scan of commit times it replaced, %.1f µs: %.4fx",
+                keptTransactions,
+                rounds,
+                purgeMedian,
+                scanMedian,
+                purgeMedian / scanMedian
             )
         )
     }

@@ -280,11 +280,7 @@ public final class SharedStore: Sendable {
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
                 // The last transaction committed before `time` (seconds since 1970), or 0.
                 func lastCommit(before time: TimeInterval) throws -> Int64 {
-                    try Int64.fetchOne(
-                        db,
-                        sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
-                        arguments: [time]
-                    ) ?? 0
+                    try HistorySchema.lastCommit(db, before: time)
                 }
                 // What every consumer has merged, and what is older than the cutoff, whichever reaches further; but
                 // not the last `mergedHistoryGrace`, even when merged: passing consumers, which no table lists,

@@ -271,6 +271,59 @@ struct SharedStoreTests {
         }
     }
 
+    @Test("Purging by age finds the last commit before the cutoff by bisecting ids, as a scan of the times would")
+    func purgeByAgeAmongMany() async throws {
+        try await offThePool {
+            let store = try open()
+            let now = Date().timeIntervalSince1970
+            // 3,000 transactions of one to three changes: the first 1,234 committed two hours ago, the next 766 a
+            // minute ago (older than the grace, younger than the hour), the rest now.
+            let commits = try store.databasePool.write { db -> [Int64] in
+                try (0..<3000).map { index in
+                    for _ in 0...(index % 3) {
+                        try db.execute(
+                            sql: """
+                                INSERT INTO wormhole_history(operation, table_name, primary_key)
+                                VALUES ('insert', 'item', '{"id":1}')
+                                """
+                        )
+                    }
+                    let stamp = index < 1234 ? now - 7200 : index < 2000 ? now - 60 : now
+                    try db.execute(
+                        sql: "INSERT INTO wormhole_history(operation, author, timestamp) VALUES ('commit', 'tests', ?)",
+                        arguments: [stamp]
+                    )
+                    return db.lastInsertedRowID
+                }
+            }
+            try store.read { db in
+                for time in [now - 9000, now - 7200, now - 7199, now - 3600, now - 60, now - 59, now, now + 1] {
+                    let scanned =
+                        try Int64.fetchOne(
+                            db,
+                            sql: "SELECT MAX(id) FROM wormhole_history WHERE operation = 'commit' AND timestamp < ?",
+                            arguments: [time]
+                        ) ?? 0
+                    #expect(try HistorySchema.lastCommit(db, before: time) == scanned, "before \(time - now) s")
+                }
+                #expect(try HistorySchema.lastCommit(db, before: now - 3600) == commits[1233])
+            }
+            // No consumer: what is older than an hour goes.
+            #expect(try store.purgeHistory(maximumAge: .seconds(3600)) == 1234)
+            #expect(try store.transactions(limit: 1).first?.id == commits[1234])
+            // A consumer that merged everything: what is older than the grace goes too, and the rest stays.
+            try store.databasePool.write { db in
+                try db.execute(
+                    sql: "INSERT INTO wormhole_consumer(name, token, seen_at) VALUES ('merged', ?, ?)",
+                    arguments: [commits[2999], now]
+                )
+            }
+            #expect(try store.purgeHistory(maximumAge: .seconds(3600)) == 766)
+            #expect(try store.transactions(limit: 1).first?.id == commits[2000])
+            #expect(try store.transactions(limit: 2000).count == 1000)
+        }
+    }
+
     @Test("Four processes writing at once: no lost change, no busy error, every consumer sees every transaction once")
     func fourConcurrentWriters() async throws {
         try await offThePool {
