@@ -158,10 +158,17 @@ package final class ChildProcess: Sendable {
     }
 }
 
-/// Blocks while the process that started this one lives: a peer that serves until its benchmark or test ends it
-/// exits on its own when that process is gone (killed, crashed), instead of lingering.
-package func waitWhileParentLives() -> Never {
+/// Blocks while the process that started this one lives, keeping `value` (a listener, a consumer) alive: a peer that
+/// serves until its benchmark or test ends it exits on its own when that process is gone (killed, crashed), instead
+/// of lingering.
+///
+/// The value is kept here, not by `withExtendedLifetime(value) { waitWhileParentLives() }` around a call that never
+/// returns: the end of that lifetime is never reached, so the optimizer may release the value before the call (a
+/// release build did: a live listener stopped as soon as it started).
+package func waitWhileParentLives<Value>(keeping value: Value) -> Never {
     let parent = getppid()
-    while getppid() == parent { sleep(1) }
+    while getppid() == parent {
+        withExtendedLifetime(value) { _ = sleep(1) }
+    }
     exit(0)
 }

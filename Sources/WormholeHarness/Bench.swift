@@ -368,7 +368,7 @@ struct BenchPeer: ParsableCommand {
                 try pong.enqueueData(message.value)
             }
             Output.line("ready")
-            withExtendedLifetime(consumer) { waitWhileParentLives() }
+            waitWhileParentLives(keeping: consumer)
         case .listeningEcho:
             guard let path = ListeningPath(rawValue: path), let payload = ListeningPayload(rawValue: payload) else {
                 throw Output.fail("unknown --path or --payload")
@@ -383,7 +383,7 @@ struct BenchPeer: ParsableCommand {
                 do { try suite.set(sequence, forKey: "pong") } catch { Output.error("\(error)") }
             }
             Output.line("ready")
-            withExtendedLifetime(observer) { waitWhileParentLives() }
+            waitWhileParentLives(keeping: observer)
         }
     }
 }

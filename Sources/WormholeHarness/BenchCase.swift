@@ -29,6 +29,22 @@ struct BenchCase: ParsableCommand {
     static let producerBatch = 64
     enum Metric: String, ExpressibleByArgument, Sendable { case latency, throughput }
 
+    /// Where the receiving callbacks run, on both sides: the notifier's thread (the fastest path, and the one
+    /// `Benchmarks/compare` times), the default execution, or a serial queue per listener.
+    enum Execution: String, ExpressibleByArgument, Sendable {
+        case notifierThread = "notifier-thread"
+        case automatic
+        case serialQueue = "serial-queue"
+
+        var callbackExecution: CallbackExecution {
+            switch self {
+            case .notifierThread: .notifierThread
+            case .automatic: .automatic
+            case .serialQueue: .serialQueue
+            }
+        }
+    }
+
     @Argument var mode: Mode
     @Argument var metric: Metric
     @Option var size = 64
@@ -37,6 +53,8 @@ struct BenchCase: ParsableCommand {
     @Option var directory: String
     @Option var cpu = 0
     @Option var peerCPU = 0
+    @Option(help: "Where the receiving callbacks run, on both sides: notifier-thread, automatic or serial-queue.")
+    var execution = Execution.notifierThread
 
     func validate() throws {
         if size < 8 { throw ValidationError("--size must be at least 8 bytes (the sequence number).") }
@@ -48,7 +66,7 @@ struct BenchCase: ParsableCommand {
         guard cwormhole_pin_to_cpu(Int32(cpu)) == 0 else { throw Output.fail("could not pin to CPU \(cpu)") }
         #endif
         let wormhole = try Wormhole(directory: directory)
-        let name = "wormhole-\(mode.rawValue)"
+        let name = "wormhole-\(mode.rawValue)" + (execution == .notifierThread ? "" : "-\(execution.rawValue)")
         switch metric {
         case .latency:
             let samples = try measureLatency(wormhole)
@@ -65,6 +83,7 @@ struct BenchCase: ParsableCommand {
         let peer = try ChildProcess(
             arguments: [
                 "bench-case-peer", mode.rawValue, role.rawValue, "--directory", directory, "--cpu", String(peerCPU),
+                "--execution", execution.rawValue,
                 "--size", String(size), "--count", String(count),
             ],
             readyLine: "ready"
@@ -101,7 +120,13 @@ struct BenchCase: ParsableCommand {
                 done.signal()
             }
         }
-        let receiver = try BenchCaseReceiver(mode: mode, wormhole: wormhole, identifier: "pong", handler: receive)
+        let receiver = try BenchCaseReceiver(
+            mode: mode,
+            wormhole: wormhole,
+            identifier: "pong",
+            execution: execution.callbackExecution,
+            handler: receive
+        )
         let peer = try startPeer(.echo)
         defer { peer.terminate() }
         state.withLock { $0.sentAt = monotonicNanoseconds() }
@@ -125,7 +150,12 @@ struct BenchCase: ParsableCommand {
         let progress = Locked(Progress())
         let done = DispatchSemaphore(value: 0)
         let final = count - 1
-        let receiver = try BenchCaseReceiver(mode: mode, wormhole: wormhole, identifier: "throughput") { payload in
+        let receiver = try BenchCaseReceiver(
+            mode: mode,
+            wormhole: wormhole,
+            identifier: "throughput",
+            execution: execution.callbackExecution
+        ) { payload in
             let now = monotonicNanoseconds()
             let sequence = BenchCaseSender.sequence(of: payload)
             let finished = progress.withLock { progress -> Bool in
@@ -169,6 +199,7 @@ struct BenchCasePeer: ParsableCommand {
     @Option var cpu = 0
     @Option var size = 64
     @Option var count = 0
+    @Option var execution = BenchCase.Execution.notifierThread
 
     func run() throws {
         #if os(Linux) || os(Android)
@@ -178,12 +209,17 @@ struct BenchCasePeer: ParsableCommand {
         switch role {
         case .echo:
             let pong = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "pong")
-            let receiver = try BenchCaseReceiver(mode: mode, wormhole: wormhole, identifier: "ping") { payload in
+            let receiver = try BenchCaseReceiver(
+                mode: mode,
+                wormhole: wormhole,
+                identifier: "ping",
+                execution: execution.callbackExecution
+            ) { payload in
                 do { try pong.send(payload) } catch { Output.error("\(error)") }
             }
             Output.line("ready")
             // Answer until the benchmark ends this process.
-            withExtendedLifetime((wormhole, receiver)) { waitWhileParentLives() }
+            waitWhileParentLives(keeping: (wormhole, receiver))
         case .produce:
             let sender = BenchCaseSender(mode: mode, wormhole: wormhole, identifier: "throughput")
             Output.line("ready")
@@ -273,28 +309,29 @@ struct BenchCaseReceiver {
         mode: BenchCase.Mode,
         wormhole: Wormhole,
         identifier: String,
+        execution: CallbackExecution,
         handler: @escaping @Sendable (Data) -> Void
     ) throws {
         switch mode {
         case .mailbox:
-            let listener = try wormhole.listenForEnvelopes(withIdentifier: identifier, on: .notifierThread) {
+            let listener = try wormhole.listenForEnvelopes(withIdentifier: identifier, on: execution) {
                 handler($0.payload)
             }
             (handle, cancelling) = (listener, listener.cancel)
         case .queue:
-            let consumer = try wormhole.queue(identifier).consumeData(consumer: "bench", on: .notifierThread) {
+            let consumer = try wormhole.queue(identifier).consumeData(consumer: "bench", on: execution) {
                 handler($0.value)
             }
             (handle, cancelling) = (consumer, consumer.cancel)
         case .queueBatch:
-            let consumer = try wormhole.queue(identifier).consumeDataBatches(consumer: "bench", on: .notifierThread) {
+            let consumer = try wormhole.queue(identifier).consumeDataBatches(consumer: "bench", on: execution) {
                 for message in $0 { handler(message.value) }
             }
             (handle, cancelling) = (consumer, consumer.cancel)
         case .live:
             let listener = try wormhole.listenForLiveMessageData(
                 withIdentifier: identifier,
-                on: .notifierThread,
+                on: execution,
                 listener: handler
             )
             (handle, cancelling) = (listener, listener.cancel)

@@ -252,6 +252,6 @@ extension BenchPeer {
         answering.withLock { $0 = endpoint }
         // An async sequence registers when it is made, so the listener is in place here for every path.
         Output.line("ready")
-        withExtendedLifetime(endpoint) { waitWhileParentLives() }
+        waitWhileParentLives(keeping: endpoint)
     }
 }

@@ -385,7 +385,7 @@ struct BenchPeerStore: ParsableCommand {
             }
         }
         Output.line("ready")
-        withExtendedLifetime(observer) { waitWhileParentLives() }
+        waitWhileParentLives(keeping: observer)
     }
 }
 

@@ -377,7 +377,7 @@ struct CrashVictim: ParsableCommand {
                 Output.line("handled \(message.value.writer) \(message.value.index)")
             }
             announce()
-            withExtendedLifetime(consumer) { waitWhileParentLives() }
+            waitWhileParentLives(keeping: consumer)
         case .suite:
             let suite = try Wormhole(directory: directory).suite("settings")
             Output.line("started")

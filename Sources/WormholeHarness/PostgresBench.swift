@@ -272,7 +272,7 @@ struct PostgresBenchCasePeer: ParsableCommand {
             }
             Output.line("ready")
             // Answer until the benchmark ends this process.
-            withExtendedLifetime(endpoint) { waitWhileParentLives() }
+            waitWhileParentLives(keeping: endpoint)
         case .produce:
             Output.line("ready")
             // The buffers are made once and their sequence numbers written in place, as bench-case's producer does.

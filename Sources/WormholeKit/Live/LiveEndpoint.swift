@@ -10,13 +10,18 @@ import SystemPackage
 /// peer holds up nobody; each message is handed to `handle` on the endpoint's thread, with no connection. A request
 /// hands its connection over to `handle`, which replies on it and closes it. Connections from
 /// another user are refused (`SO_PEERCRED`) unless the directory is shared.
+///
+/// The thread is a ``CallbackDriver``: callbacks that `handle` schedules with the default execution
+/// (``CallbackExecution/automatic``) run on it once the packets waiting are read, with no hand-off to a dispatch queue.
+/// The endpoint serves one listener, so such a callback delays only that listener's messages; one that blocks for
+/// ``CallbackDriver/blockedAfter`` has the endpoint's work taken over by a new thread, which goes on reading the
+/// socket (senders are never held up by it), and the listener's later callbacks run on its own queue.
 final class LiveEndpoint: Sendable {
     private let directory: DirectoryHandle
     private let name: String
     private let listening: PacketSocket
     private let wake: WakeUpSignal
     private let stopped = Atomic<Bool>(false)
-    private let batchCapacity: Int
 
     /// - Parameters:
     ///   - prefix: The socket file's name prefix (``LiveSocket/prefix(for:)`` for a listener,
@@ -33,7 +38,6 @@ final class LiveEndpoint: Sendable {
         handle: @escaping @Sendable (LivePacket, _ connection: PacketSocket?) -> Void
     ) throws(WormholeError) {
         self.directory = directory
-        self.batchCapacity = batchCapacity
         let name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
         self.name = name
         let socket: PacketSocket
@@ -74,13 +78,17 @@ final class LiveEndpoint: Sendable {
             _ = directory.removeFile(named: name)
             throw WormholeError.fileSystem(error, "create a wake-up descriptor", identifier: identifier, path: nil)
         }
+        let wakeDescriptor = wake.pollDescriptor
         listening = socket
         self.wake = wake
-        let trustsOthers = directory.trustsOtherOwners
-        Thread { [self] in
-            nameCurrentThread("wh-live")
-            serve(trustsOthers: trustsOthers, handle: handle)
-        }.start()
+        let serving = ServingState(
+            listening: socket.rawValue,
+            wake: wakeDescriptor,
+            batchCapacity: batchCapacity,
+            trustsOthers: directory.trustsOtherOwners,
+            handle: handle
+        )
+        startThread(serving, handingOver: nil)
     }
 
     /// Stops accepting, closes the connections and removes the socket file. Idempotent.
@@ -97,33 +105,71 @@ final class LiveEndpoint: Sendable {
     private static let wakeIndex = 1
     private static let firstConnectionIndex = 2
 
-    private func serve(
-        trustsOthers: Bool,
-        handle: @escaping @Sendable (LivePacket, PacketSocket?) -> Void
-    ) {
-        // Kept between waits: a wait allocates nothing.
+    /// What the serving thread works with. One thread at a time uses it: the serving one, or, once a callback blocked
+    /// that one, the thread that took over its work (the blocked one touches it no more).
+    private final class ServingState: @unchecked Sendable {
+        /// The listening socket, the wake-up signal, then the connections; kept between waits, so that a wait
+        /// allocates nothing.
         var descriptors = PollSet(capacity: 16)
-        descriptors.append(listening.rawValue)
-        descriptors.append(wake.pollDescriptor)
-        // One batch for every connection: a packet is copied out of it before the next receive.
-        let batch = PacketBatch(capacity: batchCapacity, slotSize: LiveSocket.receiveBufferSize)
-        // The sender of the last packet, on any connection: while packets come from one sender, its name is
-        // compared, not decoded again.
+        /// One batch for every connection: a packet is copied out of it before the next receive.
+        let batch: PacketBatch
+        /// The sender of the last packet, on any connection: while packets come from one sender, its name is
+        /// compared, not decoded again.
         var knownSender: String?
-        defer {
-            // Senders see their cached connection closed and drop it.
-            for index in Self.firstConnectionIndex..<descriptors.count {
-                PacketSocket(rawValue: descriptors.descriptor(at: index)).close()
-            }
-            listening.close()
+        let trustsOthers: Bool
+        let handle: @Sendable (LivePacket, PacketSocket?) -> Void
+
+        init(
+            listening: Int32,
+            wake: Int32,
+            batchCapacity: Int,
+            trustsOthers: Bool,
+            handle: @escaping @Sendable (LivePacket, PacketSocket?) -> Void
+        ) {
+            descriptors.append(listening)
+            descriptors.append(wake)
+            batch = PacketBatch(capacity: batchCapacity, slotSize: LiveSocket.receiveBufferSize)
+            self.trustsOthers = trustsOthers
+            self.handle = handle
         }
-        while !stopped.load(ordering: .acquiring) {
-            guard case .success = descriptors.wait(milliseconds: -1) else { return }
-            if descriptors.isReady(at: Self.wakeIndex) { return }
-            descriptors.retain(from: Self.firstConnectionIndex) { descriptor, isReady in
+    }
+
+    /// Starts a thread that serves the endpoint, first running the callbacks a blocked thread handed over.
+    private func startThread(_ serving: ServingState, handingOver handedOver: [InlineScheduler]?) {
+        Thread { [self] in
+            nameCurrentThread("wh-live")
+            serve(serving, handingOver: handedOver)
+        }.start()
+    }
+
+    private func serve(_ serving: ServingState, handingOver handedOver: [InlineScheduler]?) {
+        let driver = CallbackDriver { [self] rest in startThread(serving, handingOver: rest) }
+        driver.install()
+        defer {
+            driver.uninstall()
+            // A thread that was taken over leaves the sockets to the one that took over.
+            if !driver.isReplaced {
+                // Senders see their cached connection closed and drop it.
+                for index in Self.firstConnectionIndex..<serving.descriptors.count {
+                    PacketSocket(rawValue: serving.descriptors.descriptor(at: index)).close()
+                }
+                listening.close()
+            }
+        }
+        if let handedOver {
+            for scheduler in handedOver { _ = driver.enqueue(scheduler) }
+            driver.runDeferred()
+        }
+        // The serving state is touched only between the driver's runs of callbacks: the watchdog replaces the driver
+        // while one runs, and a replaced thread stops at the loop's condition.
+        while !driver.isReplaced && !stopped.load(ordering: .acquiring) {
+            guard case .success = serving.descriptors.wait(milliseconds: -1) else { return }
+            if serving.descriptors.isReady(at: Self.wakeIndex) { return }
+            serving.descriptors.retain(from: Self.firstConnectionIndex) { descriptor, isReady in
                 guard isReady else { return true }
                 let connection = PacketSocket(rawValue: descriptor)
-                switch drain(connection, into: batch, knownSender: &knownSender, handle: handle) {
+                switch drain(connection, into: serving.batch, knownSender: &serving.knownSender, handle: serving.handle)
+                {
                 case .open: return true
                 case .closed:
                     connection.close()
@@ -131,9 +177,12 @@ final class LiveEndpoint: Sendable {
                 case .handedOver: return false
                 }
             }
-            if descriptors.isReady(at: Self.listeningIndex), let connection = accept(trustsOthers: trustsOthers) {
-                descriptors.append(connection.rawValue)
+            if serving.descriptors.isReady(at: Self.listeningIndex),
+                let connection = accept(trustsOthers: serving.trustsOthers)
+            {
+                serving.descriptors.append(connection.rawValue)
             }
+            driver.runDeferred()
         }
     }
 

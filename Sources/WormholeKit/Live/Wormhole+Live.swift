@@ -35,8 +35,10 @@ extension Wormhole {
     /// - Parameters:
     ///   - identifier: The name to listen on (rules of ``MessageIdentifier``).
     ///   - type: The type of the messages.
-    ///   - execution: Where `listener` runs; by default ``CallbackExecution/automatic``, which runs it on a serial
-    ///     queue of the listener's own (a live message arrives on a socket's thread, not from inotify).
+    ///   - execution: Where `listener` runs; by default ``CallbackExecution/automatic``, which, on the directory
+    ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
+    ///     serial queue of the listener's own, while another thread goes on reading), and on other engines on that
+    ///     queue.
     ///   - errorHandler: Called with a message that cannot be decoded as `type`; listening goes on. When nil, the
     ///     error is logged.
     ///   - listener: Called with each message.
@@ -64,8 +66,10 @@ extension Wormhole {
     ///
     /// - Parameters:
     ///   - identifier: The name to listen on (rules of ``MessageIdentifier``).
-    ///   - execution: Where `listener` runs; by default ``CallbackExecution/automatic``, which runs it on a serial
-    ///     queue of the listener's own (a live message arrives on a socket's thread, not from inotify).
+    ///   - execution: Where `listener` runs; by default ``CallbackExecution/automatic``, which, on the directory
+    ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
+    ///     serial queue of the listener's own, while another thread goes on reading), and on other engines on that
+    ///     queue.
     ///   - errorHandler: Kept for the vocabulary every listening call shares: bytes are never decoded, and no error
     ///     can happen once the endpoint is listening, so it is not called today.
     ///   - listener: Called with the bytes of each message.
@@ -163,8 +167,9 @@ extension Wormhole {
     /// - Parameters:
     ///   - identifier: The name to answer on (rules of ``MessageIdentifier``).
     ///   - type: The type of the requests.
-    ///   - execution: Where `responder` runs; by default ``CallbackExecution/automatic``, which runs it on a serial
-    ///     queue of the responder's own.
+    ///   - execution: Where `responder` runs; by default ``CallbackExecution/automatic``, which, on the directory
+    ///     engine, runs it on the thread that reads the responder's socket (one that blocks moves to a serial queue of
+    ///     the responder's own), and on other engines on that queue.
     ///   - errorHandler: Called when a request cannot be decoded as `type`, or `responder` throws (the requester
     ///     gets the error too); when nil, the error is logged.
     ///   - responder: Called with each request; what it returns is encoded and sent back as the reply.

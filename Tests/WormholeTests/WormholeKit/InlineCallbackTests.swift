@@ -17,6 +17,15 @@ struct InlineCallbackTests {
         return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
+    /// How many threads of this process have the name `name`.
+    static func threadCount(named name: String) -> Int {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        return tasks.filter { task in
+            let comm = try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8)
+            return comm?.trimmingCharacters(in: .whitespacesAndNewlines) == name
+        }.count
+    }
+
     @Test("By default callbacks run on the inotify thread, in order; the current message not on the caller's")
     func inlineOnTheNotifierThread() async throws {
         try await offThePool {
@@ -84,6 +93,66 @@ struct InlineCallbackTests {
             #expect(blocked.values.last?.0 == 2)
             #expect(blocked.values.last?.1 != "wh-inotify", "the listener that blocked moved to its own queue")
             _ = (waiting, releasing, consumer)
+        }
+    }
+
+    @Test("By default a live listener's callbacks run on its endpoint's thread, in order, each once")
+    func liveCallbacksInline() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("w"))
+            let received = Collector<(Int, String)>()
+            let listener = try wormhole.listenForLiveMessages(withIdentifier: "tick", as: Int.self) { number in
+                received.append((number, Self.threadName()))
+            }
+            for number in 0..<200 { try wormhole.sendMessage(number, identifier: "tick") }
+            #expect(eventually { received.count == 200 })
+            let values = received.values
+            #expect(values.map(\.0) == Array(0..<200), "each once, in order")
+            // As on the inotify thread: a callback held up past the watchdog's limit by a busy machine moves the
+            // listener to its queue, so most, not every one, is asserted to have run on the endpoint's thread.
+            #expect(values.filter { $0.1 == "wh-live" }.count >= 100, "threads: \(Set(values.map(\.1)))")
+            _ = listener
+        }
+    }
+
+    @Test("A live callback that blocks has its endpoint's reading taken over: senders go on, nothing lost or reordered")
+    func blockedLiveCallbackIsTakenOver() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("w"))
+            let released = DispatchSemaphore(value: 0)
+            let received = Collector<(Int, String)>()
+            let listener = try wormhole.listenForLiveMessages(withIdentifier: "tick", as: Int.self) { number in
+                // The first callback waits until every message was sent: far more than the socket's buffer holds,
+                // so the sends end only if another thread reads the socket meanwhile.
+                if number == 0 { _ = released.wait(timeout: .now() + 60) }
+                received.append((number, Self.threadName()))
+            }
+            let count = 5000
+            let sent = Locked(0)
+            let failure = Locked<WormholeError?>(nil)
+            Thread {
+                for number in 0..<count {
+                    do throws(WormholeError) {
+                        try wormhole.sendMessage(number, identifier: "tick")
+                        sent.withLock { $0 += 1 }
+                    } catch {
+                        failure.withLock { $0 = error }
+                        return
+                    }
+                }
+            }.start()
+            #expect(eventually(timeout: 60) { sent.withLock { $0 } == count || failure.withLock { $0 } != nil })
+            #expect(failure.withLock { $0 } == nil)
+            #expect(received.count == 0, "the first callback still blocks")
+            #if os(Linux)
+            #expect(Self.threadCount(named: "wh-live") >= 2, "a second thread reads the socket")
+            #endif
+            released.signal()
+            #expect(eventually(timeout: 60) { received.count == count })
+            let values = received.values
+            #expect(values.map(\.0) == Array(0..<count), "each once, in order")
+            #expect(values.first?.1 == "wh-live", "it blocked the endpoint's thread")
+            _ = listener
         }
     }
 
