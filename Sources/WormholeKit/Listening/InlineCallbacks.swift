@@ -16,6 +16,8 @@ struct ReusableQueue<Element> {
 
     mutating func append(_ element: Element) { elements.append(element) }
 
+    var isEmpty: Bool { head == elements.count }
+
     /// The oldest element, removed; nil when none is left.
     mutating func popFirst() -> Element? {
         guard head < elements.count else { return nil }
@@ -63,9 +65,14 @@ final class InlineScheduler: Sendable {
 
     private let state = Locked(State())
     private let queue: DispatchQueue
+    /// Whether a backlog of this listener's callbacks leaves the driver after ``CallbackDriver/passBudget``, the rest
+    /// going to the queue: for a live listener, whose driver must go back to reading its socket, which would
+    /// otherwise fill and hold senders up while quick callbacks pile up.
+    private let handsBacklogToQueue: Bool
 
-    init(label: String) {
+    init(label: String, handsBacklogToQueue: Bool = false) {
         queue = DispatchQueue(label: label)
+        self.handsBacklogToQueue = handsBacklogToQueue
     }
 
     /// Schedules `work` after everything scheduled before it.
@@ -86,13 +93,22 @@ final class InlineScheduler: Sendable {
 
     /// Runs the pending work until none is left; on a driver's thread, each piece is timed by the driver.
     func runPending(stamping driver: CallbackDriver?) {
+        let started = driver != nil && handsBacklogToQueue ? ProcessFacts.coarseMonotonicNanoseconds() : nil
         while let work = state.withLock({ $0.next() }) {
-            if let driver {
-                driver.callbackWillStart(self)
+            guard let driver else {
                 work()
-                driver.callbackDidEnd()
-            } else {
-                work()
+                continue
+            }
+            driver.callbackWillStart(self)
+            work()
+            driver.callbackDidEnd()
+            // Still claimed: the queue runs the rest, in order, and later work too until none is left; after that
+            // the driver runs this listener's callbacks again.
+            if let started, ProcessFacts.coarseMonotonicNanoseconds() &- started >= CallbackDriver.passBudget,
+                state.withLock({ !$0.pending.isEmpty })
+            {
+                queue.async { [self] in runPending(stamping: nil) }
+                return
             }
         }
     }

@@ -13,9 +13,12 @@ import SystemPackage
 ///
 /// The thread is a ``CallbackDriver``: callbacks that `handle` schedules with the default execution
 /// (``CallbackExecution/automatic``) run on it once the packets waiting are read, with no hand-off to a dispatch queue.
-/// The endpoint serves one listener, so such a callback delays only that listener's messages; one that blocks for
-/// ``CallbackDriver/blockedAfter`` has the endpoint's work taken over by a new thread, which goes on reading the
-/// socket (senders are never held up by it), and the listener's later callbacks run on its own queue.
+/// The endpoint serves one listener, so such a callback delays only that listener's messages (and a task that prefers
+/// ``NotifierTaskExecutor`` and resumes here). The socket must go on being read, or its buffer fills and senders wait:
+/// a backlog of quick callbacks that has held the thread for ``CallbackDriver/passBudget`` goes on on the listener's
+/// queue (`InlineScheduler`'s `handsBacklogToQueue`), and a callback that blocks for ``CallbackDriver/blockedAfter``
+/// has the endpoint's work taken over by a new thread, which goes on reading the socket; the callbacks that came
+/// meanwhile run after it on the blocked thread, and later ones on the listener's queue.
 final class LiveEndpoint: Sendable {
     private let directory: DirectoryHandle
     private let name: String

@@ -17,15 +17,6 @@ struct InlineCallbackTests {
         return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    /// How many threads of this process have the name `name`.
-    static func threadCount(named name: String) -> Int {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-        return tasks.filter { task in
-            let comm = try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8)
-            return comm?.trimmingCharacters(in: .whitespacesAndNewlines) == name
-        }.count
-    }
-
     @Test("By default callbacks run on the inotify thread, in order; the current message not on the caller's")
     func inlineOnTheNotifierThread() async throws {
         try await offThePool {
@@ -104,13 +95,36 @@ struct InlineCallbackTests {
             let listener = try wormhole.listenForLiveMessages(withIdentifier: "tick", as: Int.self) { number in
                 received.append((number, Self.threadName()))
             }
-            for number in 0..<200 { try wormhole.sendMessage(number, identifier: "tick") }
-            #expect(eventually { received.count == 200 })
+            for number in 0..<50 {
+                try wormhole.sendMessage(number, identifier: "tick")
+                #expect(eventually { received.values.last?.0 == number })
+            }
             let values = received.values
-            #expect(values.map(\.0) == Array(0..<200), "each once, in order")
-            // As on the inotify thread: a callback held up past the watchdog's limit by a busy machine moves the
-            // listener to its queue, so most, not every one, is asserted to have run on the endpoint's thread.
-            #expect(values.filter { $0.1 == "wh-live" }.count >= 100, "threads: \(Set(values.map(\.1)))")
+            #expect(values.map(\.0) == Array(0..<50), "each once, in order")
+            // A callback held up past the watchdog's limit by a busy machine moves the listener to its queue for
+            // good, so that only some, not every one, is asserted to have run inline (with a serial queue, none
+            // would).
+            #expect(values.contains { $0.1 == "wh-live" }, "threads: \(Set(values.map(\.1)))")
+            _ = listener
+        }
+    }
+
+    @Test("A live listener whose quick callbacks pile up hands the backlog to its queue: senders are not held up")
+    func liveBacklogGoesToTheQueue() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("w"))
+            let received = Collector<Int>()
+            // Each callback takes 2 ms, far under the watchdog's limit: 3,000 of them take 6 s, while the socket's
+            // buffer holds a few hundred messages.
+            let listener = try wormhole.listenForLiveMessages(withIdentifier: "tick", as: Int.self) { number in
+                usleep(2000)
+                received.append(number)
+            }
+            let count = 3000
+            for number in 0..<count { try wormhole.sendMessage(number, identifier: "tick") }
+            #expect(received.count < count / 2, "the sends did not wait for the callbacks")
+            #expect(eventually(timeout: 60) { received.count == count })
+            #expect(received.values == Array(0..<count), "each once, in order")
             _ = listener
         }
     }
@@ -144,9 +158,6 @@ struct InlineCallbackTests {
             #expect(eventually(timeout: 60) { sent.withLock { $0 } == count || failure.withLock { $0 } != nil })
             #expect(failure.withLock { $0 } == nil)
             #expect(received.count == 0, "the first callback still blocks")
-            #if os(Linux)
-            #expect(Self.threadCount(named: "wh-live") >= 2, "a second thread reads the socket")
-            #endif
             released.signal()
             #expect(eventually(timeout: 60) { received.count == count })
             let values = received.values
