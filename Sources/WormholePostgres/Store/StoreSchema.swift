@@ -270,8 +270,48 @@ enum StoreSchema {
     /// Migration 4: the purge keeps what every registered consumer has merged for ``PostgresStore/mergedHistoryGrace``
     /// (30 s) more, for passing consumers (`consumer: nil`), which no table lists: migration 3's purge deleted it at
     /// once, and a passing observer in another process that had not read it yet missed those transactions. The
-    /// function keeps its signature, so that every caller gets the fix.
+    /// function keeps its signature, so that every caller gets the fix. It finds the last transaction committed
+    /// before a time by bisecting ids (`wormhole.store_last_before`): `max(id) … WHERE committed < …` read every
+    /// transaction newer than that time, the whole maximum age of them while a registered consumer is away.
     static let graceMigration: [String] = [
+        // Commit times rise with ids: both are taken at commit under the lock of the store's row (`store_commit`).
+        // So the first transaction committed at `p_time` or later is found in about log2(n) lookups on the primary
+        // key. With times that do not rise (a server clock set back), the answer is one committed before `p_time`,
+        // never a later one than the scan's.
+        """
+        CREATE FUNCTION wormhole.store_last_before(p_grp text, p_store text, p_time timestamptz)
+        RETURNS bigint LANGUAGE plpgsql STABLE SECURITY INVOKER AS $$
+        DECLARE
+            v_low bigint;
+            v_high bigint;
+            v_middle bigint;
+            v_found bigint;
+            v_committed timestamptz;
+        BEGIN
+            SELECT pg_catalog.min(t.id), pg_catalog.max(t.id) + 1 INTO v_low, v_high
+            FROM wormhole.store_transactions t
+            WHERE t.grp = p_grp AND t.store = p_store;
+            IF v_low IS NULL THEN
+                RETURN 0;
+            END IF;
+            -- Transactions below v_low were committed before p_time; the first from v_high on, if any, was not.
+            WHILE v_low < v_high LOOP
+                v_middle := v_low + (v_high - v_low) / 2;
+                SELECT t.id, t.committed INTO v_found, v_committed FROM wormhole.store_transactions t
+                WHERE t.grp = p_grp AND t.store = p_store AND t.id >= v_middle
+                ORDER BY t.id LIMIT 1;
+                IF v_found IS NOT NULL AND v_committed < p_time THEN
+                    v_low := v_found + 1;
+                ELSE
+                    v_high := v_middle;
+                END IF;
+            END LOOP;
+            SELECT pg_catalog.max(t.id) INTO v_found FROM wormhole.store_transactions t
+            WHERE t.grp = p_grp AND t.store = p_store AND t.id < v_low;
+            RETURN coalesce(v_found, 0);
+        END
+        $$
+        """,
         """
         CREATE OR REPLACE FUNCTION wormhole.store_purge(p_grp text, p_store text, p_maximum_age double precision)
         RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $$
@@ -288,10 +328,8 @@ enum StoreSchema {
             SELECT pg_catalog.min(c.token) INTO v_merged FROM wormhole.store_consumers c
             WHERE c.grp = p_grp AND c.store = p_store;
             -- Merged, but not the last seconds of it: passing consumers may not have read it yet.
-            SELECT pg_catalog.max(t.id) INTO v_settled FROM wormhole.store_transactions t
-            WHERE t.grp = p_grp AND t.store = p_store AND t.committed < v_settled_before;
-            SELECT pg_catalog.max(t.id) INTO v_old FROM wormhole.store_transactions t
-            WHERE t.grp = p_grp AND t.store = p_store AND t.committed < v_cutoff;
+            v_settled := wormhole.store_last_before(p_grp, p_store, v_settled_before);
+            v_old := wormhole.store_last_before(p_grp, p_store, v_cutoff);
             WITH gone AS (
                 DELETE FROM wormhole.store_transactions t
                 WHERE t.grp = p_grp AND t.store = p_store
@@ -304,7 +342,7 @@ enum StoreSchema {
             RETURN v_count;
         END
         $$
-        """
+        """,
     ]
 
     /// Seconds of ``PostgresStore/mergedHistoryGrace``, as migration 4 writes them into the purge.

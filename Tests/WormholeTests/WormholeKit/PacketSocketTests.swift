@@ -16,10 +16,13 @@ import Darwin
 @Suite("Live packets on a real socket pair", .limit(minutes: 1))
 struct PacketSocketTests {
     /// A connected pair of `SOCK_SEQPACKET` sockets: `[0]` sends, `[1]` receives.
+    ///
+    /// Close-on-exec: a child process that another test starts meanwhile would otherwise keep the sending end open,
+    /// and its close would not end the connection (a receive found it drained, not closed, now and then).
     func socketPair() throws -> (PacketSocket, PacketSocket) {
         var descriptors: [Int32] = [-1, -1]
         #if os(Linux)
-        let type = Int32(SOCK_SEQPACKET.rawValue)
+        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         #else
         let type = SOCK_SEQPACKET
         #endif

@@ -42,6 +42,53 @@ struct PostgresStoreTests {
         try store.write { db in try db.query("INSERT INTO item (writer, value) VALUES (\(store.author), \(value))") }
     }
 
+    @Test("The purge finds the last transaction committed before a time by bisecting ids, as a scan would")
+    func purgeBisects() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("bisect")
+            _ = try Self.open(url: server.url, group: group, author: "app")  // the schema at its newest version
+            // 3,000 transactions from id 101 (as after an earlier purge): the first 1,234 committed two hours ago, the
+            // next 766 a minute ago (older than the grace, younger than an hour), the rest now.
+            try server.psql(
+                """
+                INSERT INTO wormhole.store_transactions (grp, store, id, xid, author, committed)
+                SELECT '\(group)', 'bisect', 100 + n, '1'::xid8, 'tests', now() - CASE
+                    WHEN n <= 1234 THEN interval '2 hours' WHEN n <= 2000 THEN interval '1 minute' ELSE interval '0' END
+                FROM generate_series(1, 3000) AS n
+                """
+            )
+            let ages = [
+                "3 hours", "2 hours", "119 minutes", "1 hour", "1 minute", "59 seconds", "0 seconds", "-1 hour",
+            ]
+            for age in ages {
+                // Both answers for one time, in one statement.
+                let answers = try server.psql(
+                    """
+                    SELECT wormhole.store_last_before('\(group)', 'bisect', q.t) || ' ' || (
+                        SELECT coalesce(max(id), 0) FROM wormhole.store_transactions
+                        WHERE grp = '\(group)' AND store = 'bisect' AND committed < q.t)
+                    FROM (SELECT now() - interval '\(age)' AS t) q
+                    """
+                ).split(separator: " ")
+                #expect(answers.count == 2 && answers[0] == answers[1], "committed more than \(age) ago: \(answers)")
+            }
+            let purge = "SELECT wormhole.store_purge('\(group)', 'bisect', 3600)"
+            #expect(try server.psql(purge) == "1234", "no consumer: what is older than an hour goes")
+            try server.psql(
+                """
+                INSERT INTO wormhole.store_consumers (grp, store, consumer, token)
+                VALUES ('\(group)', 'bisect', 'merged', 3100)
+                """
+            )
+            #expect(try server.psql(purge) == "766", "a consumer merged everything: what is older than the grace goes")
+            let left = try server.psql(
+                "SELECT count(*) || ' ' || min(id) FROM wormhole.store_transactions WHERE grp = '\(group)'"
+            )
+            #expect(left == "1000 2101")
+        }
+    }
+
     @Test("A write from psql, outside any store, is recorded as external and reaches consumers")
     func externalWrite() async throws {
         try await offThePool {
