@@ -101,6 +101,8 @@ struct PostgresBenchCase: ParsableCommand {
     var batch = 1
     @Option var cpu = 0
     @Option var peerCPU = 0
+    @Option(help: "Where the wormhole's callbacks run, on both sides: notifier-thread, automatic or serial-queue.")
+    var execution = BenchCase.Execution.notifierThread
 
     func validate() throws {
         if size < 8 { throw ValidationError("--size must be at least 8 bytes (the sequence number).") }
@@ -126,9 +128,12 @@ struct PostgresBenchCase: ParsableCommand {
             redisPort: redisPort,
             tag: tag,
             batch: batch,
+            execution: execution.callbackExecution,
             preparing: names
         )
-        let name = "pg-\(kind.rawValue)" + (batch > 1 ? "-batch" : "")
+        let name =
+            "pg-\(kind.rawValue)" + (batch > 1 ? "-batch" : "")
+            + (execution == .notifierThread ? "" : "-\(execution.rawValue)")
         switch metric {
         case .latency:
             let samples = try measureLatency(endpoint, tag: tag)
@@ -147,6 +152,7 @@ struct PostgresBenchCase: ParsableCommand {
         var arguments = [
             "pg-case-peer", kind.rawValue, role.rawValue, "--tag", tag, "--redis-port", String(redisPort),
             "--cpu", String(peerCPU), "--size", String(size), "--count", String(count), "--batch", String(batch),
+            "--execution", execution.rawValue,
         ]
         if let postgres { arguments += ["--postgres", postgres] }
         let peer = try ChildProcess(arguments: arguments, readyLine: "ready") { line in Output.error("peer: " + line) }
@@ -252,6 +258,7 @@ struct PostgresBenchCasePeer: ParsableCommand {
     @Option var size = 64
     @Option var count = 0
     @Option var batch = 1
+    @Option var execution = BenchCase.Execution.notifierThread
 
     func run() throws {
         #if os(Linux) || os(Android)
@@ -263,6 +270,7 @@ struct PostgresBenchCasePeer: ParsableCommand {
             redisPort: redisPort,
             tag: tag,
             batch: batch,
+            execution: execution.callbackExecution,
             preparing: []
         )
         switch role {
@@ -315,11 +323,18 @@ enum PostgresBenchEndpoints {
         redisPort: Int,
         tag: String,
         batch: Int,
+        execution: CallbackExecution = .notifierThread,
         preparing names: [String]
     ) throws -> any PostgresBenchEndpoint {
         switch kind {
         case .wormholeMailbox, .wormholeLive, .wormholeQueue:
-            return try WormholeBenchEndpoint(kind: kind, url: postgres ?? "", tag: tag, batch: batch)
+            return try WormholeBenchEndpoint(
+                kind: kind,
+                url: postgres ?? "",
+                tag: tag,
+                batch: batch,
+                execution: execution
+            )
         case .notify:
             return try NotifyBenchEndpoint(url: postgres ?? "", tag: tag)
         case .skipLocked:
@@ -334,14 +349,17 @@ enum PostgresBenchEndpoints {
 final class WormholeBenchEndpoint: PostgresBenchEndpoint, @unchecked Sendable {
     let kind: PostgresBenchCase.Kind
     let batch: Int
+    /// Where the receiving callbacks run.
+    let execution: CallbackExecution
     let engine: PostgresEngine
     let wormhole: Wormhole
     private let receivers = Locked<[() -> Void]>([])
     private let queues = Locked<[String: WormholeQueue]>([:])
 
-    init(kind: PostgresBenchCase.Kind, url: String, tag: String, batch: Int) throws {
+    init(kind: PostgresBenchCase.Kind, url: String, tag: String, batch: Int, execution: CallbackExecution) throws {
         self.kind = kind
         self.batch = batch
+        self.execution = execution
         engine = try PostgresEngine(url: url, group: "bench.\(tag)")
         wormhole = Wormhole(engine: engine, sender: "bench-\(getpid())")
     }
@@ -357,20 +375,20 @@ final class WormholeBenchEndpoint: PostgresBenchEndpoint, @unchecked Sendable {
         let cancel: () -> Void
         switch kind {
         case .wormholeMailbox:
-            let listener = try wormhole.listenForEnvelopes(withIdentifier: name, on: .notifierThread) {
+            let listener = try wormhole.listenForEnvelopes(withIdentifier: name, on: execution) {
                 handler([$0.payload])
             }
             cancel = listener.cancel
         case .wormholeLive:
-            let listener = try wormhole.listenForLiveMessageData(withIdentifier: name, on: .notifierThread) {
+            let listener = try wormhole.listenForLiveMessageData(withIdentifier: name, on: execution) {
                 handler([$0])
             }
             cancel = listener.cancel
         default:
             let consumer =
                 batch == 1
-                ? try queue(name).consumeData(consumer: "bench", on: .notifierThread) { handler([$0.value]) }
-                : try queue(name).consumeDataBatches(consumer: "bench", maximumCount: batch, on: .notifierThread) {
+                ? try queue(name).consumeData(consumer: "bench", on: execution) { handler([$0.value]) }
+                : try queue(name).consumeDataBatches(consumer: "bench", maximumCount: batch, on: execution) {
                     handler($0.map(\.value))
                 }
             cancel = consumer.cancel

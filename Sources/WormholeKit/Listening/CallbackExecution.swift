@@ -19,10 +19,11 @@ public struct CallbackExecution: Sendable {
     ///
     /// On Linux, a callback for a change that the notifier's thread found (inotify) runs on that thread once the
     /// change is read, as ``notifierThread`` runs it, the fastest path: on a busy CPU a hand-off to another thread
-    /// costs a context switch per message. A live listener's or responder's callback (directory engine) runs the same
-    /// way on the thread that reads its socket, which serves that listener alone. A callback scheduled from any other
-    /// thread (the message present when listening begins, a polling or PostgreSQL notifier, Darwin) runs on a serial
-    /// dispatch queue of the listener's own, as ``serialQueue`` runs it.
+    /// costs a context switch per message. A live listener's or responder's callback runs the same way on the thread
+    /// that takes its messages (the socket's on the directory engine, the notifications' on PostgreSQL), which serves
+    /// that listener alone. A callback scheduled from any other thread (the message present when listening begins, a
+    /// polling or PostgreSQL notifier, Darwin) runs on a serial dispatch queue of the listener's own, as
+    /// ``serialQueue`` runs it.
     ///
     /// A callback that keeps the notifier's thread for more than about 20 ms of wall-clock time (measured on a clock
     /// that ticks every few milliseconds, checked every 10 ms; for a queue consumer or a store observer, the library's

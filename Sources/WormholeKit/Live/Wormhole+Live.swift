@@ -37,8 +37,8 @@ extension Wormhole {
     ///   - type: The type of the messages.
     ///   - execution: Where `listener` runs; by default ``CallbackExecution/automatic``, which, on the directory
     ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
-    ///     serial queue of the listener's own, while another thread goes on reading), and on other engines on that
-    ///     queue.
+    ///     serial queue of the listener's own, while another thread goes on reading), on PostgreSQL on the thread
+    ///     that takes the listener's notifications, and in memory on that queue.
     ///   - errorHandler: Called with a message that cannot be decoded as `type`; listening goes on. When nil, the
     ///     error is logged.
     ///   - listener: Called with each message.
@@ -68,8 +68,8 @@ extension Wormhole {
     ///   - identifier: The name to listen on (rules of ``MessageIdentifier``).
     ///   - execution: Where `listener` runs; by default ``CallbackExecution/automatic``, which, on the directory
     ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
-    ///     serial queue of the listener's own, while another thread goes on reading), and on other engines on that
-    ///     queue.
+    ///     serial queue of the listener's own, while another thread goes on reading), on PostgreSQL on the thread
+    ///     that takes the listener's notifications, and in memory on that queue.
     ///   - errorHandler: Kept for the vocabulary every listening call shares: bytes are never decoded, and no error
     ///     can happen once the endpoint is listening, so it is not called today.
     ///   - listener: Called with the bytes of each message.
@@ -169,7 +169,8 @@ extension Wormhole {
     ///   - type: The type of the requests.
     ///   - execution: Where `responder` runs; by default ``CallbackExecution/automatic``, which, on the directory
     ///     engine, runs it on the thread that reads the responder's socket (one that blocks moves to a serial queue of
-    ///     the responder's own), and on other engines on that queue.
+    ///     the responder's own), on PostgreSQL on the thread that takes its notifications, and in memory on that
+    ///     queue.
     ///   - errorHandler: Called when a request cannot be decoded as `type`, or `responder` throws (the requester
     ///     gets the error too); when nil, the error is logged.
     ///   - responder: Called with each request; what it returns is encoded and sent back as the reply.

@@ -256,25 +256,33 @@ final class PostgresLiveTransport: LiveTransport {
         }
     }
 
-    /// Registers an endpoint whose envelopes are handled one at a time on a serial queue of its own, until the
-    /// returned observation is cancelled or released.
+    /// Registers an endpoint whose envelopes are handled one at a time on a thread of its own, until the returned
+    /// observation is cancelled or released. The thread is a callback driver (`DriverThread`): the listener's
+    /// callbacks with the default execution run on it, with no second hand-off to the listener's queue.
     private func endpoint(
         identifier: String,
         kind: String,
         handle: @escaping @Sendable (LiveEnvelope) -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        let queue = DispatchQueue(label: "wormhole.postgres.\(kind)")
+        let thread = DriverThread(name: "wh-pg-\(kind)")
         let cancelled = Atomic<Bool>(false)
         let endpoint = NotificationHub.Endpoint(identifier: identifier, kind: kind) { envelope in
-            queue.async {
+            thread.submit {
                 guard !cancelled.load(ordering: .acquiring) else { return }
                 handle(envelope)
             }
         }
-        let id = try engine.hub.register(endpoint)
+        let id: String
+        do throws(WormholeError) {
+            id = try engine.hub.register(endpoint)
+        } catch {
+            thread.stop()
+            throw error
+        }
         return NotifierObservation { [hub = engine.hub] in
             cancelled.store(true, ordering: .releasing)
             hub.unregister(id)
+            thread.stop()
         }
     }
 
