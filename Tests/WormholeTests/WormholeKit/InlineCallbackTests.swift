@@ -169,6 +169,36 @@ struct InlineCallbackTests {
         }
     }
 
+    @Test("A DriverThread runs default callbacks inline; one that blocks has its work taken over, and stop ends it")
+    func driverThreadTakeover() async throws {
+        try await offThePool {
+            let thread = DriverThread(name: "wh-test-driver")
+            let blocking = CallbackExecution.automatic.makeScheduler(label: "blocking")
+            let quick = CallbackExecution.automatic.makeScheduler(label: "quick")
+            let released = DispatchSemaphore(value: 0)
+            let ran = Collector<(String, String)>()
+            thread.submit {
+                blocking {
+                    ran.append(("blocking", Self.threadName()))
+                    _ = released.wait(timeout: .now() + 30)
+                }
+                quick { ran.append(("quick 1", Self.threadName())) }
+            }
+            // The quick listener's callback, scheduled behind the blocked one on the same thread, runs only once a
+            // new thread has taken that thread's work over.
+            #expect(eventually(timeout: 10) { ran.count == 2 }, "taken over while the first still blocks")
+            thread.submit { quick { ran.append(("quick 2", Self.threadName())) } }
+            #expect(eventually(timeout: 10) { ran.count == 3 }, "work submitted after the takeover runs")
+            #expect(ran.values.map(\.0) == ["blocking", "quick 1", "quick 2"])
+            #expect(ran.values.allSatisfy { $0.1 == "wh-test-driver" }, "\(ran.values)")
+            released.signal()
+            thread.stop()
+            thread.submit { quick { ran.append(("after stop", Self.threadName())) } }
+            Thread.sleep(forTimeInterval: 0.2)
+            #expect(ran.count == 3, "nothing runs once stopped")
+        }
+    }
+
     @Test("A task that prefers NotifierTaskExecutor resumes on the inotify thread as it iterates")
     func taskExecutorResumesInline() async throws {
         let wormhole = try Wormhole(directory: directory("w"))

@@ -30,7 +30,7 @@ struct PostgresDriverThreadTests {
             let released = DispatchSemaphore(value: 0)
             let received = Collector<(Int, String)>()
             let listener = try wormhole.listenForLiveMessages(withIdentifier: "tick", as: Int.self) { number in
-                // The 20th waits until every message was sent: its thread's work must be taken over meanwhile.
+                // Message 20 waits until every message was sent; another listener is not held up meanwhile.
                 if number == 20 { _ = released.wait(timeout: .now() + 60) }
                 received.append((number, Self.threadName()))
             }
