@@ -325,7 +325,7 @@ final class CallbackWatchdog: Sendable {
 /// returns, with no hand-off to the listener's queue; one that blocks for ``CallbackDriver/blockedAfter`` has the
 /// thread's work taken over by a new thread, which goes on with the work submitted, and its listener moves to its
 /// queue. The work itself (a read from the server, say) is not timed: only callbacks are. The thread ends when
-/// ``stop()`` is called or this value is released.
+/// ``stop()`` or ``finish()`` is called, or once the work submitted before this value is released has run.
 package final class DriverThread: Sendable {
     private let worker: Worker
 
@@ -335,13 +335,16 @@ package final class DriverThread: Sendable {
         worker.startThread(handingOver: nil)
     }
 
-    deinit { worker.stop() }
+    deinit { finish() }
 
     /// Runs `work` after everything submitted before it; nothing once stopped.
     package func submit(_ work: @escaping @Sendable () -> Void) { worker.submit(work) }
 
     /// Ends the thread once the work under way returns; work not yet started is dropped. Idempotent.
     package func stop() { worker.stop() }
+
+    /// Ends the thread once the work submitted so far has run; work submitted after is dropped.
+    package func finish() { worker.submit { [worker] in worker.stop() } }
 
     /// What the thread (and a thread that takes it over) holds, so that the thread does not keep its owner alive.
     private final class Worker: Sendable {

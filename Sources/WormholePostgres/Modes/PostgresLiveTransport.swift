@@ -258,17 +258,19 @@ final class PostgresLiveTransport: LiveTransport {
 
     /// Registers an endpoint whose envelopes are handled one at a time on a thread of its own, until the returned
     /// observation is cancelled or released. The thread is a callback driver (`DriverThread`): the listener's
-    /// callbacks with the default execution run on it, with no second hand-off to the listener's queue.
+    /// callbacks with the default execution run on it, with no second hand-off to the listener's queue. Envelopes
+    /// that came before the cancel but were not handled yet go to `dropped`, on the same thread.
     private func endpoint(
         identifier: String,
         kind: String,
-        handle: @escaping @Sendable (LiveEnvelope) -> Void
+        handle: @escaping @Sendable (LiveEnvelope) -> Void,
+        dropped: @escaping @Sendable (LiveEnvelope) -> Void = { _ in }
     ) throws(WormholeError) -> NotifierObservation {
         let thread = DriverThread(name: "wh-pg-\(kind)")
         let cancelled = Atomic<Bool>(false)
         let endpoint = NotificationHub.Endpoint(identifier: identifier, kind: kind) { envelope in
             thread.submit {
-                guard !cancelled.load(ordering: .acquiring) else { return }
+                guard !cancelled.load(ordering: .acquiring) else { return dropped(envelope) }
                 handle(envelope)
             }
         }
@@ -282,7 +284,8 @@ final class PostgresLiveTransport: LiveTransport {
         return NotifierObservation { [hub = engine.hub] in
             cancelled.store(true, ordering: .releasing)
             hub.unregister(id)
-            thread.stop()
+            // What came before the cancel still goes to `dropped`: a request is answered, not left to time out.
+            thread.finish()
         }
     }
 
@@ -374,23 +377,31 @@ final class PostgresLiveTransport: LiveTransport {
         handler: @escaping @Sendable (LiveRequest) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let engine = engine
-        return try endpoint(identifier: identifier, kind: "respond") { envelope in
-            let payload: Data
-            do {
-                payload = try self.body(of: envelope)
-            } catch {
-                Self.answer(envelope, failed: true, Data("the request's body was lost: \(error)".utf8), engine)
-                return
-            }
-            handler(
-                LiveRequest(sender: envelope.sender, payload: payload) { answer in
-                    switch answer {
-                    case .reply(let bytes): Self.answer(envelope, failed: false, bytes, engine)
-                    case .failure(let description): Self.answer(envelope, failed: true, Data(description.utf8), engine)
-                    }
+        return try endpoint(
+            identifier: identifier,
+            kind: "respond",
+            handle: { envelope in
+                let payload: Data
+                do {
+                    payload = try self.body(of: envelope)
+                } catch {
+                    Self.answer(envelope, failed: true, Data("the request's body was lost: \(error)".utf8), engine)
+                    return
                 }
-            )
-        }
+                handler(
+                    LiveRequest(sender: envelope.sender, payload: payload) { answer in
+                        switch answer {
+                        case .reply(let bytes): Self.answer(envelope, failed: false, bytes, engine)
+                        case .failure(let description):
+                            Self.answer(envelope, failed: true, Data(description.utf8), engine)
+                        }
+                    }
+                )
+            },
+            dropped: { envelope in
+                Self.answer(envelope, failed: true, Data("the responder stopped before answering".utf8), engine)
+            }
+        )
     }
 
     /// Sends a reply without waiting for it: an answer may come from any thread, including Swift's cooperative pool.

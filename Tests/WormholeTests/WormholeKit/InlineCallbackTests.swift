@@ -199,6 +199,27 @@ struct InlineCallbackTests {
         }
     }
 
+    @Test("A DriverThread told to finish runs the work submitted before, and none after")
+    func driverThreadFinish() async throws {
+        try await offThePool {
+            let thread = DriverThread(name: "wh-test-finish")
+            let released = DispatchSemaphore(value: 0)
+            let ran = Collector<String>()
+            // Work itself is not timed (only callbacks are): this one holds the thread until released.
+            thread.submit {
+                _ = released.wait(timeout: .now() + 30)
+                ran.append("first")
+            }
+            thread.submit { ran.append("before finish") }
+            thread.finish()
+            thread.submit { ran.append("after finish") }
+            released.signal()
+            #expect(eventually(timeout: 10) { ran.count == 2 })
+            Thread.sleep(forTimeInterval: 0.2)
+            #expect(ran.values == ["first", "before finish"])
+        }
+    }
+
     @Test("A task that prefers NotifierTaskExecutor resumes on the inotify thread as it iterates")
     func taskExecutorResumesInline() async throws {
         let wormhole = try Wormhole(directory: directory("w"))

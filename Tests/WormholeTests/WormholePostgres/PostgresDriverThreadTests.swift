@@ -56,4 +56,33 @@ struct PostgresDriverThreadTests {
             _ = (listener, otherListener)
         }
     }
+    @Test("Requests that came before a responder was cancelled, and were not handled yet, fail at once")
+    func queuedRequestsAnsweredOnCancel() async throws {
+        let url = try requireTestServerURL()
+        let engine = try PostgresEngine(url: url, group: uniqueGroup("driver"))
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "tests")
+        let started = DispatchSemaphore(value: 0)
+        let released = DispatchSemaphore(value: 0)
+        // On the endpoint's thread, not timed (a .notifierThread callback): the requests after the first wait in the
+        // endpoint's inbox while it is held.
+        let responder = try wormhole.respondToRequestData(withIdentifier: "slow", on: .notifierThread) { payload in
+            started.signal()
+            _ = released.wait(timeout: .now() + 30)
+            return payload
+        }
+        let first = Task { try await wormhole.requestData(Data("1".utf8), identifier: "slow", timeout: .seconds(30)) }
+        try await blocking { #expect(started.wait(timeout: .now() + 10) == .success) }
+        let queued = (2...3).map { number in
+            Task { try await wormhole.requestData(Data("\(number)".utf8), identifier: "slow", timeout: .seconds(30)) }
+        }
+        try await Task.sleep(for: .milliseconds(500))  // the two reach the endpoint's inbox
+        responder.cancel()
+        released.signal()
+        #expect(try await first.value == Data("1".utf8), "the one under way is answered")
+        for request in queued {
+            let error = await #expect(throws: WormholeError.self) { try await request.value }
+            #expect(error?.code == .remoteFailure, "failed, not left to time out: \(String(describing: error))")
+        }
+    }
 }
