@@ -1,4 +1,3 @@
-import CWormholeSystem
 import Foundation
 import Synchronization
 import Testing
@@ -9,13 +8,6 @@ import Testing
 @Suite("Callbacks run inline by default, and one that blocks is taken over", .limit(minutes: 3))
 struct InlineCallbackTests {
     let directory = TemporaryDirectory()
-
-    /// The calling thread's name, as `ps -L` shows it.
-    static func threadName() -> String {
-        var name = [CChar](repeating: 0, count: 16)
-        _ = cwormhole_thread_name(&name, name.count)
-        return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
 
     @Test("By default callbacks run on the inotify thread, in order; the current message not on the caller's")
     func inlineOnTheNotifierThread() async throws {
@@ -29,7 +21,7 @@ struct InlineCallbackTests {
                 as: Int.self,
                 deliveringCurrentMessage: true
             ) { number in
-                received.append((number, Self.threadName(), currentThreadID() == caller))
+                received.append((number, currentThreadName(), currentThreadID() == caller))
             }
             #expect(eventually { received.count == 1 })
             for number in 1...50 {
@@ -58,15 +50,15 @@ struct InlineCallbackTests {
             // thread, they would never meet.
             let waiting = try wormhole.listenForMessage(withIdentifier: "slow", as: Int.self) { number in
                 let met = number == 1 ? released.wait(timeout: .now() + 20) == .success : true
-                blocked.append((number, Self.threadName(), met))
+                blocked.append((number, currentThreadName(), met))
             }
             let releasing = try wormhole.listenForMessage(withIdentifier: "fast", as: String.self) { text in
-                others.append((text, Self.threadName()))
+                others.append((text, currentThreadName()))
                 if text == "release" { released.signal() }
             }
             let queue = try wormhole.queue("jobs")
             let consumer = try queue.consume(consumer: "worker", as: String.self) { message in
-                others.append(("job " + message.value, Self.threadName()))
+                others.append(("job " + message.value, currentThreadName()))
             }
             // Quiet for longer than the watchdog stays awake, so that the blocking callback has to wake it.
             Thread.sleep(forTimeInterval: 1.3)
@@ -93,7 +85,7 @@ struct InlineCallbackTests {
             let wormhole = try Wormhole(directory: directory("w"))
             let received = Collector<(Int, String)>()
             let listener = try wormhole.listenForLiveMessages(withIdentifier: "tick", as: Int.self) { number in
-                received.append((number, Self.threadName()))
+                received.append((number, currentThreadName()))
             }
             for number in 0..<50 {
                 try wormhole.sendMessage(number, identifier: "tick")
@@ -141,7 +133,7 @@ struct InlineCallbackTests {
                 // The first callback waits until every message was sent: far more than the socket's buffer holds,
                 // so the sends end only if another thread reads the socket meanwhile.
                 if number == 0 { _ = released.wait(timeout: .now() + 60) }
-                received.append((number, Self.threadName()))
+                received.append((number, currentThreadName()))
             }
             let count = 5000
             let sent = Locked(0)
@@ -179,21 +171,21 @@ struct InlineCallbackTests {
             let ran = Collector<(String, String)>()
             thread.submit {
                 blocking {
-                    ran.append(("blocking", Self.threadName()))
+                    ran.append(("blocking", currentThreadName()))
                     _ = released.wait(timeout: .now() + 30)
                 }
-                quick { ran.append(("quick 1", Self.threadName())) }
+                quick { ran.append(("quick 1", currentThreadName())) }
             }
             // The quick listener's callback, scheduled behind the blocked one on the same thread, runs only once a
             // new thread has taken that thread's work over.
             #expect(eventually(timeout: 10) { ran.count == 2 }, "taken over while the first still blocks")
-            thread.submit { quick { ran.append(("quick 2", Self.threadName())) } }
+            thread.submit { quick { ran.append(("quick 2", currentThreadName())) } }
             #expect(eventually(timeout: 10) { ran.count == 3 }, "work submitted after the takeover runs")
             #expect(ran.values.map(\.0) == ["blocking", "quick 1", "quick 2"])
             #expect(ran.values.allSatisfy { $0.1 == "wh-test-driver" }, "\(ran.values)")
             released.signal()
             thread.stop()
-            thread.submit { quick { ran.append(("after stop", Self.threadName())) } }
+            thread.submit { quick { ran.append(("after stop", currentThreadName())) } }
             Thread.sleep(forTimeInterval: 0.2)
             #expect(ran.count == 3, "nothing runs once stopped")
         }
@@ -228,13 +220,13 @@ struct InlineCallbackTests {
         let plainSeen = Collector<(Int, String)>()
         let reader = Task(executorPreference: NotifierTaskExecutor()) {
             for try await number in messages {
-                seen.append((number, Self.threadName()))
+                seen.append((number, currentThreadName()))
                 if number == 20 { break }
             }
         }
         let plain = Task {
             for try await number in wormhole.messages(withIdentifier: "count", as: Int.self) {
-                plainSeen.append((number, Self.threadName()))
+                plainSeen.append((number, currentThreadName()))
                 if number == 20 { break }
             }
         }
@@ -305,7 +297,7 @@ struct InlineCallbackTests {
             let handled = Collector<(Int, String)>()
             let consumer = try queue.consume(consumer: "worker", as: Int.self) { message in
                 if message.value % 1_000 == 0 || message.value > count {
-                    handled.append((message.value, Self.threadName()))
+                    handled.append((message.value, currentThreadName()))
                 }
             }
             // On the notifier thread proper, a pass is not timed and never stops early.

@@ -1,4 +1,3 @@
-import CWormholeSystem
 import Foundation
 import Testing
 import WormholeCLI
@@ -13,13 +12,6 @@ import WormholePostgres
     .limit(minutes: 2)
 )
 struct PostgresDriverThreadTests {
-    /// The calling thread's name, as `ps -L` shows it.
-    static func threadName() -> String {
-        var name = [CChar](repeating: 0, count: 16)
-        _ = cwormhole_thread_name(&name, name.count)
-        return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
     @Test("Default callbacks run on the endpoint's thread, in order; one that blocks holds up no other listener")
     func inlineAndTakenOver() async throws {
         try await offThePool {
@@ -32,7 +24,7 @@ struct PostgresDriverThreadTests {
             let listener = try wormhole.listenForLiveMessages(withIdentifier: "tick", as: Int.self) { number in
                 // Message 20 waits until every message was sent; another listener is not held up meanwhile.
                 if number == 20 { _ = released.wait(timeout: .now() + 60) }
-                received.append((number, Self.threadName()))
+                received.append((number, currentThreadName()))
             }
             for number in 0..<20 {
                 _ = try wormhole.sendMessage(number, identifier: "tick")
