@@ -29,22 +29,6 @@ struct BenchCase: ParsableCommand {
     static let producerBatch = 64
     enum Metric: String, ExpressibleByArgument, Sendable { case latency, throughput }
 
-    /// Where the receiving callbacks run, on both sides: the notifier's thread (the fastest path, and the one
-    /// `Benchmarks/compare` times), the default execution, or a serial queue per listener.
-    enum Execution: String, ExpressibleByArgument, Sendable {
-        case notifierThread = "notifier-thread"
-        case automatic
-        case serialQueue = "serial-queue"
-
-        var callbackExecution: CallbackExecution {
-            switch self {
-            case .notifierThread: .notifierThread
-            case .automatic: .automatic
-            case .serialQueue: .serialQueue
-            }
-        }
-    }
-
     @Argument var mode: Mode
     @Argument var metric: Metric
     @Option var size = 64
@@ -53,12 +37,20 @@ struct BenchCase: ParsableCommand {
     @Option var directory: String
     @Option var cpu = 0
     @Option var peerCPU = 0
-    @Option(help: "Where the receiving callbacks run, on both sides: notifier-thread, automatic or serial-queue.")
-    var execution = Execution.notifierThread
+    @Option(help: "Where the receiving callbacks run, on both sides: \(ListeningPath.callbackNames).")
+    var execution = ListeningPath.notifierThread
 
     func validate() throws {
         if size < 8 { throw ValidationError("--size must be at least 8 bytes (the sequence number).") }
         if count < 2 || warmUp < 0 { throw ValidationError("--count must be at least 2 and --warm-up ≥ 0.") }
+        try Self.validate(execution)
+    }
+
+    /// Refuses an `AsyncSequence` path: the cases listen with a callback.
+    static func validate(_ execution: ListeningPath) throws {
+        if execution.callbackExecution == nil {
+            throw ValidationError("--execution takes \(ListeningPath.callbackNames).")
+        }
     }
 
     func run() throws {
@@ -124,7 +116,7 @@ struct BenchCase: ParsableCommand {
             mode: mode,
             wormhole: wormhole,
             identifier: "pong",
-            execution: execution.callbackExecution,
+            execution: execution.callbackExecution!,
             handler: receive
         )
         let peer = try startPeer(.echo)
@@ -154,7 +146,7 @@ struct BenchCase: ParsableCommand {
             mode: mode,
             wormhole: wormhole,
             identifier: "throughput",
-            execution: execution.callbackExecution
+            execution: execution.callbackExecution!
         ) { payload in
             let now = monotonicNanoseconds()
             let sequence = BenchCaseSender.sequence(of: payload)
@@ -199,7 +191,9 @@ struct BenchCasePeer: ParsableCommand {
     @Option var cpu = 0
     @Option var size = 64
     @Option var count = 0
-    @Option var execution = BenchCase.Execution.notifierThread
+    @Option var execution = ListeningPath.notifierThread
+
+    func validate() throws { try BenchCase.validate(execution) }
 
     func run() throws {
         #if os(Linux) || os(Android)
@@ -213,7 +207,7 @@ struct BenchCasePeer: ParsableCommand {
                 mode: mode,
                 wormhole: wormhole,
                 identifier: "ping",
-                execution: execution.callbackExecution
+                execution: execution.callbackExecution!
             ) { payload in
                 do { try pong.send(payload) } catch { Output.error("\(error)") }
             }

@@ -1,3 +1,4 @@
+import ArgumentParser
 import Foundation
 import WormholeCLI
 import WormholeKit
@@ -29,7 +30,25 @@ extension ListeningPath {
     /// The callback execution of the two paths that queue consumers and suite observers are timed along: the
     /// notifier-thread callback for every other path's name, the default (`.automatic`) for `default`.
     var consumerExecution: CallbackExecution { self == .automatic ? .automatic : .notifierThread }
+
+    /// The callback execution of a path that listens with a callback; nil for the `AsyncSequence` paths.
+    var callbackExecution: CallbackExecution? {
+        switch self {
+        case .notifierThread: .notifierThread
+        case .automatic: .automatic
+        case .serialQueue: .serialQueue
+        case .givenQueue: .queue(DispatchQueue(label: "bench.given"))
+        case .asyncSequence, .asyncSequenceOnNotifier: nil
+        }
+    }
+
+    /// The paths that listen with a callback, for help and errors.
+    static var callbackNames: String {
+        allCases.filter { $0.callbackExecution != nil }.map(\.rawValue).joined(separator: ", ")
+    }
 }
+
+extension ListeningPath: ExpressibleByArgument {}
 
 /// What the messages of the listening-paths benchmark are.
 enum ListeningPayload: String, CaseIterable, Sendable {
@@ -56,13 +75,7 @@ final class ListeningEndpoint: Sendable {
         self.wormhole = wormhole
         self.payload = payload
         let onError: @Sendable (WormholeError) -> Void = { Output.error("listening failed: \($0)") }
-        let execution: CallbackExecution
-        switch path {
-        case .notifierThread: execution = .notifierThread
-        case .automatic: execution = .automatic
-        case .serialQueue: execution = .serialQueue
-        case .givenQueue: execution = .queue(DispatchQueue(label: "bench.given"))
-        case .asyncSequence, .asyncSequenceOnNotifier:
+        guard let execution = path.callbackExecution else {
             handle = Self.iterate(
                 wormhole: wormhole,
                 identifier: identifier,

@@ -101,8 +101,8 @@ struct PostgresBenchCase: ParsableCommand {
     var batch = 1
     @Option var cpu = 0
     @Option var peerCPU = 0
-    @Option(help: "Where the wormhole's callbacks run, on both sides: notifier-thread, automatic or serial-queue.")
-    var execution = BenchCase.Execution.notifierThread
+    @Option(help: "Where the wormhole's callbacks run, on both sides: \(ListeningPath.callbackNames).")
+    var execution = ListeningPath.notifierThread
 
     func validate() throws {
         if size < 8 { throw ValidationError("--size must be at least 8 bytes (the sequence number).") }
@@ -113,6 +113,7 @@ struct PostgresBenchCase: ParsableCommand {
         }
         if batch > 1 && metric == .latency { throw ValidationError("a latency case sends one message at a time.") }
         if kind != .redisStream && postgres == nil { throw ValidationError("--postgres URL is required.") }
+        try BenchCase.validate(execution)
     }
 
     func run() throws {
@@ -128,7 +129,7 @@ struct PostgresBenchCase: ParsableCommand {
             redisPort: redisPort,
             tag: tag,
             batch: batch,
-            execution: execution.callbackExecution,
+            execution: execution.callbackExecution!,
             preparing: names
         )
         let name =
@@ -258,7 +259,9 @@ struct PostgresBenchCasePeer: ParsableCommand {
     @Option var size = 64
     @Option var count = 0
     @Option var batch = 1
-    @Option var execution = BenchCase.Execution.notifierThread
+    @Option var execution = ListeningPath.notifierThread
+
+    func validate() throws { try BenchCase.validate(execution) }
 
     func run() throws {
         #if os(Linux) || os(Android)
@@ -270,7 +273,7 @@ struct PostgresBenchCasePeer: ParsableCommand {
             redisPort: redisPort,
             tag: tag,
             batch: batch,
-            execution: execution.callbackExecution,
+            execution: execution.callbackExecution!,
             preparing: []
         )
         switch role {

@@ -278,17 +278,14 @@ public final class SharedStore: Sendable {
         do {
             return try databasePool.write { db in
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
-                // The last transaction committed before `time` (seconds since 1970), or 0.
-                func lastCommit(before time: TimeInterval) throws -> Int64 {
-                    try HistorySchema.lastCommit(db, before: time)
-                }
                 // What every consumer has merged, and what is older than the cutoff, whichever reaches further; but
                 // not the last `mergedHistoryGrace`, even when merged: passing consumers, which no table lists,
                 // read it.
                 let registered = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
-                let settled = try lastCommit(before: Date().timeIntervalSince1970 - Self.mergedHistoryGrace.seconds)
+                let settledBefore = Date().timeIntervalSince1970 - Self.mergedHistoryGrace.seconds
+                let settled = try HistorySchema.lastCommit(db, before: settledBefore)
                 let merged = registered.map { min($0, settled) }
-                let old = try lastCommit(before: cutoff)
+                let old = try HistorySchema.lastCommit(db, before: cutoff)
                 let through = max(merged ?? 0, old)
                 let transactions =
                     try Int.fetchOne(

@@ -55,17 +55,11 @@ public struct CallbackExecution: Sendable {
     }
 
     /// A function that runs work where this execution says, in order.
-    ///
-    /// - Parameter handsBacklogToQueue: With ``automatic``, whether a backlog of callbacks that has held a driver's
-    ///   thread for a few milliseconds goes on on the listener's queue (see `InlineScheduler`).
-    package func makeScheduler(
-        label: String,
-        handsBacklogToQueue: Bool = false
-    ) -> @Sendable (@escaping @Sendable () -> Void) -> Void {
+    package func makeScheduler(label: String) -> @Sendable (@escaping @Sendable () -> Void) -> Void {
         switch kind {
         case .queue(let queue): return { work in queue.async(execute: work) }
         case .automatic:
-            let scheduler = InlineScheduler(label: label, handsBacklogToQueue: handsBacklogToQueue)
+            let scheduler = InlineScheduler(label: label)
             return { work in scheduler.schedule(work) }
         case .serialQueue:
             let queue = DispatchQueue(label: label)

@@ -65,14 +65,9 @@ final class InlineScheduler: Sendable {
 
     private let state = Locked(State())
     private let queue: DispatchQueue
-    /// Whether a backlog of this listener's callbacks leaves the driver after ``CallbackDriver/passBudget``, the rest
-    /// going to the queue: for a live listener, whose driver must go back to reading its socket, which would
-    /// otherwise fill and hold senders up while quick callbacks pile up.
-    private let handsBacklogToQueue: Bool
 
-    init(label: String, handsBacklogToQueue: Bool = false) {
+    init(label: String) {
         queue = DispatchQueue(label: label)
-        self.handsBacklogToQueue = handsBacklogToQueue
     }
 
     /// Schedules `work` after everything scheduled before it.
@@ -93,7 +88,7 @@ final class InlineScheduler: Sendable {
 
     /// Runs the pending work until none is left; on a driver's thread, each piece is timed by the driver.
     func runPending(stamping driver: CallbackDriver?) {
-        let started = driver != nil && handsBacklogToQueue ? ProcessFacts.coarseMonotonicNanoseconds() : nil
+        let started = driver?.handsBacklogsToQueues == true ? ProcessFacts.coarseMonotonicNanoseconds() : nil
         while let work = state.withLock({ $0.next() }) {
             guard let driver else {
                 work()
@@ -140,9 +135,16 @@ final class CallbackDriver: Sendable {
 
     private let state = Locked(State())
     private let takeOver: @Sendable ([InlineScheduler]) -> Void
+    /// Whether a listener's backlog of callbacks leaves this driver after ``passBudget``, the rest going to the
+    /// listener's queue: for a thread that must go back to reading a socket, whose buffer would otherwise fill and
+    /// hold senders up while quick callbacks pile up.
+    let handsBacklogsToQueues: Bool
 
-    /// - Parameter takeOver: Starts a thread that does this one's job, first running the schedulers given.
-    init(takeOver: @escaping @Sendable ([InlineScheduler]) -> Void) {
+    /// - Parameters:
+    ///   - handsBacklogsToQueues: Whether a listener's backlog leaves the driver after ``passBudget``.
+    ///   - takeOver: Starts a thread that does this one's job, first running the schedulers given.
+    init(handsBacklogsToQueues: Bool = false, takeOver: @escaping @Sendable ([InlineScheduler]) -> Void) {
+        self.handsBacklogsToQueues = handsBacklogsToQueues
         self.takeOver = takeOver
     }
 

@@ -16,7 +16,7 @@ import SystemPackage
 /// The endpoint serves one listener, so such a callback delays only that listener's messages (and a task that prefers
 /// ``NotifierTaskExecutor`` and resumes here). The socket must go on being read, or its buffer fills and senders wait:
 /// a backlog of quick callbacks that has held the thread for ``CallbackDriver/passBudget`` goes on on the listener's
-/// queue (`InlineScheduler`'s `handsBacklogToQueue`), and a callback that blocks for ``CallbackDriver/blockedAfter``
+/// queue (``CallbackDriver/handsBacklogsToQueues``), and a callback that blocks for ``CallbackDriver/blockedAfter``
 /// has the endpoint's work taken over by a new thread, which goes on reading the socket; the callbacks that came
 /// meanwhile run after it on the blocked thread, and later ones on the listener's queue.
 final class LiveEndpoint: Sendable {
@@ -146,7 +146,9 @@ final class LiveEndpoint: Sendable {
     }
 
     private func serve(_ serving: ServingState, handingOver handedOver: [InlineScheduler]?) {
-        let driver = CallbackDriver { [self] rest in startThread(serving, handingOver: rest) }
+        let driver = CallbackDriver(handsBacklogsToQueues: true) { [self] rest in
+            startThread(serving, handingOver: rest)
+        }
         driver.install()
         defer {
             driver.uninstall()

@@ -83,7 +83,7 @@ extension Wormhole {
         listener: @escaping @Sendable (Data) -> Void
     ) throws(WormholeError) -> LiveListener {
         try MessageIdentifier.validate(identifier)
-        let schedule = execution.makeScheduler(label: "wormhole.live.\(identifier)", handsBacklogToQueue: true)
+        let schedule = execution.makeScheduler(label: "wormhole.live.\(identifier)")
         let handle = LiveListener(identifier: identifier)
         let cancelled = handle.cancelled
         let observation = try liveTransport().listen(identifier: identifier) { message in
@@ -221,7 +221,7 @@ extension Wormhole {
         responder: @escaping @Sendable (Data) throws -> Data
     ) throws(WormholeError) -> LiveListener {
         try MessageIdentifier.validate(identifier)
-        let schedule = execution.makeScheduler(label: "wormhole.respond.\(identifier)", handsBacklogToQueue: true)
+        let schedule = execution.makeScheduler(label: "wormhole.respond.\(identifier)")
         let handle = LiveListener(identifier: identifier)
         let cancelled = handle.cancelled
         let observation = try liveTransport().respond(identifier: identifier) { [self] request in

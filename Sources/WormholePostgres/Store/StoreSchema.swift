@@ -345,7 +345,8 @@ enum StoreSchema {
         """,
     ]
 
-    /// Seconds of ``PostgresStore/mergedHistoryGrace``, as migration 4 writes them into the purge.
+    /// Seconds of ``PostgresStore/mergedHistoryGrace``, as migration 4 writes them into the purge: a literal, not
+    /// derived from that constant, since a migration's text must never change once it shipped.
     private static let mergedHistoryGrace = 30
 
     /// The tables a role granted a group may read and write for its stores.
