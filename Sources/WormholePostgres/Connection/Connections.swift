@@ -17,7 +17,7 @@ final class Connections: Sendable {
     let logger: Logger
     /// How long one statement may take before its connection is closed and the call fails.
     let timeout: Duration
-    private let idle = Locked<[PostgresConnection]>([])
+    private let idle = Locked<[PooledConnection]>([])
     private let closed = Atomic<Bool>(false)
     private let nextID = Atomic<Int>(1)
     /// Settings of every connection's session (a store's `wormhole.author`), sent when it opens.
@@ -61,37 +61,43 @@ final class Connections: Sendable {
     func withConnection<Result>(
         _ body: (PostgresConnection) throws(WormholeError) -> Result
     ) throws(WormholeError) -> Result {
+        try withPooledConnection { (pooled) throws(WormholeError) in try body(pooled.connection) }
+    }
+
+    private func withPooledConnection<Result>(
+        _ body: (PooledConnection) throws(WormholeError) -> Result
+    ) throws(WormholeError) -> Result {
         let reused = idle.withLock { idle in
-            while let connection = idle.popLast() {
-                if !connection.isClosed { return Optional(connection) }
+            while let pooled = idle.popLast() {
+                if !pooled.connection.isClosed { return Optional(pooled) }
             }
             return nil
         }
-        let connection: PostgresConnection
-        if let reused { connection = reused } else { connection = try connect() }
+        let pooled: PooledConnection
+        if let reused { pooled = reused } else { pooled = PooledConnection(try connect()) }
         do throws(WormholeError) {
-            let result = try body(connection)
-            giveBack(connection)
+            let result = try body(pooled)
+            giveBack(pooled)
             return result
         } catch {
-            if error.code == .serverUnavailable || connection.isClosed {
-                connection.closeQuietly()
+            if error.code == .serverUnavailable || pooled.connection.isClosed {
+                pooled.connection.closeQuietly()
             } else {
-                giveBack(connection)
+                giveBack(pooled)
             }
             throw error
         }
     }
 
-    private func giveBack(_ connection: PostgresConnection) {
+    private func giveBack(_ pooled: PooledConnection) {
         let kept = idle.withLock { idle in
-            guard !closed.load(ordering: .relaxed), idle.count < Self.idleLimit, !connection.isClosed else {
+            guard !closed.load(ordering: .relaxed), idle.count < Self.idleLimit, !pooled.connection.isClosed else {
                 return false
             }
-            idle.append(connection)
+            idle.append(pooled)
             return true
         }
-        if !kept { connection.closeQuietly() }
+        if !kept { pooled.connection.closeQuietly() }
     }
 
     /// Runs one statement (in a transaction of its own) and returns its rows once that transaction has committed.
@@ -104,6 +110,43 @@ final class Connections: Sendable {
     func query(_ query: PostgresQuery, doing what: @autoclosure () -> String) throws(WormholeError) -> [PostgresRow] {
         try withConnection { (connection) throws(WormholeError) in
             try run(query, on: connection, doing: what())
+        }
+    }
+
+    /// Runs one of the statements on the paths of messages (in a transaction of its own) and returns its rows once
+    /// that transaction has committed, as ``query(_:doing:)`` does.
+    ///
+    /// The statement is prepared on each pooled connection the first time that connection runs it (a named prepared
+    /// statement), and then only bound and executed: the server neither parses nor plans it again, which on these
+    /// short statements costs about as much as running them. `binds` holds a value of each parameter's type, in
+    /// order.
+    @discardableResult
+    func execute(
+        _ statement: PreparedStatement,
+        _ binds: [PostgresData],
+        doing what: @autoclosure () -> String
+    ) throws(WormholeError) -> [PreparedRow] {
+        try withPooledConnection { (pooled) throws(WormholeError) in
+            let prepared: PreparedQuery
+            if let known = pooled.prepared.withLock({ $0[statement.sql] }) {
+                prepared = known
+            } else {
+                prepared = try wait(
+                    for: pooled.connection.prepare(query: statement.sql),
+                    doing: what(),
+                    closing: pooled.connection
+                )
+                pooled.prepared.withLock { $0[statement.sql] = prepared }
+            }
+            do throws(WormholeError) {
+                let rows = try wait(for: prepared.execute(binds), doing: what(), closing: pooled.connection)
+                return rows.map(PreparedRow.init)
+            } catch {
+                // Prepared again on the next call: a statement whose plan the server can no longer use (a migration
+                // changed what it returns) fails once, not on every call.
+                pooled.prepared.withLock { $0[statement.sql] = nil }
+                throw error
+            }
         }
     }
 
@@ -150,6 +193,18 @@ final class Connections: Sendable {
         }
     }
 
+    /// Runs a prepared statement without waiting for it; a failure is logged.
+    func submit(_ statement: PreparedStatement, _ binds: [PostgresData], doing what: String) {
+        let logger = logger
+        DispatchQueue.global().async { [self] in
+            do {
+                try self.execute(statement, binds, doing: what)
+            } catch {
+                logger.warning("PostgreSQL engine: \(what) failed: \(error)")
+            }
+        }
+    }
+
     /// Waits for `future` on this thread, at most ``timeout``; on time-out, `connection` is closed.
     func wait<Value: Sendable>(
         for future: EventLoopFuture<Value>,
@@ -178,16 +233,15 @@ final class Connections: Sendable {
 
     /// The ``WormholeError`` for an error of postgres-nio: the server's refusal, or a connection that failed.
     static func wormholeError(_ error: any Error, doing what: String, location: PostgresLocation) -> WormholeError {
-        guard let error = error as? PSQLError else {
-            return WormholeError(
-                .serverUnavailable,
-                "The PostgreSQL server \(location) could not be reached while \(what): \(error).",
-                underlyingError: SendableDescription(error)
-            )
+        // The server's refusal: as a `PSQLError`, or, from the calls of prepared statements (`PreparedQuery`), as the
+        // older `PostgresError` that postgres-nio turns it into there.
+        var refusal: (state: String, message: String)?
+        if let error = error as? PSQLError, error.code == .server, let info = error.serverInfo {
+            refusal = (info[.sqlState] ?? "", info[.message] ?? "no message")
+        } else if case .server(let response) = error as? PostgresError {
+            refusal = (response.fields[.sqlState] ?? "", response.fields[.message] ?? "no message")
         }
-        if error.code == .server, let info = error.serverInfo {
-            let state = info[.sqlState] ?? ""
-            let message = info[.message] ?? "no message"
+        if let (state, message) = refusal {
             var advice = ""
             switch state {
             case "42P01", "3F000", "42883": advice = " Set up the schema with `wormhole postgres setup --postgres URL`."
@@ -207,6 +261,13 @@ final class Connections: Sendable {
                 underlyingError: SendableDescription(error)
             )
         }
+        guard let error = error as? PSQLError else {
+            return WormholeError(
+                .serverUnavailable,
+                "The PostgreSQL server \(location) could not be reached while \(what): \(error).",
+                underlyingError: SendableDescription(error)
+            )
+        }
         // The cause underneath (a refused connection, a certificate that does not verify) says what to fix.
         let cause = error.underlying.map { ": \($0)" } ?? ""
         return WormholeError(
@@ -219,11 +280,62 @@ final class Connections: Sendable {
     /// Closes every idle connection; later calls fail.
     func close() {
         guard !closed.exchange(true, ordering: .relaxed) else { return }
-        let connections = idle.withLock { idle in
+        let pooled = idle.withLock { idle in
             defer { idle.removeAll() }
             return idle
         }
-        for connection in connections { connection.closeQuietly() }
+        for each in pooled { each.connection.closeQuietly() }
+    }
+}
+
+/// A statement on the paths of messages, run with ``Connections/execute(_:_:doing:)``: prepared once on each
+/// connection that runs it. Its parameters are `$1`, `$2`, …, each cast to its type, so that what the server infers
+/// is what the binds hold.
+struct PreparedStatement: Sendable {
+    let sql: String
+
+    /// A notification: the channel and the payload.
+    static let notify = PreparedStatement(sql: "SELECT pg_catalog.pg_notify($1::text, $2::text)")
+}
+
+/// A row of a prepared statement's result.
+///
+/// postgres-nio asks for every column in binary, but the row description its `PreparedQuery` keeps is the one the
+/// server gave when the statement was prepared, which says text: decoded through it, a `bigint` fails. The cells here
+/// say binary, which is what came.
+struct PreparedRow: Sendable {
+    let cells: [PostgresCell]
+
+    init(_ row: PostgresRow) {
+        cells = row.map { cell in
+            var cell = cell
+            cell.format = .binary
+            return cell
+        }
+    }
+
+    /// The columns, from the first, as `types`.
+    func decode<each Value: PostgresDecodable>(_ types: (repeat each Value).Type) throws -> (repeat each Value) {
+        var index = 0
+        func next<Column: PostgresDecodable>(_ type: Column.Type) throws -> Column {
+            defer { index += 1 }
+            guard index < cells.count else {
+                throw WormholeError(.serverRejected, "PostgreSQL returned \(cells.count) columns, fewer than expected.")
+            }
+            return try cells[index].decode(Column.self)
+        }
+        return (repeat try next((each Value).self))
+    }
+}
+
+/// A connection of the pool, and the statements prepared on it (by their text).
+final class PooledConnection: Sendable {
+    let connection: PostgresConnection
+    /// One borrower at a time uses it; the lock makes it `Sendable`.
+    let prepared = Locked<[String: PreparedQuery]>([:])
+
+    init(_ connection: PostgresConnection) {
+        self.connection = connection
     }
 }
 

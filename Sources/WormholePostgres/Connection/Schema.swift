@@ -378,3 +378,23 @@ func decode<Value: PostgresDecodable>(
         )
     }
 }
+
+/// The first column of `row` as `type`; a missing row or a wrong type is the server's fault, and says so.
+func decode<Value: PostgresDecodable>(
+    _ type: Value.Type,
+    _ row: PreparedRow?,
+    doing what: String
+) throws(WormholeError) -> Value {
+    guard let row else {
+        throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
+    }
+    do {
+        return try row.decode(Value.self)
+    } catch {
+        throw WormholeError(
+            .serverRejected,
+            "PostgreSQL returned an unexpected column while \(what): \(error).",
+            underlyingError: SendableDescription(error)
+        )
+    }
+}

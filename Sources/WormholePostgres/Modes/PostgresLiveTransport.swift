@@ -230,11 +230,13 @@ final class PostgresLiveTransport: LiveTransport {
         envelope.sender = sender
         try attach(payload, to: &envelope)
         // Counting and notifying in one call: what is counted is what was listening at the notification.
-        let rows = try engine.connections.query(
-            """
-            SELECT wormhole.live_send(
-                \(engine.group), \(identifier), \(engine.hub.liveChannel(for: identifier)), \(envelope.notification))
-            """,
+        let rows = try engine.connections.execute(
+            .liveSend,
+            [
+                PostgresData(string: engine.group), PostgresData(string: identifier),
+                PostgresData(string: engine.hub.liveChannel(for: identifier)),
+                PostgresData(string: envelope.notification),
+            ],
             doing: "sending a live message"
         )
         let count = Int(try decode(Int64.self, rows.first, doing: "sending a live message"))
@@ -316,17 +318,12 @@ final class PostgresLiveTransport: LiveTransport {
         defer { _ = hub.replies.withLock { $0.removeValue(forKey: envelope.requestID) } }
         let afterTarget = envelope.notificationAfterTarget
         // One responder, chosen at random among the live ones, in the statement that notifies it.
-        let rows = try engine.connections.query(
-            """
-            WITH chosen AS (
-                SELECT e.endpoint, e.alive_key FROM wormhole.live_endpoints e
-                WHERE e.grp = \(engine.group) AND e.identifier = \(identifier) AND e.kind = 'respond'
-                    AND e.alive_key IS NOT NULL AND NOT pg_try_advisory_xact_lock_shared(e.alive_key)
-                ORDER BY random() LIMIT 1)
-            SELECT c.alive_key, (SELECT pg_notify(\(engine.hub.liveChannel(for: identifier)),
-                'L' || octet_length(c.endpoint) || ':' || c.endpoint || \(afterTarget)
-            )) IS NULL FROM chosen c
-            """,
+        let rows = try engine.connections.execute(
+            .liveRequest,
+            [
+                PostgresData(string: engine.group), PostgresData(string: identifier),
+                PostgresData(string: engine.hub.liveChannel(for: identifier)), PostgresData(string: afterTarget),
+            ],
             doing: "sending a request"
         )
         guard let row = rows.first else { throw notReachable(identifier, "answers") }
@@ -417,7 +414,8 @@ final class PostgresLiveTransport: LiveTransport {
         if bytes.count <= inlineLimit, inline.notification.utf8.count <= notificationLimit {
             reply = inline
             engine.connections.submit(
-                "SELECT pg_notify(\(replyChannel), \(reply.notification))",
+                .notify,
+                [PostgresData(string: replyChannel), PostgresData(string: reply.notification)],
                 doing: "replying to a request"
             )
         } else {
@@ -433,4 +431,25 @@ final class PostgresLiveTransport: LiveTransport {
             )
         }
     }
+}
+
+extension PreparedStatement {
+    /// A live message (`wormhole.live_send`): the group, the identifier, its channel and the notification.
+    static let liveSend = PreparedStatement(sql: "SELECT wormhole.live_send($1::text, $2::text, $3::text, $4::text)")
+
+    /// A request: one responder of the identifier, chosen at random among the live ones, notified in the same
+    /// statement (the group, the identifier, its channel and the notification after its target). Returns the
+    /// responder's liveness key, or no row when none answers.
+    static let liveRequest = PreparedStatement(
+        sql: """
+            WITH chosen AS (
+                SELECT e.endpoint, e.alive_key FROM wormhole.live_endpoints e
+                WHERE e.grp = $1::text AND e.identifier = $2::text AND e.kind = 'respond'
+                    AND e.alive_key IS NOT NULL AND NOT pg_catalog.pg_try_advisory_xact_lock_shared(e.alive_key)
+                ORDER BY pg_catalog.random() LIMIT 1)
+            SELECT c.alive_key, (SELECT pg_catalog.pg_notify($3::text,
+                'L' || pg_catalog.octet_length(c.endpoint) || ':' || c.endpoint || $4::text
+            )) IS NULL FROM chosen c
+            """
+    )
 }

@@ -30,16 +30,13 @@ final class PostgresTransiting: Transiting {
         let name = "mailbox." + identifier
         // The notification rides the write's statement: one round trip. The wormhole's post of the same name, next
         // on this thread, then has nothing left to do (see `PostgresNotifier.post`).
-        let rows = try engine.connections.query(
-            """
-            WITH written AS (
-                INSERT INTO wormhole.mailboxes AS m (grp, identifier, sequence, sender, time_ns, payload)
-                VALUES (\(engine.group), \(identifier), 1, \(sender), \(now), \(ByteBuffer(data: payload)))
-                ON CONFLICT (grp, identifier) DO UPDATE SET sequence = m.sequence + 1, sender = EXCLUDED.sender,
-                    time_ns = EXCLUDED.time_ns, payload = EXCLUDED.payload
-                RETURNING sequence)
-            SELECT sequence, pg_notify(\(engine.channel), \("n" + name)) IS NULL FROM written
-            """,
+        let rows = try engine.connections.execute(
+            .mailboxWrite,
+            [
+                PostgresData(string: engine.group), PostgresData(string: identifier), PostgresData(string: sender),
+                PostgresData(int64: now), PostgresData(type: .bytea, value: ByteBuffer(data: payload)),
+                PostgresData(string: engine.channel), PostgresData(string: "n" + name),
+            ],
             doing: "writing the mailbox \(identifier)"
         )
         NotifiedByWrite.record(name)
@@ -55,11 +52,9 @@ final class PostgresTransiting: Transiting {
 
     func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
-        let rows = try engine.connections.query(
-            """
-            SELECT sequence, sender, time_ns, payload FROM wormhole.mailboxes
-            WHERE grp = \(engine.group) AND identifier = \(identifier) AND payload IS NOT NULL
-            """,
+        let rows = try engine.connections.execute(
+            .mailboxRead,
+            [PostgresData(string: engine.group), PostgresData(string: identifier)],
             doing: "reading the mailbox \(identifier)"
         )
         guard let row = rows.first else { return nil }
@@ -127,8 +122,9 @@ final class PostgresNotifier: Notifier {
     func post(_ name: String) throws(WormholeError) {
         // The write just made on this thread notified this name already.
         if NotifiedByWrite.take(name) { return }
-        try engine.connections.query(
-            "SELECT pg_notify(\(engine.channel), \("n" + name))",
+        try engine.connections.execute(
+            .notify,
+            [PostgresData(string: engine.channel), PostgresData(string: "n" + name)],
             doing: "notifying \(name)"
         )
     }
@@ -152,4 +148,28 @@ enum NotifiedByWrite {
         defer { dictionary.removeObject(forKey: key) }
         return dictionary[key] as? String == name
     }
+}
+
+extension PreparedStatement {
+    /// A mailbox's write and its notification, in one statement: the group, the identifier, the sender, the time,
+    /// the payload, the channel and the notification. Returns the new sequence number.
+    static let mailboxWrite = PreparedStatement(
+        sql: """
+            WITH written AS (
+                INSERT INTO wormhole.mailboxes AS m (grp, identifier, sequence, sender, time_ns, payload)
+                VALUES ($1::text, $2::text, 1, $3::text, $4::bigint, $5::bytea)
+                ON CONFLICT (grp, identifier) DO UPDATE SET sequence = m.sequence + 1, sender = EXCLUDED.sender,
+                    time_ns = EXCLUDED.time_ns, payload = EXCLUDED.payload
+                RETURNING sequence)
+            SELECT sequence, pg_catalog.pg_notify($6::text, $7::text) IS NULL FROM written
+            """
+    )
+
+    /// A mailbox's message, if it holds one: the group and the identifier.
+    static let mailboxRead = PreparedStatement(
+        sql: """
+            SELECT sequence, sender, time_ns, payload FROM wormhole.mailboxes
+            WHERE grp = $1::text AND identifier = $2::text AND payload IS NOT NULL
+            """
+    )
 }

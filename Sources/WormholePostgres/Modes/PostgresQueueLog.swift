@@ -44,11 +44,15 @@ final class PostgresQueueLog: QueueLog {
         guard !buffers.isEmpty else { return }
         let now = Int64(Date().timeIntervalSince1970 * 1e9)
         let carried = CarriedAppend.carried(identifier: identifier, sender: sender, time: now, payloads: buffers)
-        try engine.connections.query(
-            """
-            SELECT wormhole.queue_append(\(engine.group), \(identifier), \(sender), \(now), \(buffers)::bytea[],
-                \(engine.channel), \("n" + notificationName), \(carried))
-            """,
+        try engine.connections.execute(
+            .queueAppend,
+            [
+                PostgresData(string: engine.group), PostgresData(string: identifier), PostgresData(string: sender),
+                PostgresData(int64: now),
+                PostgresData(array: buffers.map { PostgresData(type: .bytea, value: $0) }, elementType: .bytea),
+                PostgresData(string: engine.channel), PostgresData(string: "n" + notificationName),
+                carried.map(PostgresData.init(string:)) ?? .null,
+            ],
             doing: "appending to the queue \(identifier)"
         )
     }
@@ -222,16 +226,18 @@ final class PostgresQueueCursor: QueueCursor {
             end == nil
             ? "reading the queue \(log.identifier) as \(consumer)"
             : "acknowledging \(log.identifier) as \(consumer)"
-        let query: PostgresQuery = """
-            SELECT * FROM wormhole.queue_read(\(engine.group), \(log.identifier), \(consumer), \(end.map(Int64.init)),
-                \(Int32(clamping: maximumCount)), \(Int64(PostgresQueueLog.readLimit)))
-            """
+        let binds = [
+            PostgresData(string: engine.group), PostgresData(string: log.identifier), PostgresData(string: consumer),
+            end.map { PostgresData(int64: Int64($0)) } ?? .null, PostgresData(int32: Int32(clamping: maximumCount)),
+            PostgresData(int64: Int64(PostgresQueueLog.readLimit)),
+        ]
         // Returns once the acknowledgement has committed: the server sends a statement's end at the Sync after
         // it, when it commits (FORMAT.md, "Queues").
         let position: Int64?
         let records: [QueueRecord]
         do throws(WormholeError) {
-            (position, records) = try decodeRecords(try engine.connections.query(query, doing: what), doing: what)
+            let rows = try engine.connections.execute(.queueRead, binds, doing: what)
+            (position, records) = try decodeRecords(rows, doing: what)
         } catch {
             // An acknowledgement that failed here may have committed there: the position kept here is no longer
             // sure, so the next read is the table's, never records carried from before.
@@ -253,7 +259,7 @@ final class PostgresQueueCursor: QueueCursor {
 
     /// The consumer's position (nil when no row came: the consumer is not registered) and the records.
     private func decodeRecords(
-        _ rows: [PostgresRow],
+        _ rows: [PreparedRow],
         doing what: String
     ) throws(WormholeError) -> (Int64?, [QueueRecord]) {
         var records: [QueueRecord] = []
@@ -395,4 +401,21 @@ struct CarriedAppend: Sendable, Equatable {
             )
         }
     }
+}
+
+extension PreparedStatement {
+    /// An append (`wormhole.queue_append`): the group, the queue, the sender, the time, the payloads, the channel,
+    /// the notification and the records it carries (or null).
+    static let queueAppend = PreparedStatement(
+        sql: """
+            SELECT wormhole.queue_append($1::text, $2::text, $3::text, $4::bigint, $5::bytea[], $6::text, $7::text,
+                $8::text)
+            """
+    )
+
+    /// A consumer's read (`wormhole.queue_read`): the group, the queue, the consumer, the end acknowledged (or
+    /// null), the most records and about the most bytes.
+    static let queueRead = PreparedStatement(
+        sql: "SELECT * FROM wormhole.queue_read($1::text, $2::text, $3::text, $4::bigint, $5::integer, $6::bigint)"
+    )
 }
