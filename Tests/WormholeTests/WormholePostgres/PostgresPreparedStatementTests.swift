@@ -38,8 +38,8 @@ struct PostgresPreparedStatementTests {
                     statement,
                     [
                         PostgresData(int64: -5_000_000_000 - Int64(round)), PostgresData(int32: 42),
-                        PostgresData(string: "héllo"), PostgresData(type: .bytea, value: ByteBuffer(bytes: [0, 1, 255])),
-                        .null,
+                        PostgresData(string: "héllo"),
+                        PostgresData(type: .bytea, value: ByteBuffer(bytes: [0, 1, 255])), .null,
                     ],
                     doing: "testing"
                 )
