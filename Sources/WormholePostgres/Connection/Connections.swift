@@ -140,7 +140,7 @@ final class Connections: Sendable {
             }
             do throws(WormholeError) {
                 let rows = try wait(for: prepared.execute(binds), doing: what(), closing: pooled.connection)
-                return rows.map(PreparedRow.init)
+                return rows.map(PreparedRow.init(row:))
             } catch {
                 // Prepared again on the next call: a statement whose plan the server can no longer use (a migration
                 // changed what it returns) fails once, not on every call.
@@ -298,33 +298,29 @@ struct PreparedStatement: Sendable {
     static let notify = PreparedStatement(sql: "SELECT pg_catalog.pg_notify($1::text, $2::text)")
 }
 
-/// A row of a prepared statement's result.
+/// A row of a prepared statement's result, read column by column with ``columns()``.
 ///
 /// postgres-nio asks for every column in binary, but the row description its `PreparedQuery` keeps is the one the
-/// server gave when the statement was prepared, which says text: decoded through it, a `bigint` fails. The cells here
-/// say binary, which is what came.
+/// server gave when the statement was prepared, which says text: decoded through it, a `bigint` fails. The cells read
+/// here say binary, which is what came.
 struct PreparedRow: Sendable {
-    let cells: [PostgresCell]
+    let row: PostgresRow
 
-    init(_ row: PostgresRow) {
-        cells = row.map { cell in
-            var cell = cell
-            cell.format = .binary
-            return cell
-        }
-    }
+    /// The columns, from the first.
+    func columns() -> Columns { Columns(cells: row.makeIterator()) }
 
-    /// The columns, from the first, as `types`.
-    func decode<each Value: PostgresDecodable>(_ types: (repeat each Value).Type) throws -> (repeat each Value) {
-        var index = 0
-        func next<Column: PostgresDecodable>(_ type: Column.Type) throws -> Column {
-            defer { index += 1 }
-            guard index < cells.count else {
-                throw WormholeError(.serverRejected, "PostgreSQL returned \(cells.count) columns, fewer than expected.")
+    /// The columns of a row, decoded in order.
+    struct Columns {
+        var cells: PostgresRow.Iterator
+
+        /// The next column as `type`.
+        mutating func decode<Value: PostgresDecodable>(_ type: Value.Type) throws -> Value {
+            guard var cell = cells.next() else {
+                throw WormholeError(.serverRejected, "PostgreSQL returned fewer columns than expected.")
             }
-            return try cells[index].decode(Column.self)
+            cell.format = .binary
+            return try cell.decode(Value.self)
         }
-        return (repeat try next((each Value).self))
     }
 }
 

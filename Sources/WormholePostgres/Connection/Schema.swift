@@ -389,7 +389,8 @@ func decode<Value: PostgresDecodable>(
         throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
     }
     do {
-        return try row.decode(Value.self)
+        var columns = row.columns()
+        return try columns.decode(Value.self)
     } catch {
         throw WormholeError(
             .serverRejected,

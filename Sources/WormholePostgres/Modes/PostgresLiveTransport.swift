@@ -329,7 +329,8 @@ final class PostgresLiveTransport: LiveTransport {
         guard let row = rows.first else { throw notReachable(identifier, "answers") }
         let responderKey: Int64
         do {
-            (responderKey, _) = try row.decode((Int64, Bool?).self)
+            var columns = row.columns()
+            responderKey = try columns.decode(Int64.self)
         } catch {
             throw WormholeError(.serverRejected, "Unexpected columns while sending a request: \(error).")
         }

@@ -59,7 +59,11 @@ final class PostgresTransiting: Transiting {
         )
         guard let row = rows.first else { return nil }
         do {
-            let (sequence, sender, time, payload) = try row.decode((Int64, String, Int64, ByteBuffer).self)
+            var columns = row.columns()
+            let sequence = try columns.decode(Int64.self)
+            let sender = try columns.decode(String.self)
+            let time = try columns.decode(Int64.self)
+            let payload = try columns.decode(ByteBuffer.self)
             return Envelope(
                 sequence: UInt64(sequence),
                 generation: 0,

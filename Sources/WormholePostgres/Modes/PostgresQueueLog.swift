@@ -267,11 +267,13 @@ final class PostgresQueueCursor: QueueCursor {
         var position: Int64?
         for row in rows {
             do {
-                let (stored, offset, sender, time, payload) = try row.decode(
-                    (Int64, Int64, String, Int64, ByteBuffer).self
-                )
-                position = stored
+                var columns = row.columns()
+                position = try columns.decode(Int64.self)
+                let offset = try columns.decode(Int64.self)
                 guard offset >= 0 else { continue }
+                let sender = try columns.decode(String.self)
+                let time = try columns.decode(Int64.self)
+                let payload = try columns.decode(ByteBuffer.self)
                 records.append(
                     QueueRecord(
                         offset: UInt64(offset),

@@ -43,9 +43,12 @@ struct PostgresPreparedStatementTests {
                     ],
                     doing: "testing"
                 )
-                let (big, small, text, bytes, isNull) = try #require(rows.first).decode(
-                    (Int64, Int32, String, ByteBuffer, Bool).self
-                )
+                var columns = try #require(rows.first).columns()
+                let big = try columns.decode(Int64.self)
+                let small = try columns.decode(Int32.self)
+                let text = try columns.decode(String.self)
+                let bytes = try columns.decode(ByteBuffer.self)
+                let isNull = try columns.decode(Bool.self)
                 #expect(big == -5_000_000_000 - Int64(round))
                 #expect(small == 42)
                 #expect(text == "héllo")
@@ -108,7 +111,7 @@ struct PostgresPreparedStatementTests {
             try admin.query(PostgresQuery(unsafeSQL: "CREATE TABLE \(table) (a bigint)"), doing: "setting up")
             try admin.query(PostgresQuery(unsafeSQL: "INSERT INTO \(table) VALUES (7)"), doing: "setting up")
             let statement = PreparedStatement(sql: "SELECT * FROM \(table)")
-            #expect(try connections.execute(statement, [], doing: "reading").first?.cells.count == 1)
+            #expect(try connections.execute(statement, [], doing: "reading").first?.row.count == 1)
 
             try admin.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) ADD COLUMN b text"), doing: "altering")
             let error = #expect(throws: WormholeError.self) { try connections.execute(statement, [], doing: "reading") }
@@ -116,7 +119,7 @@ struct PostgresPreparedStatementTests {
             #expect(error?.message.contains("cached plan must not change result type") == true)
 
             let rows = try connections.execute(statement, [], doing: "reading")
-            #expect(rows.first?.cells.count == 2, "prepared again, with the new column")
+            #expect(rows.first?.row.count == 2, "prepared again, with the new column")
             #expect(try decode(Int64.self, rows.first, doing: "reading") == 7)
         }
     }
