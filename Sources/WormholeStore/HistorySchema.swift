@@ -174,29 +174,37 @@ enum HistorySchema {
     ) throws -> (transactions: [StoreTransaction], scannedThrough: Int64) {
         var rowLimit = max(limit, 1) * 16
         while true {
-            let rows = try Row.fetchAll(
-                db.cachedStatement(sql: "SELECT * FROM wormhole_history WHERE id > ? ORDER BY id LIMIT ?"),
+            // Columns by position, rows read where SQLite returns them (a cursor): no lookup by name, no copy.
+            let rows = try Row.fetchCursor(
+                db.cachedStatement(
+                    sql: """
+                        SELECT id, operation, table_name, primary_key, author, timestamp FROM wormhole_history
+                        WHERE id > ? ORDER BY id LIMIT ?
+                        """
+                ),
                 arguments: [token, rowLimit]
             )
+            var fetched = 0
             var result: [StoreTransaction] = []
             var scanned = token
             var pending = StoreTransaction(id: 0, author: "", date: Date(timeIntervalSince1970: 0), tables: [:])
-            for row in rows {
-                let id: Int64 = row["id"]
-                let operation: String? = row["operation"]
+            while let row = try rows.next() {
+                fetched += 1
+                let id: Int64 = row[0]
+                let operation: String? = row[1]
                 if operation == commitOperation {
                     pending.id = id
-                    pending.author = row["author"] ?? "unknown"
-                    pending.date = Date(timeIntervalSince1970: row["timestamp"] ?? 0)
+                    pending.author = row[4] ?? "unknown"
+                    pending.date = Date(timeIntervalSince1970: row[5] ?? 0)
                     if !pending.tables.isEmpty || !pending.damagedChanges.isEmpty { result.append(pending) }
                     pending = StoreTransaction(id: 0, author: "", date: Date(timeIntervalSince1970: 0), tables: [:])
                     scanned = id
                     if result.count >= limit { return (result, scanned) }
                     continue
                 }
-                let table: String = row["table_name"] ?? "?"
+                let table: String = row[2] ?? "?"
                 if let tables, !tables.contains(table) { continue }
-                switch (operation, decodeKey(row["primary_key"])) {
+                switch (operation, decodeKey(row[3])) {
                 case ("insert", .success(let key)): pending.tables[table, default: TableChanges()].inserted.append(key)
                 case ("update", .success(let key)): pending.tables[table, default: TableChanges()].updated.append(key)
                 case ("delete", .success(let key)): pending.tables[table, default: TableChanges()].deleted.append(key)
@@ -210,7 +218,7 @@ enum HistorySchema {
             }
             // Rows after the last commit row belong to a transaction still open to this reader: one of more rows
             // than fetched, or changes by another tool not yet closed. Fetch more only in the first case.
-            if scanned == token, rows.count == rowLimit {
+            if scanned == token, fetched == rowLimit {
                 rowLimit *= 4
                 continue
             }

@@ -116,7 +116,7 @@ struct SQLiteHistory: StoreHistory {
         do {
             // No transaction around the read: each statement of it reads a whole snapshot, and one that fetches
             // more starts over from `token`. A transaction would cost a BEGIN and a COMMIT per wake-up.
-            return try store.databasePool.unsafeRead { db in
+            return try store.readHistory { db in
                 try HistorySchema.transactions(db, after: token, limit: limit, tables: tables)
             }
         } catch {

@@ -56,6 +56,26 @@ public final class SharedStore: Sendable {
     private let lastPurge = Locked<Date>(.distantPast)
     /// Where the store's own notification work runs: never on the notifier's thread, never on the cooperative pool.
     let queue = DispatchQueue(label: "wormhole.store")
+    /// The read-only connection of the remote-change consumers' history reads, opened by the first.
+    private let historyConnection = Locked<DatabaseQueue?>(nil)
+
+    /// Reads the history on a read-only connection of its own, which the history reads that follow each
+    /// notification of a commit share: a read through the pool first takes one of its readers, and that bookkeeping
+    /// (GRDB's `Pool`) cost about as much as the read itself in a profile of a remote change's way from one process
+    /// to another. The connection is opened as the pool opens its readers, with the store's configuration.
+    func readHistory<T>(_ read: (Database) throws -> T) throws -> T {
+        let connection = try historyConnection.withLock { connection in
+            if let connection { return connection }
+            var grdb = configuration.databaseConfiguration
+            grdb.readonly = true
+            grdb.busyMode = .timeout(configuration.busyTimeout.seconds)
+            let opened = try DatabaseQueue(path: path, configuration: grdb)
+            connection = opened
+            return opened
+        }
+        // No transaction around the read: each statement of it reads a whole snapshot (the history only grows).
+        return try connection.inDatabase(read)
+    }
 
     /// Opens (creating if needed) a store named `name` in an application group's container.
     ///

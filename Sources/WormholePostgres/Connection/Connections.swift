@@ -127,25 +127,35 @@ final class Connections: Sendable {
         doing what: @autoclosure () -> String
     ) throws(WormholeError) -> [PreparedRow] {
         try withPooledConnection { (pooled) throws(WormholeError) in
-            let prepared: PreparedQuery
-            if let known = pooled.prepared.withLock({ $0[statement.sql] }) {
-                prepared = known
-            } else {
-                prepared = try wait(
-                    for: pooled.connection.prepare(query: statement.sql),
-                    doing: what(),
-                    closing: pooled.connection
-                )
-                pooled.prepared.withLock { $0[statement.sql] = prepared }
-            }
-            do throws(WormholeError) {
-                let rows = try wait(for: prepared.execute(binds), doing: what(), closing: pooled.connection)
-                return rows.map(PreparedRow.init(row:))
-            } catch {
-                // Prepared again on the next call: a statement whose plan the server can no longer use (a migration
-                // changed what it returns) fails once, not on every call.
-                pooled.prepared.withLock { $0[statement.sql] = nil }
-                throw error
+            var attempt = 1
+            while true {
+                let prepared: PreparedQuery
+                if let known = pooled.prepared.withLock({ $0[statement.sql] }) {
+                    prepared = known
+                } else {
+                    prepared = try wait(
+                        for: pooled.connection.prepare(query: statement.sql),
+                        doing: what(),
+                        closing: pooled.connection
+                    )
+                    pooled.prepared.withLock { $0[statement.sql] = prepared }
+                }
+                switch try outcome(of: prepared.execute(binds), doing: what(), closing: pooled.connection) {
+                case .success(let rows): return rows.map(PreparedRow.init(row:))
+                case .failure(let error):
+                    // The server could not run the statement as prepared: a migration changed what it returns
+                    // (0A000, "cached plan must not change result type"), or the session lost it (26000, after a
+                    // pooler's DISCARD ALL). Nothing of it ran: prepared again, it runs once more. Any other refusal
+                    // leaves the statement prepared, for the next call.
+                    let state = Self.sqlState(of: error)
+                    if attempt == 1, state == "0A000" || state == "26000" {
+                        attempt += 1
+                        pooled.prepared.withLock { $0[statement.sql] = nil }
+                        _ = prepared.deallocate()  // closing a statement the server lost is not an error
+                        continue
+                    }
+                    throw Self.wormholeError(error, doing: what(), location: location)
+                }
             }
         }
     }
@@ -211,10 +221,23 @@ final class Connections: Sendable {
         doing what: @autoclosure () -> String,
         closing connection: PostgresConnection? = nil
     ) throws(WormholeError) -> Value {
+        switch try outcome(of: future, doing: what(), closing: connection) {
+        case .success(let value): return value
+        case .failure(let error): throw Self.wormholeError(error, doing: what(), location: location)
+        }
+    }
+
+    /// Waits for `future` on this thread, at most ``timeout``, and returns postgres-nio's outcome as it is; throws only
+    /// when the time-out passes, after closing `connection`.
+    private func outcome<Value: Sendable>(
+        of future: EventLoopFuture<Value>,
+        doing what: @autoclosure () -> String,
+        closing connection: PostgresConnection?
+    ) throws(WormholeError) -> Result<Value, any Error> {
         let done = DispatchSemaphore(value: 0)
-        let outcome = Locked<Result<Value, any Error>?>(nil)
+        let completed = Locked<Result<Value, any Error>?>(nil)
         future.whenComplete { result in
-            outcome.withLock { $0 = result }
+            completed.withLock { $0 = result }
             done.signal()
         }
         if done.wait(timeout: .now() + timeout.dispatchInterval) == .timedOut {
@@ -225,10 +248,14 @@ final class Connections: Sendable {
                     + "was closed. A write may or may not have happened."
             )
         }
-        switch outcome.withLock({ $0 })! {
-        case .success(let value): return value
-        case .failure(let error): throw Self.wormholeError(error, doing: what(), location: location)
-        }
+        return completed.withLock({ $0 })!
+    }
+
+    /// The SQLSTATE of the server's refusal, from either of postgres-nio's errors; nil for any other failure.
+    static func sqlState(of error: any Error) -> String? {
+        if let error = error as? PSQLError, error.code == .server { return error.serverInfo?[.sqlState] }
+        if case .server(let response) = error as? PostgresError { return response.fields[.sqlState] }
+        return nil
     }
 
     /// The ``WormholeError`` for an error of postgres-nio: the server's refusal, or a connection that failed.
