@@ -78,6 +78,35 @@ struct PostgresLivenessTests {
     .limit(minutes: 3)
 )
 struct PostgresCommitTests {
+    @Test("An acknowledgement alone moves the stored position, never back, and is refused once the consumer is dropped")
+    func acknowledgementAlone() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("acknowledge")
+            let engine = try PostgresEngine(url: server.url, group: group)
+            defer { engine.close() }
+            let log = try engine.queueLog("jobs", sender: "writer", retention: .seconds(3600))
+            let cursor = try log.openCursor(consumer: "reader")
+            try log.append(contentsOf: (0..<5).map { Data("job \($0)".utf8) })
+            func stored() throws -> String {
+                try server.psql(
+                    "SELECT position FROM wormhole.queue_consumers WHERE grp = '\(group)' AND consumer = 'reader'"
+                )
+            }
+            try cursor.acknowledge(through: 3)
+            #expect(try stored() == "3")
+            #expect(cursor.position == 3)
+            try cursor.acknowledge(through: 2)  // an older end moves nothing back
+            #expect(try stored() == "3")
+            #expect(try cursor.read(maximumCount: 10).map(\.offset) == [3, 4])
+
+            _ = try server.psql("DELETE FROM wormhole.queue_consumers WHERE grp = '\(group)' AND consumer = 'reader'")
+            let error = #expect(throws: WormholeError.self) { try cursor.acknowledge(through: 4) }
+            #expect(error?.code == .serverRejected)
+            #expect(error?.message.contains("no longer registered") == true, "\(String(describing: error))")
+        }
+    }
+
     @Test("An enqueue, a mailbox write and an acknowledgement return after their slow commit, seen by others at once")
     func writesWaitForTheirCommit() async throws { try await offThePool { try writesWaitForTheirCommitBody() } }
 
