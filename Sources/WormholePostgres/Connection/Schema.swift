@@ -365,32 +365,31 @@ func decode<Value: PostgresDecodable>(
     _ row: PostgresRow?,
     doing what: String
 ) throws(WormholeError) -> Value {
-    guard let row else {
-        throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
-    }
-    do {
-        return try row.decode(Value.self)
-    } catch {
-        throw WormholeError(
-            .serverRejected,
-            "PostgreSQL returned an unexpected column while \(what): \(error).",
-            underlyingError: SendableDescription(error)
-        )
-    }
+    try firstColumn(of: row, doing: what) { try $0.decode(Value.self) }
 }
 
-/// The first column of `row` as `type`; a missing row or a wrong type is the server's fault, and says so.
+/// The first column of a prepared statement's `row` as `type`, as ``decode(_:_:doing:)`` reads a row.
 func decode<Value: PostgresDecodable>(
     _ type: Value.Type,
     _ row: PreparedRow?,
     doing what: String
 ) throws(WormholeError) -> Value {
+    try firstColumn(of: row, doing: what) { row in
+        var columns = row.columns()
+        return try columns.decode(Value.self)
+    }
+}
+
+private func firstColumn<Row, Value>(
+    of row: Row?,
+    doing what: String,
+    _ read: (Row) throws -> Value
+) throws(WormholeError) -> Value {
     guard let row else {
         throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
     }
     do {
-        var columns = row.columns()
-        return try columns.decode(Value.self)
+        return try read(row)
     } catch {
         throw WormholeError(
             .serverRejected,

@@ -17,6 +17,13 @@ import WormholeKit
     .limit(minutes: 2)
 )
 struct PostgresPreparedStatementTests {
+    /// The statements prepared on the connection that runs it, itself included.
+    private static let preparedCount = PreparedStatement(sql: "SELECT count(*) FROM pg_catalog.pg_prepared_statements")
+
+    private func preparedCount(_ connections: Connections) throws -> Int64 {
+        try decode(Int64.self, connections.execute(Self.preparedCount, [], doing: "counting").first, doing: "counting")
+    }
+
     private func connections() throws -> Connections {
         Connections(
             location: try PostgresLocation(url: try requireTestServerURL()),
@@ -63,11 +70,8 @@ struct PostgresPreparedStatementTests {
         try await offThePool {
             let connections = try connections()
             defer { connections.close() }
-            let statement = PreparedStatement(sql: "SELECT count(*) FROM pg_catalog.pg_prepared_statements")
             // One borrower at a time: every call takes the same pooled connection.
-            let counts = try (0..<5).map { _ in
-                try decode(Int64.self, try connections.execute(statement, [], doing: "testing").first, doing: "testing")
-            }
+            let counts = try (0..<5).map { _ in try preparedCount(connections) }
             #expect(counts == [1, 1, 1, 1, 1], "the session holds one prepared statement, itself")
         }
     }
@@ -90,24 +94,17 @@ struct PostgresPreparedStatementTests {
             let quotient = try connections.execute(divide, [PostgresData(int32: 1)], doing: "dividing").first
             #expect(try decode(Int32.self, quotient, doing: "dividing") == 1)
             // The refused statement stayed prepared for the next call, not prepared again beside itself.
-            let prepared = PreparedStatement(sql: "SELECT count(*) FROM pg_catalog.pg_prepared_statements")
-            let count = try connections.execute(prepared, [], doing: "counting").first
-            #expect(try decode(Int64.self, count, doing: "counting") == 3, "the backend's, the division and this")
+            #expect(try preparedCount(connections) == 3, "the backend's, the division and the count")
         }
     }
 
     @Test("A statement whose result changed under it, or that its session lost, is prepared again and run at once")
     func preparedAgainWhenTheServerCannotRunIt() async throws {
         try await offThePool {
-            let url = try requireTestServerURL()
             let connections = try connections()
             defer { connections.close() }
             let table = "public.prepared_probe_\(UInt32.random(in: 0...UInt32.max))"
-            let admin = Connections(
-                location: try PostgresLocation(url: url),
-                timeout: .seconds(30),
-                logger: Logger(label: "tests")
-            )
+            let admin = try self.connections()
             defer {
                 _ = try? admin.query(PostgresQuery(unsafeSQL: "DROP TABLE IF EXISTS \(table)"), doing: "cleaning up")
                 admin.close()
@@ -115,7 +112,6 @@ struct PostgresPreparedStatementTests {
             try admin.query(PostgresQuery(unsafeSQL: "CREATE TABLE \(table) (a bigint)"), doing: "setting up")
             try admin.query(PostgresQuery(unsafeSQL: "INSERT INTO \(table) VALUES (7)"), doing: "setting up")
             let statement = PreparedStatement(sql: "SELECT * FROM \(table)")
-            let prepared = PreparedStatement(sql: "SELECT count(*) FROM pg_catalog.pg_prepared_statements")
             #expect(try connections.execute(statement, [], doing: "reading").first?.row.count == 1)
 
             // The server refuses the statement as prepared (0A000, "cached plan must not change result type").
@@ -123,15 +119,14 @@ struct PostgresPreparedStatementTests {
             let rows = try connections.execute(statement, [], doing: "reading")
             #expect(rows.first?.row.count == 2, "prepared again, with the new column")
             #expect(try decode(Int64.self, rows.first, doing: "reading") == 7)
-            let count = try connections.execute(prepared, [], doing: "counting").first
-            #expect(try decode(Int64.self, count, doing: "counting") == 2, "the old statement was closed")
+            #expect(try preparedCount(connections) == 2, "the old statement was closed")
 
             // The session forgets its statements (26000, "prepared statement does not exist"), as behind a pooler.
             _ = try connections.withConnection { (connection) throws(WormholeError) in
                 try connections.run("DEALLOCATE ALL", on: connection, doing: "forgetting")
             }
             #expect(try connections.execute(statement, [], doing: "reading").first?.row.count == 2)
-            #expect(try decode(Int64.self, connections.execute(prepared, [], doing: "").first, doing: "") == 2)
+            #expect(try preparedCount(connections) == 2)
         }
     }
 }
