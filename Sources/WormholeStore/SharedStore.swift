@@ -176,7 +176,12 @@ public final class SharedStore: Sendable {
         if configuration.observesRemoteChanges { try startBridge() }
     }
 
-    deinit { bridge.withLock { $0?.cancel() } }
+    deinit {
+        bridge.withLock { $0?.cancel() }
+        // Before the pool's writer, which then checkpoints the WAL as the last connection and removes it, as GRDB's
+        // pool closes its readers first.
+        try? historyConnection.withLock { $0 }?.close()
+    }
 
     // MARK: Writing
 

@@ -119,8 +119,8 @@ extension PrimaryKey {
     /// The columns of a key that holds only what the stores' triggers write for most keys, read without
     /// `JSONSerialization` (which took most of a one-row transaction's decoding): an object of integers, texts
     /// without escapes, and nulls, as SQLite's `json_object` writes it (PostgreSQL's `jsonb` puts a space after each
-    /// `:` and `,`). Nil for anything else (a real, an escape, a duplicate column, text that is not JSON), which the
-    /// caller reads the general way.
+    /// `:` and `,`). Nil for anything else (a real, an escape, text that is not JSON), which the caller reads the
+    /// general way.
     fileprivate static func plainColumns(_ text: String) -> [String: PrimaryKeyValue]? {
         var text = text
         return text.withUTF8 { bytes -> [String: PrimaryKeyValue]? in
@@ -165,7 +165,9 @@ extension PrimaryKey {
                 }
                 let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
                 if let value = Int64(text) { return .integer(value) }
-                return Double(text).map(PrimaryKeyValue.real)
+                // Beyond a Double too: not a number JSONDecoder reads.
+                guard let real = Double(text), real.isFinite else { return nil }
+                return .real(real)
             }
             var columns: [String: PrimaryKeyValue] = [:]
             guard take(UInt8(ascii: "{")) else { return nil }
@@ -173,7 +175,9 @@ extension PrimaryKey {
             if take(UInt8(ascii: "}")) { return index == bytes.count ? columns : nil }
             repeat {
                 skipSpaces()
-                guard let name = string(), columns[name] == nil else { return nil }
+                guard let name = string() else { return nil }
+                // A column named twice keeps its first value, as JSONDecoder reads it.
+                let repeated = columns[name] != nil
                 skipSpaces()
                 guard take(UInt8(ascii: ":")) else { return nil }
                 skipSpaces()
@@ -181,16 +185,16 @@ extension PrimaryKey {
                 switch bytes[index] {
                 case UInt8(ascii: "\""):
                     guard let value = string() else { return nil }
-                    columns[name] = .text(value)
+                    if !repeated { columns[name] = .text(value) }
                 case UInt8(ascii: "n"):
                     guard bytes.count - index >= 4, bytes[index + 1] == UInt8(ascii: "u"),
                         bytes[index + 2] == UInt8(ascii: "l"), bytes[index + 3] == UInt8(ascii: "l")
                     else { return nil }
                     index += 4
-                    columns[name] = .null
+                    if !repeated { columns[name] = .null }
                 default:
                     guard let value = integer() else { return nil }
-                    columns[name] = value
+                    if !repeated { columns[name] = value }
                 }
                 skipSpaces()
             } while take(UInt8(ascii: ","))

@@ -271,6 +271,27 @@ struct SharedStoreTests {
         }
     }
 
+    @Test("A store whose consumers read the history closes its read-only connection first: its WAL is checkpointed")
+    func closesTheHistoryConnectionFirst() async throws {
+        try await offThePool {
+            do {
+                let store = try open(bridge: false)
+                let received = Collector<Int64>()
+                let observer = try store.observeRemoteChanges(consumer: nil, includingOwnWrites: true) {
+                    received.append($0.id)
+                }
+                try store.write { db in try db.execute(sql: "INSERT INTO item(value) VALUES (1)") }
+                #expect(eventually { received.count == 1 }, "the consumer read the history")
+                observer.cancel()
+            }
+            // The last connection to close checkpoints the WAL and removes it: the writer, not the read-only one.
+            #expect(
+                eventually { !FileManager.default.fileExists(atPath: path + "-wal") },
+                "the WAL is left behind: a read-only connection closed last"
+            )
+        }
+    }
+
     @Test("Purging by age finds the last commit before the cutoff by bisecting ids, as a scan of the times would")
     func purgeByAgeAmongMany() async throws {
         try await offThePool {
