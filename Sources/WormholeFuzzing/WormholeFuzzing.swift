@@ -2,7 +2,7 @@ import Foundation
 import WormholeKit
 
 /// Entry points for fuzzing every decoder of bytes that another process wrote: mailbox files, queue logs, consumer
-/// positions, suite documents and logs, and live packets. Not API: the `WormholeFuzz` target and the corpus test use them.
+/// positions, suite documents and logs, live packets, and the primary keys of a store's history rows. Not API: the `WormholeFuzz` target and the corpus test use them.
 ///
 /// Each takes any bytes, must not crash nor hang, and checks that whatever decodes encodes back to the same thing.
 package enum WormholeFuzzing {
@@ -14,6 +14,7 @@ package enum WormholeFuzzing {
         case suiteDocument
         case livePacket
         case suiteLog
+        case historyKey
     }
 
     /// Runs the decoder the first byte selects on the rest of the bytes.
@@ -27,6 +28,7 @@ package enum WormholeFuzzing {
         case .suiteDocument: suiteDocument(bytes)
         case .livePacket: livePacket(bytes)
         case .suiteLog: suiteLog(bytes)
+        case .historyKey: historyKey(bytes)
         }
     }
 
@@ -131,6 +133,16 @@ package enum WormholeFuzzing {
         precondition(reusing == packet, "a live packet decoded differently with its sender known")
     }
 
+    /// A history row's primary key (`PrimaryKey(historyJSON:)`): the hand-written reading of plain keys must give
+    /// what `JSONDecoder` gives whenever it reads one, and the whole reading must not crash on anything.
+    static func historyKey(_ bytes: [UInt8]) {
+        let text = String(decoding: bytes, as: UTF8.self)
+        _ = PrimaryKey(historyJSON: text)
+        guard let plain = PrimaryKey.plainColumns(text) else { return }
+        let decoded = try? JSONDecoder().decode([String: PrimaryKeyValue].self, from: Data(text.utf8))
+        precondition(decoded == plain, "a plain history key read otherwise than JSONDecoder reads it: \(text)")
+    }
+
     /// Valid inputs for each decoder, to seed a corpus.
     package static func seeds() -> [(name: String, bytes: [UInt8])] {
         let record = MailboxFormat.Record(
@@ -213,6 +225,8 @@ package enum WormholeFuzzing {
             ("consumer-position-slots", [Target.consumerPosition.rawValue] + positions),
             ("suite-document", [Target.suiteDocument.rawValue] + suite),
             ("live-packet", [Target.livePacket.rawValue] + packet),
+            ("history-key", [Target.historyKey.rawValue] + Array(#"{"id":42,"name":"a b","gone":null}"#.utf8)),
+            ("history-key-jsonb", [Target.historyKey.rawValue] + Array(#"{"a": -7, "b": "x"}"#.utf8)),
             ("suite-log", [Target.suiteLog.rawValue] + suiteLog),
             ("suite-log-torn", [Target.suiteLog.rawValue] + suiteLog.dropLast(5)),
         ]

@@ -121,7 +121,7 @@ extension PrimaryKey {
     /// without escapes, and nulls, as SQLite's `json_object` writes it (PostgreSQL's `jsonb` puts a space after each
     /// `:` and `,`). Nil for anything else (a real, an escape, text that is not JSON), which the caller reads the
     /// general way.
-    fileprivate static func plainColumns(_ text: String) -> [String: PrimaryKeyValue]? {
+    package static func plainColumns(_ text: String) -> [String: PrimaryKeyValue]? {
         var text = text
         return text.withUTF8 { bytes -> [String: PrimaryKeyValue]? in
             var index = 0
