@@ -252,23 +252,23 @@ final class Connections: Sendable {
     }
 
     /// The SQLSTATE of the server's refusal, from either of postgres-nio's errors; nil for any other failure.
-    static func sqlState(of error: any Error) -> String? {
-        if let error = error as? PSQLError, error.code == .server { return error.serverInfo?[.sqlState] }
-        if case .server(let response) = error as? PostgresError { return response.fields[.sqlState] }
+    static func sqlState(of error: any Error) -> String? { refusal(of: error)?.state }
+
+    /// The server's refusal: as a `PSQLError`, or, from the calls of prepared statements (`PreparedQuery`), as the
+    /// older `PostgresError` that postgres-nio turns it into there; nil for any other failure.
+    private static func refusal(of error: any Error) -> (state: String, message: String)? {
+        if let error = error as? PSQLError, error.code == .server, let info = error.serverInfo {
+            return (info[.sqlState] ?? "", info[.message] ?? "no message")
+        }
+        if case .server(let response) = error as? PostgresError {
+            return (response.fields[.sqlState] ?? "", response.fields[.message] ?? "no message")
+        }
         return nil
     }
 
     /// The ``WormholeError`` for an error of postgres-nio: the server's refusal, or a connection that failed.
     static func wormholeError(_ error: any Error, doing what: String, location: PostgresLocation) -> WormholeError {
-        // The server's refusal: as a `PSQLError`, or, from the calls of prepared statements (`PreparedQuery`), as the
-        // older `PostgresError` that postgres-nio turns it into there.
-        var refusal: (state: String, message: String)?
-        if let error = error as? PSQLError, error.code == .server, let info = error.serverInfo {
-            refusal = (info[.sqlState] ?? "", info[.message] ?? "no message")
-        } else if case .server(let response) = error as? PostgresError {
-            refusal = (response.fields[.sqlState] ?? "", response.fields[.message] ?? "no message")
-        }
-        if let (state, message) = refusal {
+        if let (state, message) = refusal(of: error) {
             var advice = ""
             switch state {
             case "42P01", "3F000", "42883": advice = " Set up the schema with `wormhole postgres setup --postgres URL`."
