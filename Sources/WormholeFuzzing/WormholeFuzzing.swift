@@ -2,7 +2,8 @@ import Foundation
 import WormholeKit
 
 /// Entry points for fuzzing every decoder of bytes that another process wrote: mailbox files, queue logs, consumer
-/// positions, suite documents and logs, live packets, and the primary keys of a store's history rows. Not API: the `WormholeFuzz` target and the corpus test use them.
+/// positions, suite documents and logs, live packets, and the primary keys of a store's history rows. Not API: the
+/// `WormholeFuzz` target and the corpus test use them.
 ///
 /// Each takes any bytes, must not crash nor hang, and checks that whatever decodes encodes back to the same thing.
 package enum WormholeFuzzing {

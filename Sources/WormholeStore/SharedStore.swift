@@ -73,7 +73,6 @@ public final class SharedStore: Sendable {
             connection = opened
             return opened
         }
-        // No transaction around the read: each statement of it reads a whole snapshot (the history only grows).
         return try connection.inDatabase(read)
     }
 

@@ -193,22 +193,19 @@ final class Connections: Sendable {
 
     /// Sends a statement without waiting for it; a failure is logged.
     func submit(_ query: PostgresQuery, doing what: String) {
-        let logger = logger
-        DispatchQueue.global().async { [self] in
-            do {
-                try self.query(query, doing: what)
-            } catch {
-                logger.warning("PostgreSQL engine: \(what) failed: \(error)")
-            }
-        }
+        submit(doing: what) { () throws(WormholeError) in try self.query(query, doing: what) }
     }
 
     /// Runs a prepared statement without waiting for it; a failure is logged.
     func submit(_ statement: PreparedStatement, _ binds: [PostgresData], doing what: String) {
+        submit(doing: what) { () throws(WormholeError) in try self.execute(statement, binds, doing: what) }
+    }
+
+    private func submit(doing what: String, _ body: @escaping @Sendable () throws(WormholeError) -> Void) {
         let logger = logger
-        DispatchQueue.global().async { [self] in
-            do {
-                try self.execute(statement, binds, doing: what)
+        DispatchQueue.global().async {
+            do throws(WormholeError) {
+                try body()
             } catch {
                 logger.warning("PostgreSQL engine: \(what) failed: \(error)")
             }

@@ -327,13 +327,7 @@ final class PostgresLiveTransport: LiveTransport {
             doing: "sending a request"
         )
         guard let row = rows.first else { throw notReachable(identifier, "answers") }
-        let responderKey: Int64
-        do {
-            var columns = row.columns()
-            responderKey = try columns.decode(Int64.self)
-        } catch {
-            throw WormholeError(.serverRejected, "Unexpected columns while sending a request: \(error).")
-        }
+        let responderKey = try decode(Int64.self, row, doing: "sending a request")
         let deadline = ContinuousClock.now + timeout
         while true {
             let remaining = deadline - .now
