@@ -17,7 +17,11 @@ public final class PostgresAdministration: Sendable {
 
     /// Connects to the server at `url` (see ``PostgresLocation``); no statement runs yet.
     public init(url: String, logger: Logger = Logger(label: "wormhole.postgres")) throws(WormholeError) {
-        connections = Connections(location: try PostgresLocation(url: url), timeout: .seconds(60), logger: logger)
+        connections = Connections(
+            source: .location(try PostgresLocation(url: url)),
+            timeout: .seconds(60),
+            logger: logger
+        )
     }
 
     /// Runs the migrations the database lacks, under a lock; running it again does nothing.

@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import Logging
 import PostgresNIO
@@ -33,7 +34,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     public let transiting: any Transiting
     public let notifier: any Notifier
 
-    public var description: String { "PostgreSQL \(core.connections.location) group \(group)" }
+    public var description: String { "PostgreSQL \(core.connections.source) group \(group)" }
 
     /// Connects to the server at `url` and opens `group`, setting up the schema first when `setsUpSchema` is true.
     ///
@@ -82,7 +83,61 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
         )
     }
 
-    init(
+    /// Borrows its connections from `client`, a postgres-nio client you already run, and opens `group`; the other
+    /// parameters are as in ``init(url:group:setsUpSchema:timeout:logger:)``.
+    ///
+    /// ```swift
+    /// let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+    /// try await withThrowingDiscardingTaskGroup { tasks in
+    ///     tasks.addTask { await client.run() }  // running before the engine opens: it borrows a connection
+    ///     let engine = try await PostgresEngine(client: client, group: "group.com.example.app")
+    ///     let wormhole = Wormhole(engine: engine, sender: "worker-1")
+    ///     for try await job in try wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
+    ///         print("job:", job.value)
+    ///     }
+    ///     engine.close()  // before the client stops: it gives the connections back
+    ///     tasks.cancelAll()
+    /// }
+    /// ```
+    ///
+    /// Every call borrows a connection for the time of its statements (a store's calls too, with their session set
+    /// up before and reset after), and the engine's listening connection is borrowed for as long as it listens, then
+    /// closed rather than given back, so that no `LISTEN` or lock of the engine's reaches your code: the client's
+    /// pool must allow one more connection than your own code uses at once. Statements the engine prepares stay
+    /// prepared on the client's connections until they close.
+    ///
+    /// The client must be running (its `run()`) before the engine opens and for as long as the engine works. The
+    /// engine's calls are synchronous, as on its own connections: make them from threads of your own, or use the
+    /// wormhole's `AsyncSequence`s, which wait on threads of their own; never block a task of Swift's cooperative
+    /// pool with them, since the client needs that pool to open its connections.
+    ///
+    /// - Throws: as ``init(url:group:setsUpSchema:timeout:logger:)``; `WormholeError.Code.serverUnavailable` too when
+    ///   the client lends no connection within `timeout` (it is not running, or its pool is used up).
+    public convenience init(
+        client: PostgresClient,
+        group: String,
+        setsUpSchema: Bool = true,
+        timeout: Duration = .seconds(30),
+        logger: Logger = Logger(label: "wormhole.postgres")
+    ) async throws(WormholeError) {
+        try GroupName.validate(group)
+        let connections = Connections(source: .client(client), timeout: timeout, logger: logger)
+        let result: Result<String, WormholeError> = await withCheckedContinuation { continuation in
+            // Borrowing blocks this thread until the client lends: not a thread of the cooperative pool.
+            DispatchQueue.global().async {
+                do throws(WormholeError) {
+                    continuation.resume(
+                        returning: .success(try Self.open(group, connections, setsUpSchema: setsUpSchema))
+                    )
+                } catch {
+                    continuation.resume(returning: .failure(error))
+                }
+            }
+        }
+        self.init(connections: connections, group: group, channel: try result.get(), logger: logger)
+    }
+
+    convenience init(
         location: PostgresLocation,
         group: String,
         setsUpSchema: Bool,
@@ -90,8 +145,26 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
         logger: Logger
     ) throws(WormholeError) {
         try GroupName.validate(group)
+        let connections = Connections(source: .location(location), timeout: timeout, logger: logger)
+        let channel = try Self.open(group, connections, setsUpSchema: setsUpSchema)
+        self.init(connections: connections, group: group, channel: channel, logger: logger)
+    }
+
+    /// An engine on connections whose group is open, with its channel.
+    init(connections: Connections, group: String, channel: String, logger: Logger) {
         self.group = group
-        let connections = Connections(location: location, timeout: timeout, logger: logger)
+        core = PostgresCore(connections: connections, group: group, channel: channel, logger: logger)
+        transiting = PostgresTransiting(engine: core)
+        notifier = PostgresNotifier(engine: core)
+    }
+
+    /// Checks the schema (migrating it first when `setsUpSchema`), opens `group` and returns its channel; closes
+    /// `connections` when it fails.
+    static func open(
+        _ group: String,
+        _ connections: Connections,
+        setsUpSchema: Bool
+    ) throws(WormholeError) -> String {
         do throws(WormholeError) {
             if setsUpSchema {
                 // Migrating also refuses a schema newer than this build's.
@@ -101,19 +174,16 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
                 guard version == Schema.version else {
                     throw WormholeError(
                         .serverRejected,
-                        "The database \(location) has the wormhole schema at version \(version), this build needs "
-                            + "\(Schema.version): run `wormhole postgres setup --postgres URL`."
+                        "The database \(connections.source) has the wormhole schema at version \(version), this "
+                            + "build needs \(Schema.version): run `wormhole postgres setup --postgres URL`."
                     )
                 }
             }
-            let channel = try Self.openGroup(group, connections)
-            core = PostgresCore(connections: connections, group: group, channel: channel, logger: logger)
+            return try openGroup(group, connections)
         } catch {
             connections.close()
             throw error
         }
-        transiting = PostgresTransiting(engine: core)
-        notifier = PostgresNotifier(engine: core)
     }
 
     /// Registers the group if it is new, and reads its notification channel.

@@ -11,31 +11,45 @@ import WormholeKit
 /// The engine's protocols are synchronous, so every call here blocks its thread until the server answers (or the
 /// time-out passes). They run on the caller's thread, never on the event loop, which only moves bytes.
 final class Connections: Sendable {
-    let location: PostgresLocation
+    /// The server: a location to open connections to, or a client to borrow them from.
+    let source: ConnectionSource
     /// SwiftNIO's shared event loops: never shut down, so that a connection closing late never finds its loop gone.
     var eventLoops: MultiThreadedEventLoopGroup { .singleton }
     let logger: Logger
     /// How long one statement may take before its connection is closed and the call fails.
     let timeout: Duration
     private let idle = Locked<[PooledConnection]>([])
+    /// A client's connections this engine borrowed and prepared statements on, by identity; closed ones are dropped.
+    private let borrowed = Locked<[ObjectIdentifier: PooledConnection]>([:])
+    /// Where the tasks that borrow a client's connections run.
+    private let leaseExecutor = LeaseExecutor()
     private let closed = Atomic<Bool>(false)
     private let nextID = Atomic<Int>(1)
-    /// Settings of every connection's session (a store's `wormhole.author`), sent when it opens.
+    /// Settings of every connection's session (a store's `wormhole.author`), sent when it opens; on a client's
+    /// connection, set when it is borrowed and reset when it is given back.
     let sessionParameters: [(String, String)]
+    /// The statements that set ``sessionParameters`` on a client's connection, and reset them.
+    private let settingSession: PostgresQuery?
+    private let resettingSession: PostgresQuery?
     /// At most this many idle connections are kept; more are closed when given back.
     private static let idleLimit = 4
 
-    init(location: PostgresLocation, timeout: Duration, logger: Logger, sessionParameters: [(String, String)] = []) {
-        self.location = location
+    init(source: ConnectionSource, timeout: Duration, logger: Logger, sessionParameters: [(String, String)] = []) {
+        self.source = source
         self.timeout = timeout
         self.logger = logger
         self.sessionParameters = sessionParameters
+        settingSession = Self.setting(sessionParameters)
+        resettingSession = Self.resetting(sessionParameters.map(\.0))
     }
 
     /// Opens a new connection, with ``sessionParameters`` and `parameters` set for its session.
     func connect(parameters: [(String, String)] = []) throws(WormholeError) -> PostgresConnection {
         guard !closed.load(ordering: .relaxed) else {
             throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
+        }
+        guard case .location(let location) = source else {
+            preconditionFailure("Connections of a client are borrowed, not opened.")
         }
         var configuration = location.configuration
         configuration.options.connectTimeout = .seconds(10)
@@ -67,6 +81,7 @@ final class Connections: Sendable {
     private func withPooledConnection<Result>(
         _ body: (PooledConnection) throws(WormholeError) -> Result
     ) throws(WormholeError) -> Result {
+        if case .client(let client) = source { return try withBorrowedConnection(from: client, body) }
         let reused = idle.withLock { idle in
             while let pooled = idle.popLast() {
                 if !pooled.connection.isClosed { return Optional(pooled) }
@@ -87,6 +102,111 @@ final class Connections: Sendable {
             }
             throw error
         }
+    }
+
+    /// Runs `body` with a connection borrowed from `client`, its session set up for this engine, and gives it back
+    /// as it found it: with the session reset, or closed when it failed (the client then replaces it).
+    private func withBorrowedConnection<Result>(
+        from client: PostgresClient,
+        _ body: (PooledConnection) throws(WormholeError) -> Result
+    ) throws(WormholeError) -> Result {
+        guard !closed.load(ordering: .relaxed) else {
+            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
+        }
+        let (connection, lease) = try ClientLease.borrow(
+            from: client,
+            on: leaseExecutor,
+            within: timeout,
+            doing: "borrowing a connection"
+        )
+        let pooled = pooledConnection(borrowing: connection)
+        let result: Swift.Result<Result, WormholeError>
+        do throws(WormholeError) {
+            if let settingSession { try run(settingSession, on: connection, doing: "setting up the session") }
+            result = .success(try body(pooled))
+        } catch {
+            result = .failure(error)
+        }
+        var closing = connection.isClosed
+        if case .failure(let error) = result, error.code == .serverUnavailable { closing = true }
+        if !closing, let resettingSession {
+            do throws(WormholeError) {
+                try run(resettingSession, on: connection, doing: "resetting the session")
+            } catch {
+                closing = true
+            }
+        }
+        lease.giveBack(closing: closing)
+        return try result.get()
+    }
+
+    /// The statements prepared on a client's connection: known when this engine borrowed it before.
+    private func pooledConnection(borrowing connection: PostgresConnection) -> PooledConnection {
+        borrowed.withLock { borrowed in
+            if let known = borrowed[ObjectIdentifier(connection)] { return known }
+            // A connection the client closed will not be lent again: what was prepared on it goes.
+            borrowed = borrowed.filter { !$0.value.connection.isClosed }
+            let pooled = PooledConnection(connection)
+            borrowed[ObjectIdentifier(connection)] = pooled
+            return pooled
+        }
+    }
+
+    /// A connection for the long run, with `parameters` set for its session: the hub's listening connection. It is
+    /// opened for the purpose, or borrowed from the client; ``DedicatedConnection/end()`` closes it either way, so
+    /// that no `LISTEN` or advisory lock goes back to a client's pool.
+    func dedicatedConnection(parameters: [(String, String)]) throws(WormholeError) -> DedicatedConnection {
+        guard case .client(let client) = source else {
+            let connection = try connect(parameters: parameters)
+            return DedicatedConnection(connection: connection, end: { connection.closeQuietly() })
+        }
+        guard !closed.load(ordering: .relaxed) else {
+            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
+        }
+        let (connection, lease) = try ClientLease.borrow(
+            from: client,
+            on: leaseExecutor,
+            within: timeout,
+            doing: "borrowing the listening connection"
+        )
+        do throws(WormholeError) {
+            if let setting = Self.setting(sessionParameters + parameters) {
+                try run(setting, on: connection, doing: "setting up the listening session")
+            }
+        } catch {
+            lease.giveBack(closing: true)
+            throw error
+        }
+        return DedicatedConnection(connection: connection, end: { lease.giveBack(closing: true) })
+    }
+
+    /// The statement that sets `parameters` for the session; nil for none.
+    private static func setting(_ parameters: [(String, String)]) -> PostgresQuery? {
+        guard !parameters.isEmpty else { return nil }
+        var binds = PostgresBindings()
+        var calls: [String] = []
+        for (name, value) in parameters {
+            binds.append(name)
+            binds.append(value)
+            calls.append("pg_catalog.set_config($\(binds.count - 1), $\(binds.count), false)")
+        }
+        return PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: binds)
+    }
+
+    /// The statement that sets `names` back to their values when the session began; nil for none.
+    private static func resetting(_ names: [String]) -> PostgresQuery? {
+        guard !names.isEmpty else { return nil }
+        var binds = PostgresBindings()
+        var calls: [String] = []
+        for name in names {
+            binds.append(name)
+            let parameter = "$\(binds.count)"
+            calls.append(
+                "pg_catalog.set_config(\(parameter), coalesce((SELECT reset_val FROM pg_catalog.pg_settings "
+                    + "WHERE name = \(parameter)), ''), false)"
+            )
+        }
+        return PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: binds)
     }
 
     private func giveBack(_ pooled: PooledConnection) {
@@ -154,7 +274,7 @@ final class Connections: Sendable {
                         _ = prepared.deallocate()  // closing a statement the server lost is not an error
                         continue
                     }
-                    throw Self.wormholeError(error, doing: what(), location: location)
+                    throw Self.wormholeError(error, doing: what(), source: source)
                 }
             }
         }
@@ -220,7 +340,7 @@ final class Connections: Sendable {
     ) throws(WormholeError) -> Value {
         switch try outcome(of: future, doing: what(), closing: connection) {
         case .success(let value): return value
-        case .failure(let error): throw Self.wormholeError(error, doing: what(), location: location)
+        case .failure(let error): throw Self.wormholeError(error, doing: what(), source: source)
         }
     }
 
@@ -241,7 +361,7 @@ final class Connections: Sendable {
             connection?.closeQuietly()
             throw WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(location) did not answer within \(timeout) while \(what()); the connection "
+                "The PostgreSQL server \(source) did not answer within \(timeout) while \(what()); the connection "
                     + "was closed. A write may or may not have happened."
             )
         }
@@ -264,7 +384,7 @@ final class Connections: Sendable {
     }
 
     /// The ``WormholeError`` for an error of postgres-nio: the server's refusal, or a connection that failed.
-    static func wormholeError(_ error: any Error, doing what: String, location: PostgresLocation) -> WormholeError {
+    static func wormholeError(_ error: any Error, doing what: String, source: ConnectionSource) -> WormholeError {
         if let (state, message) = refusal(of: error) {
             var advice = ""
             switch state {
@@ -281,14 +401,14 @@ final class Connections: Sendable {
                 ? .serverUnavailable : .serverRejected
             return WormholeError(
                 code,
-                "PostgreSQL (\(location)) refused \(what): \(message) (SQLSTATE \(state)).\(advice)",
+                "PostgreSQL (\(source)) refused \(what): \(message) (SQLSTATE \(state)).\(advice)",
                 underlyingError: SendableDescription(error)
             )
         }
         guard let error = error as? PSQLError else {
             return WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(location) could not be reached while \(what): \(error).",
+                "The PostgreSQL server \(source) could not be reached while \(what): \(error).",
                 underlyingError: SendableDescription(error)
             )
         }
@@ -301,9 +421,10 @@ final class Connections: Sendable {
         )
     }
 
-    /// Closes every idle connection; later calls fail.
+    /// Closes every idle connection (a client's are only forgotten); later calls fail.
     func close() {
         guard !closed.exchange(true, ordering: .relaxed) else { return }
+        borrowed.withLock { $0.removeAll() }
         let pooled = idle.withLock { idle in
             defer { idle.removeAll() }
             return idle
@@ -357,6 +478,12 @@ final class PooledConnection: Sendable {
     init(_ connection: PostgresConnection) {
         self.connection = connection
     }
+}
+
+/// A connection held for the long run, and how to end it: closing it, or giving it back to its client closed.
+struct DedicatedConnection: Sendable {
+    let connection: PostgresConnection
+    let end: @Sendable () -> Void
 }
 
 /// An error kept by its description: postgres-nio's errors hold the query, whose binds must not travel.

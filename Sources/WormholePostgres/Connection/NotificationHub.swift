@@ -155,7 +155,7 @@ final class NotificationHub: Sendable {
             state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
             throw WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(connections.location) is not reachable now; the endpoint was not registered.",
+                "The PostgreSQL server \(connections.source) is not reachable now; the endpoint was not registered.",
                 identifier: endpoint.identifier
             )
         }
@@ -312,7 +312,7 @@ final class NotificationHub: Sendable {
         guard let pid = state.withLock({ $0.backendPID }) else {
             throw WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(connections.location) is not reachable now."
+                "The PostgreSQL server \(connections.source) is not reachable now."
             )
         }
         return pid
@@ -353,7 +353,7 @@ final class NotificationHub: Sendable {
             do {
                 try listenOnce(resetBackOff: { backOff = .milliseconds(50) })
             } catch {
-                logger.info("PostgreSQL engine: listening on \(connections.location) stopped: \(error)")
+                logger.info("PostgreSQL engine: listening on \(connections.source) stopped: \(error)")
             }
             state.withLock { state in
                 state.backendPID = nil
@@ -372,10 +372,11 @@ final class NotificationHub: Sendable {
     private func listenOnce(resetBackOff: () -> Void) throws(WormholeError) {
         // The server's keep-alives find a client that vanished (a cut link) within seconds instead of hours, so that
         // its endpoints stop counting; this side finds a dead server by its pings, which time out.
-        let connection = try connections.connect(parameters: [
+        let dedicated = try connections.dedicatedConnection(parameters: [
             ("tcp_keepalives_idle", "5"), ("tcp_keepalives_interval", "2"), ("tcp_keepalives_count", "3"),
         ])
-        defer { connection.closeQuietly() }
+        defer { dedicated.end() }
+        let connection = dedicated.connection
         let groupListener = try listen(on: channel, connection)
         defer { groupListener.stop() }
         let replies = try listen(on: Self.replyChannel(channel, replyEndpoint), connection)
@@ -412,7 +413,7 @@ final class NotificationHub: Sendable {
         listening.broadcast()
         resetBackOff()
         if !first {
-            logger.info("PostgreSQL engine: listening again on \(connections.location)")
+            logger.info("PostgreSQL engine: listening again on \(connections.source)")
             // Whatever was posted while no one listened: every observer reads again. (Not on the first connection:
             // every observer then was registered while it was being made, and promised only later posts.)
             wakeEveryObserver()

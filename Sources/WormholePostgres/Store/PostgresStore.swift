@@ -98,7 +98,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         self.configuration = configuration
         self.logger = configuration.logger
         connections = Connections(
-            location: engine.core.connections.location,
+            source: engine.core.connections.source,
             timeout: engine.core.connections.timeout,
             logger: configuration.logger,
             // Unqualified names in your statements are the store's tables.
@@ -121,7 +121,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     public func close() { connections.close() }
 
     /// Where the store is, for errors: the server (never its password) and the store's name.
-    var location: String { "\(connections.location) store \(name)" }
+    var location: String { "\(connections.source) store \(name)" }
 
     private func setUp(_ migrations: [Migration]) throws(StoreError) {
         try transaction(doing: "open the store") { (connection) throws(StoreError) in

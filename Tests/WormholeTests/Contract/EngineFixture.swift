@@ -1,9 +1,12 @@
 import Foundation
+import Logging
+import PostgresNIO
 import Testing
 import WormholeCLI
 import WormholeKit
-import WormholePostgres
 import WormholeTesting
+
+@testable import WormholePostgres
 
 /// The engines every contract suite runs against. An engine added to the package adds a case here, and a branch to
 /// ``EngineFixture/wormhole(_:)``: every contract test then runs against it too.
@@ -15,12 +18,16 @@ enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     /// `PostgresEngine`: each wormhole gets an engine of its own (connections, listening thread) on one group of the
     /// test run's PostgreSQL server, as processes on several hosts do.
     case postgres
+    /// `PostgresEngine(client:)`: as `postgres`, each wormhole's engine borrowing its connections from a
+    /// `PostgresClient` of its own, as an app that runs one does.
+    case postgresClient
 
     var testDescription: String {
         switch self {
         case .directory: "directory engine"
         case .inMemory: "in-memory engine"
         case .postgres: "PostgreSQL engine"
+        case .postgresClient: "PostgreSQL engine on a PostgresClient"
         }
     }
 }
@@ -85,6 +92,7 @@ final class EngineFixture: Sendable {
     /// The group every PostgreSQL wormhole of this fixture opens, and the engines made, closed at the end.
     let group = uniqueGroup()
     private let postgresEngines = Locked<[PostgresEngine]>([])
+    private let clients = Locked<[RunningClient]>([])
     private let serverURL: String?
 
     init(_ kind: EngineKind) throws {
@@ -93,16 +101,25 @@ final class EngineFixture: Sendable {
         scratch = temporary("scratch")
         try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true)
         inMemory = kind == .inMemory ? InMemoryEngine() : nil
-        serverURL = kind == .postgres ? try requireTestServerURL() : nil
+        serverURL = kind == .postgres || kind == .postgresClient ? try requireTestServerURL() : nil
     }
 
     deinit {
         for engine in postgresEngines.withLock({ $0 }) { engine.close() }
+        for client in clients.withLock({ $0 }) { client.stop() }
     }
 
-    /// A new engine on the fixture's group, standing for a process of its own.
+    /// A new engine on the fixture's group, standing for a process of its own: with connections of its own, or
+    /// borrowing them from a client of its own.
     func postgresEngine() throws -> PostgresEngine {
-        let engine = try PostgresEngine(url: serverURL!, group: group)
+        let engine: PostgresEngine
+        if kind == .postgresClient {
+            let client = try RunningClient(url: serverURL!)
+            clients.withLock { $0.append(client) }
+            engine = try client.engine(group: group)
+        } else {
+            engine = try PostgresEngine(url: serverURL!, group: group)
+        }
         postgresEngines.withLock { $0.append(engine) }
         return engine
     }
@@ -116,12 +133,57 @@ final class EngineFixture: Sendable {
         switch kind {
         case .directory: Wormhole(engine: try DirectoryEngine(directory: directory), sender: sender)
         case .inMemory: Wormhole(engine: inMemory!, sender: sender)
-        case .postgres: Wormhole(engine: try postgresEngine(), sender: sender)
+        case .postgres, .postgresClient: Wormhole(engine: try postgresEngine(), sender: sender)
         }
     }
 
     /// A path inside the scratch directory.
     func scratch(_ name: String) -> String { scratch + "/" + name }
+}
+
+/// A postgres-nio client on a server, running in a task of its own until ``stop()``, as an app runs one.
+final class RunningClient: Sendable {
+    let client: PostgresClient
+    private let running: Task<Void, Never>
+
+    init(url: String) throws {
+        let connection = try PostgresLocation(url: url).configuration
+        let configuration: PostgresClient.Configuration
+        if let socket = connection.unixSocketPath {
+            configuration = .init(
+                unixSocketPath: socket,
+                username: connection.username,
+                password: connection.password,
+                database: connection.database
+            )
+        } else {
+            configuration = .init(
+                host: connection.host ?? "localhost",
+                port: connection.port ?? 5432,
+                username: connection.username,
+                password: connection.password,
+                database: connection.database,
+                tls: .disable
+            )
+        }
+        let client = PostgresClient(configuration: configuration, backgroundLogger: Logger(label: "test.client"))
+        self.client = client
+        // Off the cooperative pool: the contract tests call the engine's synchronous API from tasks of that pool
+        // (which an app must not do), and a client that needs one of its threads to open a connection would wait.
+        running = Task(executorPreference: DedicatedThreadExecutor()) { await client.run() }
+    }
+
+    /// An engine on the client, made on this thread: what `PostgresEngine(client:group:)` does, without its hop off
+    /// the cooperative pool, for the contract suites' synchronous fixtures.
+    func engine(group: String) throws(WormholeError) -> PostgresEngine {
+        let logger = Logger(label: "wormhole.postgres")
+        let connections = Connections(source: .client(client), timeout: .seconds(30), logger: logger)
+        let channel = try PostgresEngine.open(group, connections, setsUpSchema: true)
+        return PostgresEngine(connections: connections, group: group, channel: channel, logger: logger)
+    }
+
+    /// Stops the client: its pool closes its connections.
+    func stop() { running.cancel() }
 }
 
 // MARK: - Helpers of the contract suites

@@ -12,8 +12,17 @@ enum StoreKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case sqlite
     /// `PostgresStore`: PostgreSQL, for processes on several hosts.
     case postgres
+    /// `PostgresStore` on an engine that borrows its connections from a `PostgresClient`: each call sets the
+    /// store's session up on the borrowed connection and resets it.
+    case postgresClient
 
-    var testDescription: String { self == .sqlite ? "SQLite store" : "PostgreSQL store" }
+    var testDescription: String {
+        switch self {
+        case .sqlite: "SQLite store"
+        case .postgres: "PostgreSQL store"
+        case .postgresClient: "PostgreSQL store on a PostgresClient"
+        }
+    }
 }
 
 /// The calls the contract makes, on either store: a table `item (id, value)` and a table `note (id, body)`.
@@ -120,6 +129,7 @@ final class StoreFixture: Sendable {
     let kind: StoreKind
     let temporary = TemporaryDirectory()
     private let engines = Locked<[PostgresEngine]>([])
+    private let clients = Locked<[RunningClient]>([])
     private let serverURL: String?
     let group = uniqueGroup("store")
     /// A schema of this test's own on the shared server.
@@ -127,11 +137,12 @@ final class StoreFixture: Sendable {
 
     init(_ kind: StoreKind) throws {
         self.kind = kind
-        serverURL = kind == .postgres ? try requireTestServerURL() : nil
+        serverURL = kind == .sqlite ? nil : try requireTestServerURL()
     }
 
     deinit {
         for engine in engines.withLock({ $0 }) { engine.close() }
+        for client in clients.withLock({ $0 }) { client.stop() }
     }
 
     var serverURLForTools: String? { serverURL }
@@ -150,13 +161,20 @@ final class StoreFixture: Sendable {
                 migrator: migrator,
                 configuration: .init(author: author, historyMaximumAge: maximumAge)
             )
-        case .postgres:
+        case .postgres, .postgresClient:
             return try postgresStore(author: author, maximumAge: maximumAge)
         }
     }
 
     func postgresStore(author: String, maximumAge: Duration = .seconds(3600)) throws -> PostgresStore {
-        let engine = try PostgresEngine(url: serverURL!, group: group)
+        let engine: PostgresEngine
+        if kind == .postgresClient {
+            let client = try RunningClient(url: serverURL!)
+            clients.withLock { $0.append(client) }
+            engine = try client.engine(group: group)
+        } else {
+            engine = try PostgresEngine(url: serverURL!, group: group)
+        }
         engines.withLock { $0.append(engine) }
         let schema = schema
         return try PostgresStore(

@@ -1,5 +1,7 @@
 import Foundation
 import GRDB
+import Logging
+import PostgresNIO
 import Synchronization
 import Testing
 import WormholeKit
@@ -1087,6 +1089,25 @@ enum DocumentationExamples {
 }
 
 extension DocumentationExamples {
+    // MARK: - Doc comments and articles of WormholePostgres's engine on a client
+
+    // Sources/WormholePostgres/PostgresEngine.swift, `init(client:group:setsUpSchema:timeout:logger:)`, and
+    // Sources/WormholePostgres/WormholePostgres.docc/AcrossHosts.md, "On a PostgresClient you already run".
+    // Compile-only: it needs a server, and waits for jobs.
+    static func postgresEngineOnAClient(configuration: PostgresClient.Configuration, logger: Logger) async throws {
+        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask { await client.run() }  // running before the engine opens: it borrows a connection
+            let engine = try await PostgresEngine(client: client, group: "group.com.example.app")
+            let wormhole = Wormhole(engine: engine, sender: "worker-1")
+            for try await job in try wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
+                print("job:", job.value)
+            }
+            engine.close()  // before the client stops: it gives the connections back
+            tasks.cancelAll()
+        }
+    }
+
     // MARK: - Doc comments and articles of WormholePostgres's store
 
     // Sources/WormholePostgres/Store/PostgresStore.swift, `PostgresStore`.

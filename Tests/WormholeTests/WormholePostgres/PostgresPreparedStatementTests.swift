@@ -26,7 +26,7 @@ struct PostgresPreparedStatementTests {
 
     private func connections() throws -> Connections {
         Connections(
-            location: try PostgresLocation(url: try requireTestServerURL()),
+            source: .location(try PostgresLocation(url: try requireTestServerURL())),
             timeout: .seconds(30),
             logger: Logger(label: "tests")
         )

@@ -1,0 +1,200 @@
+import Foundation
+import Logging
+import PostgresNIO
+import Testing
+import WormholeCLI
+import WormholeKit
+
+@testable import WormholePostgres
+
+/// `PostgresEngine(client:group:)` borrows its connections from a `PostgresClient` the app runs: it must work as the
+/// engine on its own connections does (the contract suites run it too, as `postgresClient`), give back connections
+/// as it found them (no `LISTEN`, lock or session setting left behind), and say what is wrong when the client lends
+/// nothing.
+@Suite(
+    "PostgreSQL engine on a PostgresClient",
+    .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
+    .limit(minutes: 2)
+)
+struct PostgresClientEngineTests {
+    /// A client of the test server whose pool holds at most `connections`, not yet running.
+    private func client(connections: Int = 20) throws -> PostgresClient {
+        let connection = try PostgresLocation(url: try requireTestServerURL()).configuration
+        var configuration: PostgresClient.Configuration
+        if let socket = connection.unixSocketPath {
+            configuration = .init(
+                unixSocketPath: socket,
+                username: connection.username,
+                password: connection.password,
+                database: connection.database
+            )
+        } else {
+            configuration = .init(
+                host: connection.host ?? "localhost",
+                port: connection.port ?? 5432,
+                username: connection.username,
+                password: connection.password,
+                database: connection.database,
+                tls: .disable
+            )
+        }
+        configuration.options.maximumConnections = connections
+        configuration.options.minimumConnections = 0
+        return PostgresClient(configuration: configuration, backgroundLogger: Logger(label: "tests.client"))
+    }
+
+    @Test("Made with the public initializer while the client runs, it passes queue messages to an engine of its own")
+    func worksWithAnEngineOfItsOwn() async throws {
+        let group = uniqueGroup("client")
+        let client = try client()
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask { await client.run() }
+            let engine = try await PostgresEngine(client: client, group: group)
+            defer {
+                engine.close()
+                tasks.cancelAll()
+            }
+            try await offThePool {
+                let borrowing = Wormhole(engine: engine, sender: "borrowing")
+                let owning = try PostgresEngine(url: try requireTestServerURL(), group: group)
+                defer { owning.close() }
+                let other = Wormhole(engine: owning, sender: "owning")
+                let received = Locked<[String]>([])
+                let consumer = try other.queue("jobs").consume(consumer: "worker", as: String.self) { message in
+                    received.withLock { $0.append(message.value) }
+                }
+                defer { consumer.cancel() }
+                for index in 0..<20 { try borrowing.queue("jobs").enqueue("job \(index)") }
+                #expect(eventually { received.withLock { $0.count } == 20 })
+                #expect(received.withLock { $0 } == (0..<20).map { "job \($0)" })
+                // And the other way: a mailbox listener on the borrowing engine.
+                let latest = Locked<String?>(nil)
+                let listener = try borrowing.listenForMessage(withIdentifier: "status", as: String.self) { value in
+                    latest.withLock { $0 = value }
+                }
+                defer { listener.cancel() }
+                try other.passMessageObject("ready", identifier: "status")
+                #expect(eventually { latest.withLock { $0 } == "ready" })
+            }
+        }
+    }
+
+    @Test("Connections go back clean: the listening one closed, the store's with its session settings reset")
+    func givesConnectionsBackClean() async throws {
+        let group = uniqueGroup("client")
+        // Two connections: one the engine listens on while it is open, one for every call.
+        let client = try client(connections: 2)
+        let schema = "s\(UInt32.random(in: 0...UInt32.max))"
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask { await client.run() }
+            defer { tasks.cancelAll() }
+            let engine = try await PostgresEngine(client: client, group: group)
+            let listeningBackend = try await offThePool {
+                // Listening first, so that the engine's listening connection is not the one the store then uses.
+                let wormhole = Wormhole(engine: engine, sender: "borrowing")
+                let listener = try wormhole.listenForMessage(withIdentifier: "status", as: String.self) { _ in }
+                try wormhole.passMessageObject("ready", identifier: "status")
+                let store = try PostgresStore(
+                    engine: engine,
+                    name: "notes",
+                    schema: schema,
+                    migrations: [
+                        .init("v1", sql: "CREATE SCHEMA \(schema)", "CREATE TABLE note (id bigint PRIMARY KEY)")
+                    ],
+                    configuration: .init(author: "borrower")
+                )
+                // Unqualified, the table is the store's: the search path is set for each call.
+                try store.write { connection in try connection.query("INSERT INTO note VALUES (1)") }
+                let author = try store.transactions().last?.author
+                #expect(author == "borrower")
+                listener.cancel()
+                store.close()
+                return try engine.core.hub.listeningBackend()
+            }
+            engine.close()
+            // The listening connection (its LISTEN, its advisory lock) is closed, never lent again.
+            var listeningGone = false
+            let deadline = ContinuousClock.now + .seconds(10)
+            while !listeningGone, ContinuousClock.now < deadline {
+                listeningGone =
+                    try await Self.count(
+                        "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = \(listeningBackend)",
+                        client
+                    ) == 0
+                if !listeningGone { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(listeningGone)
+            // The connection the client lends now is the one the store used (the other was closed): its session is
+            // as it was before.
+            try await client.withConnection { connection in
+                let rows = try await connection.query(
+                    """
+                    SELECT pg_catalog.current_setting('search_path'),
+                        coalesce(pg_catalog.current_setting('wormhole.author', true), '')
+                    """,
+                    logger: Logger(label: "tests")
+                )
+                for try await (searchPath, author) in rows.decode((String, String).self) {
+                    #expect(!searchPath.contains(schema))
+                    #expect(author == "")
+                }
+            }
+        }
+    }
+
+    private static func count(_ query: PostgresQuery, _ client: PostgresClient) async throws -> Int64 {
+        try await client.withConnection { connection in
+            var total: Int64 = 0
+            for try await count in try await connection.query(query, logger: Logger(label: "tests")).decode(Int64.self)
+            {
+                total += count
+            }
+            return total
+        }
+    }
+
+    @Test("A statement is prepared once on each borrowed connection, and runs again when the client lends it again")
+    func preparesOncePerBorrowedConnection() async throws {
+        let group = uniqueGroup("client")
+        let client = try client(connections: 2)
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask { await client.run() }
+            defer { tasks.cancelAll() }
+            let engine = try await PostgresEngine(client: client, group: group)
+            defer { engine.close() }
+            try await offThePool {
+                let count = PreparedStatement(sql: "SELECT count(*) FROM pg_catalog.pg_prepared_statements")
+                var counts: [Int64] = []
+                for _ in 0..<5 {
+                    let rows = try engine.core.connections.execute(count, [], doing: "counting")
+                    counts.append(try decode(Int64.self, rows.first, doing: "counting"))
+                }
+                // Prepared on the first call, on the one connection left for calls; never again.
+                #expect(counts.allSatisfy { $0 == counts[0] })
+                #expect(counts[0] >= 1)
+            }
+        }
+    }
+
+    @Test("A client that is not running: opening fails within the time-out and says to run the client")
+    func clientNotRunning() async throws {
+        let client = try client()
+        let started = ContinuousClock.now
+        do {
+            _ = try await PostgresEngine(client: client, group: uniqueGroup("client"), timeout: .milliseconds(300))
+            Issue.record("An engine opened on a client that does not run.")
+        } catch {
+            #expect(error.code == .serverUnavailable)
+            #expect(error.message.contains("run()"))
+        }
+        #expect(ContinuousClock.now - started < .seconds(10))
+        // The client can still run and shut down: the abandoned lease was given up.
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask { await client.run() }
+            try await client.withConnection { connection in
+                _ = try await connection.query("SELECT 1", logger: Logger(label: "tests"))
+            }
+            tasks.cancelAll()
+        }
+    }
+}
