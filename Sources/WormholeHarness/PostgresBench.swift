@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Logging
 import PostgresNIO
 import WormholeCLI
 import WormholeKit
@@ -103,6 +104,8 @@ struct PostgresBenchCase: ParsableCommand {
     @Option var peerCPU = 0
     @Option(help: "Where the wormhole's callbacks run, on both sides: \(ListeningPath.callbackNames).")
     var execution = ListeningPath.notifierThread
+    @Flag(help: "The wormhole's engines borrow their connections from a PostgresClient (PostgresEngine(client:)).")
+    var borrowing = false
 
     func validate() throws {
         if size < 8 { throw ValidationError("--size must be at least 8 bytes (the sequence number).") }
@@ -113,6 +116,9 @@ struct PostgresBenchCase: ParsableCommand {
         }
         if batch > 1 && metric == .latency { throw ValidationError("a latency case sends one message at a time.") }
         if kind != .redisStream && postgres == nil { throw ValidationError("--postgres URL is required.") }
+        if borrowing && ![.wormholeMailbox, .wormholeLive, .wormholeQueue].contains(kind) {
+            throw ValidationError("--borrowing applies to the wormhole's cases only.")
+        }
         try BenchCase.validate(execution)
     }
 
@@ -130,10 +136,11 @@ struct PostgresBenchCase: ParsableCommand {
             tag: tag,
             batch: batch,
             execution: execution.callbackExecution!,
+            borrowing: borrowing,
             preparing: names
         )
         let name =
-            "pg-\(kind.rawValue)" + (batch > 1 ? "-batch" : "")
+            "pg-\(kind.rawValue)" + (borrowing ? "-client" : "") + (batch > 1 ? "-batch" : "")
             + (execution == .notifierThread ? "" : "-\(execution.rawValue)")
         switch metric {
         case .latency:
@@ -156,6 +163,7 @@ struct PostgresBenchCase: ParsableCommand {
             "--execution", execution.rawValue,
         ]
         if let postgres { arguments += ["--postgres", postgres] }
+        if borrowing { arguments.append("--borrowing") }
         let peer = try ChildProcess(arguments: arguments, readyLine: "ready") { line in Output.error("peer: " + line) }
         guard peer.waitUntilReady(timeout: 60) else { throw Output.fail("the \(kind.rawValue) peer did not start") }
         return peer
@@ -260,6 +268,7 @@ struct PostgresBenchCasePeer: ParsableCommand {
     @Option var count = 0
     @Option var batch = 1
     @Option var execution = ListeningPath.notifierThread
+    @Flag var borrowing = false
 
     func validate() throws { try BenchCase.validate(execution) }
 
@@ -274,6 +283,7 @@ struct PostgresBenchCasePeer: ParsableCommand {
             tag: tag,
             batch: batch,
             execution: execution.callbackExecution!,
+            borrowing: borrowing,
             preparing: []
         )
         switch role {
@@ -327,6 +337,7 @@ enum PostgresBenchEndpoints {
         tag: String,
         batch: Int,
         execution: CallbackExecution = .notifierThread,
+        borrowing: Bool = false,
         preparing names: [String]
     ) throws -> any PostgresBenchEndpoint {
         switch kind {
@@ -336,7 +347,8 @@ enum PostgresBenchEndpoints {
                 url: postgres ?? "",
                 tag: tag,
                 batch: batch,
-                execution: execution
+                execution: execution,
+                borrowing: borrowing
             )
         case .notify:
             return try NotifyBenchEndpoint(url: postgres ?? "", tag: tag)
@@ -359,12 +371,67 @@ final class WormholeBenchEndpoint: PostgresBenchEndpoint, @unchecked Sendable {
     private let receivers = Locked<[() -> Void]>([])
     private let queues = Locked<[String: WormholeQueue]>([:])
 
-    init(kind: PostgresBenchCase.Kind, url: String, tag: String, batch: Int, execution: CallbackExecution) throws {
+    /// The client the engine borrows from, when it borrows, and the task that runs it.
+    private let client: (client: PostgresClient, running: Task<Void, Never>)?
+
+    init(
+        kind: PostgresBenchCase.Kind,
+        url: String,
+        tag: String,
+        batch: Int,
+        execution: CallbackExecution,
+        borrowing: Bool
+    ) throws {
         self.kind = kind
         self.batch = batch
         self.execution = execution
-        engine = try PostgresEngine(url: url, group: "bench.\(tag)")
+        if borrowing {
+            let client = PostgresClient(
+                configuration: try Self.clientConfiguration(url: url),
+                backgroundLogger: Logger(label: "bench.client")
+            )
+            let running = Task { await client.run() }
+            self.client = (client, running)
+            // This thread is the process's main thread, not one of the cooperative pool: it may wait.
+            let opened = Locked<Result<PostgresEngine, WormholeError>?>(nil)
+            let done = DispatchSemaphore(value: 0)
+            Task {
+                do throws(WormholeError) {
+                    let engine = try await PostgresEngine(client: client, group: "bench.\(tag)")
+                    opened.withLock { $0 = .success(engine) }
+                } catch {
+                    opened.withLock { $0 = .failure(error) }
+                }
+                done.signal()
+            }
+            done.wait()
+            engine = try opened.withLock { $0! }.get()
+        } else {
+            client = nil
+            engine = try PostgresEngine(url: url, group: "bench.\(tag)")
+        }
         wormhole = Wormhole(engine: engine, sender: "bench-\(getpid())")
+    }
+
+    /// The client's configuration for the server at `url`.
+    private static func clientConfiguration(url: String) throws -> PostgresClient.Configuration {
+        let connection = try PostgresLocation(url: url).configuration
+        if let socket = connection.unixSocketPath {
+            return .init(
+                unixSocketPath: socket,
+                username: connection.username,
+                password: connection.password,
+                database: connection.database
+            )
+        }
+        return .init(
+            host: connection.host ?? "localhost",
+            port: connection.port ?? 5432,
+            username: connection.username,
+            password: connection.password,
+            database: connection.database,
+            tls: .disable
+        )
     }
 
     private func queue(_ name: String) throws -> WormholeQueue {
@@ -433,6 +500,7 @@ final class WormholeBenchEndpoint: PostgresBenchEndpoint, @unchecked Sendable {
     func close(removing names: [String]) {
         for cancel in receivers.withLock({ $0 }) { cancel() }
         engine.close()
+        client?.running.cancel()
     }
 }
 

@@ -100,11 +100,12 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     /// }
     /// ```
     ///
-    /// Every call borrows a connection for the time of its statements (a store's calls too, with their session set
-    /// up before and reset after), and the engine's listening connection is borrowed for as long as it listens, then
-    /// closed rather than given back, so that no `LISTEN` or lock of the engine's reaches your code: the client's
-    /// pool must allow one more connection than your own code uses at once. Statements the engine prepares stay
-    /// prepared on the client's connections until they close.
+    /// Every call borrows a connection for its statements (a store's calls too, with their session set up when
+    /// borrowed and reset before going back) and keeps it idle for 100 ms after, so that a burst of calls borrows
+    /// once. The engine's listening connection is borrowed for as long as it listens, then closed rather than given
+    /// back, so that no `LISTEN` or lock of the engine's reaches your code. Size the client's pool for three
+    /// connections more than your own code holds at once. Statements the engine prepares stay prepared on the
+    /// client's connections until they close.
     ///
     /// The client must be running (its `run()`) before the engine opens and for as long as the engine works. The
     /// engine's calls are synchronous, as on its own connections: make them from threads of your own, or use the

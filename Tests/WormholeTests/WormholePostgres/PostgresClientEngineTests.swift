@@ -89,7 +89,7 @@ struct PostgresClientEngineTests {
             tasks.addTask { await client.run() }
             defer { tasks.cancelAll() }
             let engine = try await PostgresEngine(client: client, group: group)
-            let listeningBackend = try await offThePool {
+            let (listeningBackend, storeBackend) = try await offThePool {
                 // Listening first, so that the engine's listening connection is not the one the store then uses.
                 let wormhole = Wormhole(engine: engine, sender: "borrowing")
                 let listener = try wormhole.listenForMessage(withIdentifier: "status", as: String.self) { _ in }
@@ -107,9 +107,12 @@ struct PostgresClientEngineTests {
                 try store.write { connection in try connection.query("INSERT INTO note VALUES (1)") }
                 let author = try store.transactions().last?.author
                 #expect(author == "borrower")
+                let storeBackend = try store.read { connection in
+                    try #require(try connection.query("SELECT pg_catalog.pg_backend_pid()").first).decode(Int32.self)
+                }
                 listener.cancel()
                 store.close()
-                return try engine.core.hub.listeningBackend()
+                return (try engine.core.hub.listeningBackend(), storeBackend)
             }
             engine.close()
             // The listening connection (its LISTEN, its advisory lock) is closed, never lent again.
@@ -124,21 +127,28 @@ struct PostgresClientEngineTests {
                 if !listeningGone { try await Task.sleep(for: .milliseconds(20)) }
             }
             #expect(listeningGone)
-            // The connection the client lends now is the one the store used (the other was closed): its session is
-            // as it was before.
-            try await client.withConnection { connection in
-                let rows = try await connection.query(
-                    """
-                    SELECT pg_catalog.current_setting('search_path'),
-                        coalesce(pg_catalog.current_setting('wormhole.author', true), '')
-                    """,
-                    logger: Logger(label: "tests")
-                )
-                for try await (searchPath, author) in rows.decode((String, String).self) {
-                    #expect(!searchPath.contains(schema))
-                    #expect(author == "")
+            // The connection the store used goes back (once the store is closed, or idle for a moment) as it was
+            // lent: its session settings reset.
+            var sawStoreConnection = false
+            let storeDeadline = ContinuousClock.now + .seconds(10)
+            while !sawStoreConnection, ContinuousClock.now < storeDeadline {
+                try await client.withConnection { connection in
+                    let rows = try await connection.query(
+                        """
+                        SELECT pg_catalog.pg_backend_pid(), pg_catalog.current_setting('search_path'),
+                            coalesce(pg_catalog.current_setting('wormhole.author', true), '')
+                        """,
+                        logger: Logger(label: "tests")
+                    )
+                    for try await (backend, searchPath, author) in rows.decode((Int32, String, String).self) {
+                        #expect(!searchPath.contains(schema))
+                        #expect(author == "")
+                        sawStoreConnection = sawStoreConnection || backend == storeBackend
+                    }
                 }
+                if !sawStoreConnection { try await Task.sleep(for: .milliseconds(20)) }
             }
+            #expect(sawStoreConnection)
         }
     }
 
@@ -173,6 +183,28 @@ struct PostgresClientEngineTests {
                 #expect(counts.allSatisfy { $0 == counts[0] })
                 #expect(counts[0] >= 1)
             }
+        }
+    }
+
+    @Test("A connection kept idle after a call goes back to the client by itself, within moments")
+    func keptConnectionGoesBack() async throws {
+        let client = try client(connections: 2)
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask { await client.run() }
+            defer { tasks.cancelAll() }
+            let engine = try await PostgresEngine(client: client, group: uniqueGroup("client"))
+            defer { engine.close() }
+            try await offThePool {
+                // The listening connection and the one kept after this call: the client's whole pool.
+                _ = try engine.core.hub.listeningBackend()
+                try Wormhole(engine: engine, sender: "borrowing").passMessageObject("ready", identifier: "status")
+            }
+            // The client lends it again once the engine has kept it idle for its moment.
+            let started = ContinuousClock.now
+            try await client.withConnection { connection in
+                _ = try await connection.query("SELECT 1", logger: Logger(label: "tests"))
+            }
+            #expect(ContinuousClock.now - started < .seconds(10))
         }
     }
 
