@@ -89,28 +89,32 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     /// ```swift
     /// let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
     /// try await withThrowingDiscardingTaskGroup { tasks in
-    ///     tasks.addTask { await client.run() }  // running before the engine opens: it borrows a connection
+    ///     // On an executor of its own, the client opens connections even while the engine's calls block threads.
+    ///     tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
     ///     let engine = try await PostgresEngine(client: client, group: "group.com.example.app")
+    ///     defer {
+    ///         engine.close()  // before the client stops: the engine gives its connections back
+    ///         tasks.cancelAll()
+    ///     }
     ///     let wormhole = Wormhole(engine: engine, sender: "worker-1")
     ///     for try await job in try wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
     ///         print("job:", job.value)
+    ///         if job.value == "last" { break }
     ///     }
-    ///     engine.close()  // before the client stops: it gives the connections back
-    ///     tasks.cancelAll()
     /// }
     /// ```
     ///
-    /// Every call borrows a connection for its statements (a store's calls too, with their session set up when
-    /// borrowed and reset before going back) and keeps it idle for 100 ms after, so that a burst of calls borrows
+    /// Every call borrows a connection for its statements (a store's calls too, with its session settings set when
+    /// borrowed and set back before going back) and keeps it idle for 100 ms after, so that a burst of calls borrows
     /// once. The engine's listening connection is borrowed for as long as it listens, then closed rather than given
-    /// back, so that no `LISTEN` or lock of the engine's reaches your code. Size the client's pool for three
-    /// connections more than your own code holds at once. Statements the engine prepares stay prepared on the
-    /// client's connections until they close.
+    /// back, so that no `LISTEN` or lock of the engine's reaches your code. Size the client's pool for your own
+    /// code's connections, plus the listening one, plus the engine's calls in flight at once (at least two).
     ///
-    /// The client must be running (its `run()`) before the engine opens and for as long as the engine works. The
-    /// engine's calls are synchronous, as on its own connections: make them from threads of your own, or use the
-    /// wormhole's `AsyncSequence`s, which wait on threads of their own; never block a task of Swift's cooperative
-    /// pool with them, since the client needs that pool to open its connections.
+    /// The client must be running before the engine opens and for as long as the engine works. The engine's calls
+    /// are synchronous: each blocks its thread until the client lends a connection. Run the client on a
+    /// ``PostgresClientExecutor``, as above, so that it opens connections even while such calls block every thread
+    /// of Swift's cooperative pool; otherwise make the calls from threads of your own. The article "Across hosts"
+    /// says more.
     ///
     /// - Throws: as ``init(url:group:setsUpSchema:timeout:logger:)``; `WormholeError.Code.serverUnavailable` too when
     ///   the client lends no connection within `timeout` (it is not running, or its pool is used up).

@@ -21,8 +21,9 @@ enum ConnectionSource: Sendable, CustomStringConvertible {
 ///
 /// A client lends its connections only to `async` code, for the time of a closure. So a task takes the lease and
 /// hands the connection over, and the caller's thread blocks until it has it, runs its statements, and gives it back:
-/// the task's closure then returns, and the client has its connection again. The task runs on a ``LeaseExecutor``,
-/// never on Swift's cooperative pool, so a caller blocked for a lease never waits for a thread of that pool.
+/// the task's closure then returns, and the client has its connection again. The task runs on a
+/// ``PostgresClientExecutor`` of the engine's, never on Swift's cooperative pool, so a caller blocked for a lease never
+/// waits for a thread of that pool (the client's own `run()` may, unless it runs on such an executor too).
 final class ClientLease: Sendable {
     private enum State {
         /// The caller waits for a connection.
@@ -45,7 +46,7 @@ final class ClientLease: Sendable {
     /// Borrows a connection from `client`, waiting at most `timeout`; give it back with ``giveBack(closing:)``.
     static func borrow(
         from client: PostgresClient,
-        on executor: LeaseExecutor,
+        on executor: PostgresClientExecutor,
         within timeout: Duration,
         doing what: @autoclosure () -> String
     ) throws(WormholeError) -> (PostgresConnection, ClientLease) {
@@ -113,17 +114,5 @@ final class ClientLease: Sendable {
             return continuation
         }
         continuation?.resume(returning: closing)
-    }
-}
-
-/// A task executor on a serial dispatch queue of its own, for the tasks that borrow connections from a client: they
-/// only hand connections over and wait, and must never need a thread of the cooperative pool, which synchronous
-/// callers may be blocking.
-final class LeaseExecutor: TaskExecutor {
-    private let queue = DispatchQueue(label: "wormhole.postgres.lease")
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        queue.async { [self] in job.runSynchronously(on: asUnownedTaskExecutor()) }
     }
 }

@@ -22,7 +22,7 @@ final class Connections: Sendable {
     /// A client's connections this engine borrowed and prepared statements on, by identity; closed ones are dropped.
     private let borrowedStatements = Locked<[ObjectIdentifier: PooledConnection]>([:])
     /// Where the tasks that borrow a client's connections run.
-    private let leaseExecutor = LeaseExecutor()
+    private let leaseExecutor = PostgresClientExecutor()
     /// Connections borrowed from a client, kept idle for a moment after a call.
     private let held = Locked<[BorrowedConnection]>([])
     /// Whether a sweep of ``held`` is due.
@@ -34,11 +34,10 @@ final class Connections: Sendable {
     private let closed = Atomic<Bool>(false)
     private let nextID = Atomic<Int>(1)
     /// Settings of every connection's session (a store's `wormhole.author`), sent when it opens; on a client's
-    /// connection, set when it is borrowed and reset when it is given back.
+    /// connection, set when it is borrowed and set back to what they were when it is given back.
     let sessionParameters: [(String, String)]
-    /// The statements that set ``sessionParameters`` on a client's connection, and reset them.
+    /// The statement that sets ``sessionParameters`` on a client's connection and returns what they were.
     private let settingSession: PostgresQuery?
-    private let resettingSession: PostgresQuery?
     /// At most this many idle connections are kept; more are closed when given back.
     private static let idleLimit = 4
 
@@ -47,8 +46,7 @@ final class Connections: Sendable {
         self.timeout = timeout
         self.logger = logger
         self.sessionParameters = sessionParameters
-        settingSession = Self.setting(sessionParameters)
-        resettingSession = Self.resetting(sessionParameters.map(\.0))
+        settingSession = Self.setting(sessionParameters, returningBefore: true)
     }
 
     // An engine released without being closed: what it kept of a client's goes back, closed (the session's reset
@@ -164,13 +162,36 @@ final class Connections: Sendable {
             within: timeout,
             doing: "borrowing a connection"
         )
+        var before: [String?] = []
         do throws(WormholeError) {
-            if let settingSession { try run(settingSession, on: connection, doing: "setting up the session") }
+            if let settingSession {
+                let rows = try run(settingSession, on: connection, doing: "setting up the session")
+                guard let row = rows.first else {
+                    throw WormholeError(.serverRejected, "PostgreSQL returned no row while setting up the session.")
+                }
+                let cells = row.makeRandomAccess()
+                for index in sessionParameters.indices {
+                    do {
+                        before.append(try cells[index].decode(String?.self))
+                    } catch {
+                        throw WormholeError(
+                            .serverRejected,
+                            "PostgreSQL returned a setting that does not decode: \(error).",
+                            underlyingError: SendableDescription(error)
+                        )
+                    }
+                }
+            }
         } catch {
             lease.giveBack(closing: true)
             throw error
         }
-        return BorrowedConnection(pooled: pooledConnection(borrowing: connection), lease: lease, idleSince: .now)
+        return BorrowedConnection(
+            pooled: pooledConnection(borrowing: connection),
+            lease: lease,
+            settingsBefore: before,
+            idleSince: .now
+        )
     }
 
     /// Keeps `borrowed` idle for the next call, or gives it back when enough are kept.
@@ -195,6 +216,8 @@ final class Connections: Sendable {
 
     /// Gives back the connections kept idle for ``holdTime``; comes again while any is kept.
     private func sweep() {
+        // Cleared first: a connection kept while this sweep gives others back schedules the next sweep itself.
+        sweepScheduled.store(false, ordering: .relaxed)
         let now = ContinuousClock.now
         let (due, more) = held.withLock { held in
             let due = held.filter { now - $0.idleSince >= Self.holdTime }
@@ -202,7 +225,6 @@ final class Connections: Sendable {
             return (due, !held.isEmpty)
         }
         for each in due { giveBack(each) }
-        sweepScheduled.store(false, ordering: .relaxed)
         if more, !sweepScheduled.exchange(true, ordering: .relaxed) {
             DispatchQueue.global().asyncAfter(deadline: .now() + Self.holdTime.dispatchInterval) { [weak self] in
                 self?.sweep()
@@ -210,12 +232,35 @@ final class Connections: Sendable {
         }
     }
 
-    /// Gives `borrowed` back to its client with its session reset, or closed when that fails.
-    private func giveBack(_ borrowed: BorrowedConnection) {
-        var closing = borrowed.pooled.connection.isClosed
-        if !closing, let resettingSession {
+    /// Gives `borrowed` back to its client as it was lent: out of any transaction (a store's `read` may leave one
+    /// open), with the settings this engine changed set back to what they were; closed when that fails, and with
+    /// its prepared statements closed first when `deallocating` (the engine is closing).
+    private func giveBack(_ borrowed: BorrowedConnection, deallocating: Bool = false) {
+        let connection = borrowed.pooled.connection
+        var closing = connection.isClosed
+        if !closing {
             do throws(WormholeError) {
-                try run(resettingSession, on: borrowed.pooled.connection, doing: "resetting the session")
+                // Outside a transaction, ROLLBACK only warns.
+                if !sessionParameters.isEmpty { try run("ROLLBACK", on: connection, doing: "ending a transaction") }
+                if let restoring = Self.setting(
+                    zip(sessionParameters, borrowed.settingsBefore).map { ($0.0, $1 ?? "") },
+                    returningBefore: false
+                ) {
+                    try run(restoring, on: connection, doing: "resetting the session")
+                }
+                if deallocating {
+                    let statements = borrowed.pooled.prepared.withLock { prepared in
+                        defer { prepared.removeAll() }
+                        return Array(prepared.values)
+                    }
+                    for statement in statements {
+                        try wait(
+                            for: statement.deallocate(),
+                            doing: "closing a prepared statement",
+                            closing: connection
+                        )
+                    }
+                }
             } catch {
                 closing = true
             }
@@ -231,7 +276,7 @@ final class Connections: Sendable {
         }
         guard !kept.isEmpty else { return }
         DispatchQueue.global().async { [self] in
-            for each in kept { giveBack(each) }
+            for each in kept { giveBack(each, deallocating: true) }
         }
     }
 
@@ -265,7 +310,7 @@ final class Connections: Sendable {
             doing: "borrowing the listening connection"
         )
         do throws(WormholeError) {
-            if let setting = Self.setting(sessionParameters + parameters) {
+            if let setting = Self.setting(sessionParameters + parameters, returningBefore: false) {
                 try run(setting, on: connection, doing: "setting up the listening session")
             }
         } catch {
@@ -275,33 +320,30 @@ final class Connections: Sendable {
         return DedicatedConnection(connection: connection, end: { lease.giveBack(closing: true) })
     }
 
-    /// The statement that sets `parameters` for the session; nil for none.
-    private static func setting(_ parameters: [(String, String)]) -> PostgresQuery? {
+    /// The statement that sets `parameters` for the session, returning first what each was (NULL when never set)
+    /// when `returningBefore`; nil for none.
+    private static func setting(_ parameters: [(String, String)], returningBefore: Bool) -> PostgresQuery? {
         guard !parameters.isEmpty else { return nil }
         var binds = PostgresBindings()
+        var before: [String] = []
         var calls: [String] = []
         for (name, value) in parameters {
             binds.append(name)
             binds.append(value)
-            calls.append("pg_catalog.set_config($\(binds.count - 1), $\(binds.count), false)")
+            let (name, value) = ("$\(binds.count - 1)", "$\(binds.count)")
+            before.append("pg_catalog.current_setting(\(name), true) AS v\(before.count)")
+            calls.append("pg_catalog.set_config(\(name), \(value), false)")
         }
-        return PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: binds)
-    }
-
-    /// The statement that sets `names` back to their values when the session began; nil for none.
-    private static func resetting(_ names: [String]) -> PostgresQuery? {
-        guard !names.isEmpty else { return nil }
-        var binds = PostgresBindings()
-        var calls: [String] = []
-        for name in names {
-            binds.append(name)
-            let parameter = "$\(binds.count)"
-            calls.append(
-                "pg_catalog.set_config(\(parameter), coalesce((SELECT reset_val FROM pg_catalog.pg_settings "
-                    + "WHERE name = \(parameter)), ''), false)"
-            )
+        guard returningBefore else {
+            return PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: binds)
         }
-        return PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: binds)
+        // Materialized, the values are read before any is set.
+        let columns = before.indices.map { "before.v\($0)" }
+        return PostgresQuery(
+            unsafeSQL: "WITH before AS MATERIALIZED (SELECT \(before.joined(separator: ", "))) SELECT "
+                + (columns + calls).joined(separator: ", ") + " FROM before",
+            binds: binds
+        )
     }
 
     private func giveBack(_ pooled: PooledConnection) {
@@ -576,10 +618,12 @@ final class PooledConnection: Sendable {
     }
 }
 
-/// A connection borrowed from a client: its prepared statements, its lease, and since when it is idle.
+/// A connection borrowed from a client: its prepared statements, its lease, the values of the session settings
+/// this engine changed as they were before (nil: never set), and since when it is idle.
 private struct BorrowedConnection: Sendable {
     let pooled: PooledConnection
     let lease: ClientLease
+    let settingsBefore: [String?]
     var idleSince: ContinuousClock.Instant
 }
 

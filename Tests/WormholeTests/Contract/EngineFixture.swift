@@ -168,13 +168,13 @@ final class RunningClient: Sendable {
         }
         let client = PostgresClient(configuration: configuration, backgroundLogger: Logger(label: "test.client"))
         self.client = client
-        // Off the cooperative pool: the contract tests call the engine's synchronous API from tasks of that pool
-        // (which an app must not do), and a client that needs one of its threads to open a connection would wait.
-        running = Task(executorPreference: DedicatedThreadExecutor()) { await client.run() }
+        // As the engine's documentation says to: the contract tests call the engine's synchronous API from tasks of
+        // the cooperative pool, and a client that needs one of its threads to open a connection would wait.
+        running = Task(executorPreference: PostgresClientExecutor.shared) { await client.run() }
     }
 
-    /// An engine on the client, made on this thread: what `PostgresEngine(client:group:)` does, without its hop off
-    /// the cooperative pool, for the contract suites' synchronous fixtures.
+    /// An engine on the client, made on this thread through the same steps as `PostgresEngine(client:group:)`
+    /// (whose only difference is a hop off the cooperative pool), for the contract suites' synchronous fixtures.
     func engine(group: String) throws(WormholeError) -> PostgresEngine {
         let logger = Logger(label: "wormhole.postgres")
         let connections = Connections(source: .client(client), timeout: .seconds(30), logger: logger)

@@ -1097,14 +1097,18 @@ extension DocumentationExamples {
     static func postgresEngineOnAClient(configuration: PostgresClient.Configuration, logger: Logger) async throws {
         let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
         try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask { await client.run() }  // running before the engine opens: it borrows a connection
+            // On an executor of its own, the client opens connections even while the engine's calls block threads.
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             let engine = try await PostgresEngine(client: client, group: "group.com.example.app")
+            defer {
+                engine.close()  // before the client stops: the engine gives its connections back
+                tasks.cancelAll()
+            }
             let wormhole = Wormhole(engine: engine, sender: "worker-1")
             for try await job in try wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
                 print("job:", job.value)
+                if job.value == "last" { break }
             }
-            engine.close()  // before the client stops: it gives the connections back
-            tasks.cancelAll()
         }
     }
 

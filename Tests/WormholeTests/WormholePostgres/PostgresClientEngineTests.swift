@@ -48,7 +48,7 @@ struct PostgresClientEngineTests {
         let group = uniqueGroup("client")
         let client = try client()
         try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask { await client.run() }
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             let engine = try await PostgresEngine(client: client, group: group)
             defer {
                 engine.close()
@@ -79,15 +79,26 @@ struct PostgresClientEngineTests {
         }
     }
 
-    @Test("Connections go back clean: the listening one closed, the store's with its session settings reset")
+    @Test("Connections go back clean: the listening one closed, the store's out of its transaction, settings restored")
     func givesConnectionsBackClean() async throws {
         let group = uniqueGroup("client")
         // Two connections: one the engine listens on while it is open, one for every call.
         let client = try client(connections: 2)
         let schema = "s\(UInt32.random(in: 0...UInt32.max))"
         try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask { await client.run() }
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             defer { tasks.cancelAll() }
+            // The app's own session settings, on both of the client's connections: the engine must leave them be.
+            try await client.withConnection { first in
+                try await client.withConnection { second in
+                    for connection in [first, second] {
+                        _ = try await connection.query(
+                            "SELECT pg_catalog.set_config('wormhole.author', 'app-code', false)",
+                            logger: Logger(label: "tests")
+                        )
+                    }
+                }
+            }
             let engine = try await PostgresEngine(client: client, group: group)
             let (listeningBackend, storeBackend) = try await offThePool {
                 // Listening first, so that the engine's listening connection is not the one the store then uses.
@@ -107,8 +118,11 @@ struct PostgresClientEngineTests {
                 try store.write { connection in try connection.query("INSERT INTO note VALUES (1)") }
                 let author = try store.transactions().last?.author
                 #expect(author == "borrower")
+                // A read that opens a transaction and leaves it open: the connection must not go back inside it.
                 let storeBackend = try store.read { connection in
-                    try #require(try connection.query("SELECT pg_catalog.pg_backend_pid()").first).decode(Int32.self)
+                    try connection.query("BEGIN")
+                    return try #require(try connection.query("SELECT pg_catalog.pg_backend_pid()").first)
+                        .decode(Int32.self)
                 }
                 listener.cancel()
                 store.close()
@@ -136,13 +150,24 @@ struct PostgresClientEngineTests {
                     let rows = try await connection.query(
                         """
                         SELECT pg_catalog.pg_backend_pid(), pg_catalog.current_setting('search_path'),
-                            coalesce(pg_catalog.current_setting('wormhole.author', true), '')
+                            coalesce(pg_catalog.current_setting('wormhole.author', true), ''),
+                            pg_catalog.pg_current_xact_id()::text
                         """,
                         logger: Logger(label: "tests")
                     )
-                    for try await (backend, searchPath, author) in rows.decode((Int32, String, String).self) {
+                    for try await (backend, searchPath, author, transaction) in rows.decode(
+                        (Int32, String, String, String).self
+                    ) {
                         #expect(!searchPath.contains(schema))
-                        #expect(author == "")
+                        #expect(author == "app-code")
+                        // Outside a transaction, each statement has one of its own.
+                        let next = try await connection.query(
+                            "SELECT pg_catalog.pg_current_xact_id()::text",
+                            logger: Logger(label: "tests")
+                        )
+                        for try await nextTransaction in next.decode(String.self) {
+                            #expect(nextTransaction != transaction)
+                        }
                         sawStoreConnection = sawStoreConnection || backend == storeBackend
                     }
                 }
@@ -163,25 +188,35 @@ struct PostgresClientEngineTests {
         }
     }
 
-    @Test("A statement is prepared once on each borrowed connection, and runs again when the client lends it again")
+    @Test("A statement is prepared once on a borrowed connection, and not again when the client lends it again")
     func preparesOncePerBorrowedConnection() async throws {
         let group = uniqueGroup("client")
+        // Two connections: the listening one, and the one every call borrows.
         let client = try client(connections: 2)
         try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask { await client.run() }
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             defer { tasks.cancelAll() }
             let engine = try await PostgresEngine(client: client, group: group)
             defer { engine.close() }
             try await offThePool {
+                _ = try engine.core.hub.listeningBackend()
                 let count = PreparedStatement(sql: "SELECT count(*) FROM pg_catalog.pg_prepared_statements")
-                var counts: [Int64] = []
-                for _ in 0..<5 {
+                func prepared() throws -> (count: Int64, backend: Int32) {
                     let rows = try engine.core.connections.execute(count, [], doing: "counting")
-                    counts.append(try decode(Int64.self, rows.first, doing: "counting"))
+                    let backend = try engine.core.connections.query("SELECT pg_catalog.pg_backend_pid()", doing: "")
+                    return (
+                        try decode(Int64.self, rows.first, doing: "counting"),
+                        try decode(Int32.self, backend.first, doing: "reading the backend")
+                    )
                 }
-                // Prepared on the first call, on the one connection left for calls; never again.
-                #expect(counts.allSatisfy { $0 == counts[0] })
-                #expect(counts[0] >= 1)
+                let first = try prepared()
+                #expect(try prepared().count == first.count)
+                // Kept idle longer than the engine keeps it, the connection goes back to the client, which lends it
+                // again: the statement is still prepared there, and known to be.
+                Thread.sleep(forTimeInterval: 3 * Connections.holdTime.secondsValue)
+                let again = try prepared()
+                #expect(again.backend == first.backend)
+                #expect(again.count == first.count)
             }
         }
     }
@@ -190,7 +225,7 @@ struct PostgresClientEngineTests {
     func keptConnectionGoesBack() async throws {
         let client = try client(connections: 2)
         try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask { await client.run() }
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             defer { tasks.cancelAll() }
             let engine = try await PostgresEngine(client: client, group: uniqueGroup("client"))
             defer { engine.close() }
@@ -222,7 +257,7 @@ struct PostgresClientEngineTests {
         #expect(ContinuousClock.now - started < .seconds(10))
         // The client can still run and shut down: the abandoned lease was given up.
         try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask { await client.run() }
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             try await client.withConnection { connection in
                 _ = try await connection.query("SELECT 1", logger: Logger(label: "tests"))
             }
