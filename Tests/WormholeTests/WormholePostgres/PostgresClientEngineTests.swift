@@ -159,7 +159,9 @@ struct PostgresClientEngineTests {
                         (Int32, String, String, String).self
                     ) {
                         #expect(!searchPath.contains(schema))
-                        #expect(author == "app-code")
+                        // The app set it on the connections the client had then; one opened since (in place of the
+                        // listening one, closed) never had it.
+                        if backend == storeBackend { #expect(author == "app-code") }
                         // Outside a transaction, each statement has one of its own.
                         let next = try await connection.query(
                             "SELECT pg_catalog.pg_current_xact_id()::text",
