@@ -14,7 +14,7 @@ import WormholeKit
 @Suite(
     "PostgreSQL engine on a PostgresClient",
     .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
-    .limit(minutes: 2)
+    .limit(minutes: 3)
 )
 struct PostgresClientEngineTests {
     /// A client of the test server whose pool holds at most `connections`, not yet running.
@@ -40,6 +40,8 @@ struct PostgresClientEngineTests {
         }
         configuration.options.maximumConnections = connections
         configuration.options.minimumConnections = 0
+        // Kept while a test waits its turn for a thread (offThePool): a connection the test set up must stay.
+        configuration.options.connectionIdleTimeout = .seconds(3600)
         return PostgresClient(configuration: configuration, backgroundLogger: Logger(label: "tests.client"))
     }
 
