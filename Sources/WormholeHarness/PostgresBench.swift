@@ -387,7 +387,7 @@ final class WormholeBenchEndpoint: PostgresBenchEndpoint, @unchecked Sendable {
         self.execution = execution
         if borrowing {
             let client = PostgresClient(
-                configuration: try Self.clientConfiguration(url: url),
+                configuration: try PostgresLocation(url: url).plainClientConfiguration(),
                 backgroundLogger: Logger(label: "bench.client")
             )
             let running = Task { await client.run() }
@@ -411,27 +411,6 @@ final class WormholeBenchEndpoint: PostgresBenchEndpoint, @unchecked Sendable {
             engine = try PostgresEngine(url: url, group: "bench.\(tag)")
         }
         wormhole = Wormhole(engine: engine, sender: "bench-\(getpid())")
-    }
-
-    /// The client's configuration for the server at `url`.
-    private static func clientConfiguration(url: String) throws -> PostgresClient.Configuration {
-        let connection = try PostgresLocation(url: url).configuration
-        if let socket = connection.unixSocketPath {
-            return .init(
-                unixSocketPath: socket,
-                username: connection.username,
-                password: connection.password,
-                database: connection.database
-            )
-        }
-        return .init(
-            host: connection.host ?? "localhost",
-            port: connection.port ?? 5432,
-            username: connection.username,
-            password: connection.password,
-            database: connection.database,
-            tls: .disable
-        )
     }
 
     private func queue(_ name: String) throws -> WormholeQueue {

@@ -70,6 +70,27 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
         description = "postgres://\(configuration.username)@\(place)/\(configuration.database ?? "")"
     }
 
+    /// A postgres-nio `PostgresClient`'s configuration for this server, without TLS: for the tests and benchmarks,
+    /// whose servers listen on a Unix socket or on loopback.
+    package func plainClientConfiguration() -> PostgresClient.Configuration {
+        if let socket = configuration.unixSocketPath {
+            return .init(
+                unixSocketPath: socket,
+                username: configuration.username,
+                password: configuration.password,
+                database: configuration.database
+            )
+        }
+        return .init(
+            host: configuration.host ?? "localhost",
+            port: configuration.port ?? 5432,
+            username: configuration.username,
+            password: configuration.password,
+            database: configuration.database,
+            tls: .disable
+        )
+    }
+
     /// The URL with its password replaced by `***`.
     static func redacting(_ text: String) -> String {
         if var components = URLComponents(string: text) {

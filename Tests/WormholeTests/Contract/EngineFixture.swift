@@ -112,14 +112,7 @@ final class EngineFixture: Sendable {
     /// A new engine on the fixture's group, standing for a process of its own: with connections of its own, or
     /// borrowing them from a client of its own.
     func postgresEngine() throws -> PostgresEngine {
-        let engine: PostgresEngine
-        if kind == .postgresClient {
-            let client = try RunningClient(url: serverURL!)
-            clients.withLock { $0.append(client) }
-            engine = try client.engine(group: group)
-        } else {
-            engine = try PostgresEngine(url: serverURL!, group: group)
-        }
+        let engine = try makeTestEngine(url: serverURL!, group: group, borrowing: kind == .postgresClient, clients)
         postgresEngines.withLock { $0.append(engine) }
         return engine
     }
@@ -141,31 +134,27 @@ final class EngineFixture: Sendable {
     func scratch(_ name: String) -> String { scratch + "/" + name }
 }
 
+/// A new engine on `group` at `url`, standing for a process of its own: with connections of its own, or borrowing
+/// them from a new client, kept in `clients` to be stopped at the end.
+func makeTestEngine(
+    url: String,
+    group: String,
+    borrowing: Bool,
+    _ clients: Locked<[RunningClient]>
+) throws -> PostgresEngine {
+    guard borrowing else { return try PostgresEngine(url: url, group: group) }
+    let client = try RunningClient(url: url)
+    clients.withLock { $0.append(client) }
+    return try client.engine(group: group)
+}
+
 /// A postgres-nio client on a server, running in a task of its own until ``stop()``, as an app runs one.
 final class RunningClient: Sendable {
     let client: PostgresClient
     private let running: Task<Void, Never>
 
     init(url: String) throws {
-        let connection = try PostgresLocation(url: url).configuration
-        let configuration: PostgresClient.Configuration
-        if let socket = connection.unixSocketPath {
-            configuration = .init(
-                unixSocketPath: socket,
-                username: connection.username,
-                password: connection.password,
-                database: connection.database
-            )
-        } else {
-            configuration = .init(
-                host: connection.host ?? "localhost",
-                port: connection.port ?? 5432,
-                username: connection.username,
-                password: connection.password,
-                database: connection.database,
-                tls: .disable
-            )
-        }
+        let configuration = try PostgresLocation(url: url).plainClientConfiguration()
         let client = PostgresClient(configuration: configuration, backgroundLogger: Logger(label: "test.client"))
         self.client = client
         // As the engine's documentation says to: the contract tests call the engine's synchronous API from tasks of

@@ -167,14 +167,7 @@ final class StoreFixture: Sendable {
     }
 
     func postgresStore(author: String, maximumAge: Duration = .seconds(3600)) throws -> PostgresStore {
-        let engine: PostgresEngine
-        if kind == .postgresClient {
-            let client = try RunningClient(url: serverURL!)
-            clients.withLock { $0.append(client) }
-            engine = try client.engine(group: group)
-        } else {
-            engine = try PostgresEngine(url: serverURL!, group: group)
-        }
+        let engine = try makeTestEngine(url: serverURL!, group: group, borrowing: kind == .postgresClient, clients)
         engines.withLock { $0.append(engine) }
         let schema = schema
         return try PostgresStore(

@@ -19,25 +19,7 @@ import WormholeKit
 struct PostgresClientEngineTests {
     /// A client of the test server whose pool holds at most `connections`, not yet running.
     private func client(connections: Int = 20) throws -> PostgresClient {
-        let connection = try PostgresLocation(url: try requireTestServerURL()).configuration
-        var configuration: PostgresClient.Configuration
-        if let socket = connection.unixSocketPath {
-            configuration = .init(
-                unixSocketPath: socket,
-                username: connection.username,
-                password: connection.password,
-                database: connection.database
-            )
-        } else {
-            configuration = .init(
-                host: connection.host ?? "localhost",
-                port: connection.port ?? 5432,
-                username: connection.username,
-                password: connection.password,
-                database: connection.database,
-                tls: .disable
-            )
-        }
+        var configuration = try PostgresLocation(url: try requireTestServerURL()).plainClientConfiguration()
         configuration.options.maximumConnections = connections
         configuration.options.minimumConnections = 0
         // Kept while a test waits its turn for a thread (offThePool): a connection the test set up must stay.
