@@ -232,16 +232,14 @@ final class Connections: Sendable {
         }
     }
 
-    /// Gives `borrowed` back to its client as it was lent: out of any transaction (a store's `read` may leave one
-    /// open), with the settings this engine changed set back to what they were; closed when that fails, and with
-    /// its prepared statements closed first when `deallocating` (the engine is closing).
+    /// Gives `borrowed` back to its client as it was lent (no call leaves a transaction open: a store's `read` rolls
+    /// back one its closure left), with the settings this engine changed set back to what they were; closed when
+    /// that fails, and with its prepared statements closed first when `deallocating` (the engine is closing).
     private func giveBack(_ borrowed: BorrowedConnection, deallocating: Bool = false) {
         let connection = borrowed.pooled.connection
         var closing = connection.isClosed
         if !closing {
             do throws(WormholeError) {
-                // Outside a transaction, ROLLBACK only warns.
-                if !sessionParameters.isEmpty { try run("ROLLBACK", on: connection, doing: "ending a transaction") }
                 if let restoring = Self.setting(
                     zip(sessionParameters, borrowed.settingsBefore).map { ($0.0, $1 ?? "") },
                     returningBefore: false

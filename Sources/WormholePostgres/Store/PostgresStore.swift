@@ -220,13 +220,19 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
         try await runBlocking { () throws(StoreError) in try self.write(updates) }
     }
 
-    /// Runs `body` on a connection of the store, outside a transaction unless `body` begins one: for reads.
+    /// Runs `body` on a connection of the store, outside a transaction unless `body` begins one: for reads. A
+    /// transaction `body` begins and leaves open is rolled back when it returns, so that the next call on the
+    /// connection starts afresh.
     ///
     /// - Throws: as `write(_:)`.
     public func read<T>(_ body: (StoreConnection) throws -> T) throws(StoreError) -> T {
         try withConnection(doing: "read") { (connection) throws(StoreError) in
             do {
-                return try body(connection)
+                let result = try body(connection)
+                if connection.inTransaction.withLock({ $0 }) {
+                    do throws(StoreError) { try connection.run("ROLLBACK") } catch { connection.discard() }
+                }
+                return result
             } catch let error as StoreError {
                 connection.discard()
                 throw error
@@ -539,6 +545,9 @@ extension PostgresStore {
         let store: PostgresStore
         /// Set when the connection's session state is unknown: it is closed, not given back to the pool.
         let mustDiscard = Locked(false)
+        /// Whether a statement run here began a transaction block that none has ended yet (by the command tags the
+        /// server answered).
+        let inTransaction = Locked(false)
 
         func discard() { mustDiscard.withLock { $0 = true } }
 
@@ -550,6 +559,7 @@ extension PostgresStore {
                     doing: "committing",
                     closing: connection
                 )
+                inTransaction.withLock { $0 = false }
                 return result.metadata.command
             } catch {
                 throw store.storeError(error, "commit")
@@ -569,7 +579,17 @@ extension PostgresStore {
         @discardableResult
         func run(_ query: PostgresQuery) throws(StoreError) -> [PostgresRow] {
             do {
-                return try store.connections.run(query, on: connection, doing: "running a statement of the store")
+                let result = try store.connections.wait(
+                    for: connection.query(query, logger: store.logger),
+                    doing: "running a statement of the store",
+                    closing: connection
+                )
+                switch result.metadata.command {
+                case "BEGIN": inTransaction.withLock { $0 = true }
+                case "COMMIT", "ROLLBACK", "PREPARE TRANSACTION": inTransaction.withLock { $0 = false }
+                default: break
+                }
+                return Array(result.rows)
             } catch {
                 throw store.storeError(error, "run a statement")
             }

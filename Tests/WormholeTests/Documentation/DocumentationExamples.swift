@@ -1101,7 +1101,7 @@ extension DocumentationExamples {
             tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             let engine = try await PostgresEngine(client: client, group: "group.com.example.app")
             defer {
-                engine.close()  // before the client stops: the engine gives its connections back
+                engine.close()  // first: the engine stops borrowing and gives its connections back
                 tasks.cancelAll()
             }
             let wormhole = Wormhole(engine: engine, sender: "worker-1")

@@ -89,6 +89,31 @@ struct PostgresStoreTests {
         }
     }
 
+    @Test("A read whose closure leaves a transaction open has it rolled back when the closure returns")
+    func readRollsBackAnOpenTransaction() async throws {
+        try await offThePool {
+            let store = try Self.open(url: try requireTestServerURL(), group: uniqueGroup("store"), author: "app")
+            defer { store.close() }
+            func transaction(_ db: PostgresStore.StoreConnection) throws -> String {
+                try db.query("SELECT pg_catalog.pg_current_xact_id()::text")[0].decode(String.self)
+            }
+            let (opened, backend) = try store.read { db in
+                try db.query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                return (try transaction(db), try db.query("SELECT pg_catalog.pg_backend_pid()")[0].decode(Int32.self))
+            }
+            // The next read, on the same connection (the only one idle): each statement in a transaction of its own.
+            let (first, second, sameBackend) = try store.read { db in
+                (
+                    try transaction(db), try transaction(db),
+                    try db.query("SELECT pg_catalog.pg_backend_pid()")[0].decode(Int32.self) == backend
+                )
+            }
+            #expect(sameBackend)
+            #expect(first != second)
+            #expect(first != opened)
+        }
+    }
+
     @Test("A write from psql, outside any store, is recorded as external and reaches consumers")
     func externalWrite() async throws {
         try await offThePool {
