@@ -207,10 +207,14 @@ final class Connections: Sendable {
             giveBack(borrowed)
             return
         }
-        if !sweepScheduled.exchange(true, ordering: .relaxed) {
-            DispatchQueue.global().asyncAfter(deadline: .now() + Self.holdTime.dispatchInterval) { [weak self] in
-                self?.sweep()
-            }
+        scheduleSweep()
+    }
+
+    /// Sweeps the kept connections after ``holdTime``, unless a sweep is already due.
+    private func scheduleSweep() {
+        guard !sweepScheduled.exchange(true, ordering: .relaxed) else { return }
+        DispatchQueue.global().asyncAfter(deadline: .now() + Self.holdTime.dispatchInterval) { [weak self] in
+            self?.sweep()
         }
     }
 
@@ -225,11 +229,7 @@ final class Connections: Sendable {
             return (due, !held.isEmpty)
         }
         for each in due { giveBack(each) }
-        if more, !sweepScheduled.exchange(true, ordering: .relaxed) {
-            DispatchQueue.global().asyncAfter(deadline: .now() + Self.holdTime.dispatchInterval) { [weak self] in
-                self?.sweep()
-            }
-        }
+        if more { scheduleSweep() }
     }
 
     /// Gives `borrowed` back to its client as it was lent (no call leaves a transaction open: a store's `read` rolls
