@@ -1,4 +1,3 @@
-import Dispatch
 import Foundation
 import Logging
 import PostgresNIO
@@ -127,19 +126,11 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     ) async throws(WormholeError) {
         try GroupName.validate(group)
         let connections = Connections(source: .client(client), timeout: timeout, logger: logger)
-        let result: Result<String, WormholeError> = await withCheckedContinuation { continuation in
-            // Borrowing blocks this thread until the client lends: not a thread of the cooperative pool.
-            DispatchQueue.global().async {
-                do throws(WormholeError) {
-                    continuation.resume(
-                        returning: .success(try Self.open(group, connections, setsUpSchema: setsUpSchema))
-                    )
-                } catch {
-                    continuation.resume(returning: .failure(error))
-                }
-            }
+        // Borrowing blocks its thread until the client lends: not a thread of the cooperative pool.
+        let channel = try await runBlocking { () throws(WormholeError) in
+            try Self.open(group, connections, setsUpSchema: setsUpSchema)
         }
-        self.init(connections: connections, group: group, channel: try result.get(), logger: logger)
+        self.init(connections: connections, group: group, channel: channel, logger: logger)
     }
 
     convenience init(

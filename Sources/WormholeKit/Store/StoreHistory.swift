@@ -1,4 +1,3 @@
-import Dispatch
 import Logging
 
 /// What remote-change consumers need of a shared store, whatever holds it: its history, its durable consumers'
@@ -39,20 +38,4 @@ package protocol StoreHistory: Sendable {
 
     /// Deletes merged history when it is time to (a cheap no-op most of the time).
     func purgeIfDue()
-}
-
-/// Runs `body` on a thread that may block (Dispatch's), never on the cooperative pool, and awaits its result.
-package func runBlocking<Value: Sendable>(
-    _ body: @escaping @Sendable () throws(StoreError) -> Value
-) async throws(StoreError) -> Value {
-    let result: Result<Value, StoreError> = await withCheckedContinuation { continuation in
-        DispatchQueue.global().async {
-            do throws(StoreError) {
-                continuation.resume(returning: .success(try body()))
-            } catch {
-                continuation.resume(returning: .failure(error))
-            }
-        }
-    }
-    return try result.get()
 }
