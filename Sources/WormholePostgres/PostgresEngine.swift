@@ -105,9 +105,10 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     ///
     /// Every call borrows a connection for its statements (a store's calls too, with its session settings set when
     /// borrowed and set back before going back) and keeps it idle for 100 ms after, so that a burst of calls borrows
-    /// once. The engine's listening connection is borrowed for as long as it listens, then closed rather than given
-    /// back, so that no `LISTEN` or lock of the engine's reaches your code. Size the client's pool for your own
-    /// code's connections, plus the listening one, plus the engine's calls in flight at once (at least two).
+    /// once. The engine's listening connection is borrowed for as long as it listens, and goes back after
+    /// ``close()`` with its `LISTEN`s ended, its advisory locks released and its settings set back, so that nothing
+    /// of the engine's reaches your code. Size the client's pool for your own code's connections, plus the listening
+    /// one, plus the engine's calls in flight at once (at least two).
     ///
     /// The client must be running before the engine opens and for as long as the engine works. The engine's calls
     /// are synchronous: each blocks its thread until the client lends a connection. Run the client on a

@@ -55,8 +55,8 @@ final class ClientLease: Sendable {
             do {
                 try await client.withConnection { connection in
                     let closing = await withCheckedContinuation { lease.lend(connection, $0) }
-                    // A connection whose session this engine changed for long (the listening one) or whose state is
-                    // unknown goes back closed: the client replaces it.
+                    // A connection whose state is unknown (a statement failed on it, or its session could not be
+                    // set back) goes back closed: the client replaces it.
                     if closing { try? await connection.close() }
                 }
             } catch {

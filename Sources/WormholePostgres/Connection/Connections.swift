@@ -162,26 +162,14 @@ final class Connections: Sendable {
             within: timeout,
             doing: "borrowing a connection"
         )
-        var before: [String?] = []
+        let before: [String?]
         do throws(WormholeError) {
-            if let settingSession {
-                let rows = try run(settingSession, on: connection, doing: "setting up the session")
-                guard let row = rows.first else {
-                    throw WormholeError(.serverRejected, "PostgreSQL returned no row while setting up the session.")
-                }
-                let cells = row.makeRandomAccess()
-                for index in sessionParameters.indices {
-                    do {
-                        before.append(try cells[index].decode(String?.self))
-                    } catch {
-                        throw WormholeError(
-                            .serverRejected,
-                            "PostgreSQL returned a setting that does not decode: \(error).",
-                            underlyingError: SendableDescription(error)
-                        )
-                    }
-                }
-            }
+            before = try setUp(
+                settingSession,
+                count: sessionParameters.count,
+                on: connection,
+                doing: "setting up the session"
+            )
         } catch {
             lease.giveBack(closing: true)
             throw error
@@ -240,12 +228,7 @@ final class Connections: Sendable {
         var closing = connection.isClosed
         if !closing {
             do throws(WormholeError) {
-                if let restoring = Self.setting(
-                    zip(sessionParameters, borrowed.settingsBefore).map { ($0.0, $1 ?? "") },
-                    returningBefore: false
-                ) {
-                    try run(restoring, on: connection, doing: "resetting the session")
-                }
+                try restore(sessionParameters, to: borrowed.settingsBefore, on: connection)
                 if deallocating {
                     let statements = borrowed.pooled.prepared.withLock { prepared in
                         defer { prepared.removeAll() }
@@ -290,13 +273,17 @@ final class Connections: Sendable {
         }
     }
 
-    /// A connection for the long run, with `parameters` set for its session: the hub's listening connection. It is
-    /// opened for the purpose, or borrowed from the client; ``DedicatedConnection/end()`` closes it either way, so
-    /// that no `LISTEN` or advisory lock goes back to a client's pool.
+    /// A connection for the long run, with `parameters` set for its session: the hub's listening connection, opened
+    /// for the purpose or borrowed from the client.
+    ///
+    /// Its `end` closes one this engine opened. One borrowed goes back to the client, when
+    /// it ends cleanly, as it was lent: no `LISTEN`, no advisory lock, and its settings as they were. Closing it
+    /// instead would cost the client a new connection, and postgres-nio's pool does not open one for a request that
+    /// waits while a lent connection closes: that request would wait for the next connection given back.
     func dedicatedConnection(parameters: [(String, String)]) throws(WormholeError) -> DedicatedConnection {
         guard case .client(let client) = source else {
             let connection = try connect(parameters: parameters)
-            return DedicatedConnection(connection: connection, end: { connection.closeQuietly() })
+            return DedicatedConnection(connection: connection) { _ in connection.closeQuietly() }
         }
         guard !closed.load(ordering: .relaxed) else {
             throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
@@ -307,15 +294,77 @@ final class Connections: Sendable {
             within: timeout,
             doing: "borrowing the listening connection"
         )
+        let settings = sessionParameters + parameters
+        let before: [String?]
         do throws(WormholeError) {
-            if let setting = Self.setting(sessionParameters + parameters, returningBefore: false) {
-                try run(setting, on: connection, doing: "setting up the listening session")
-            }
+            before = try setUp(
+                Self.setting(settings, returningBefore: true),
+                count: settings.count,
+                on: connection,
+                doing: "setting up the listening session"
+            )
         } catch {
             lease.giveBack(closing: true)
             throw error
         }
-        return DedicatedConnection(connection: connection, end: { lease.giveBack(closing: true) })
+        return DedicatedConnection(connection: connection) { [self] cleanly in
+            guard cleanly, !connection.isClosed else {
+                lease.giveBack(closing: true)
+                return
+            }
+            do throws(WormholeError) {
+                // The listeners stopped already; this ends whatever LISTEN postgres-nio's own did not.
+                try run("UNLISTEN *", on: connection, doing: "ending the listening session")
+                try run(
+                    "SELECT pg_catalog.pg_advisory_unlock_all()",
+                    on: connection,
+                    doing: "ending the listening session"
+                )
+                try restore(settings, to: before, on: connection)
+                lease.giveBack(closing: false)
+            } catch {
+                lease.giveBack(closing: true)
+            }
+        }
+    }
+
+    /// Runs `setting` (made with `returningBefore`) on `connection`, and returns the `count` values it read first.
+    private func setUp(
+        _ setting: PostgresQuery?,
+        count: Int,
+        on connection: PostgresConnection,
+        doing what: String
+    ) throws(WormholeError) -> [String?] {
+        guard let setting else { return [] }
+        let rows = try run(setting, on: connection, doing: what)
+        guard let row = rows.first else {
+            throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
+        }
+        let cells = row.makeRandomAccess()
+        var before: [String?] = []
+        for index in 0..<count {
+            do {
+                before.append(try cells[index].decode(String?.self))
+            } catch {
+                throw WormholeError(
+                    .serverRejected,
+                    "PostgreSQL returned a setting that does not decode: \(error).",
+                    underlyingError: SendableDescription(error)
+                )
+            }
+        }
+        return before
+    }
+
+    /// Sets `parameters` back to the values `before` (one never set, to an empty text).
+    private func restore(
+        _ parameters: [(String, String)],
+        to before: [String?],
+        on connection: PostgresConnection
+    ) throws(WormholeError) {
+        guard let restoring = Self.setting(zip(parameters, before).map { ($0.0, $1 ?? "") }, returningBefore: false)
+        else { return }
+        try run(restoring, on: connection, doing: "resetting the session")
     }
 
     /// The statement that sets `parameters` for the session, returning first what each was (NULL when never set)
@@ -628,7 +677,9 @@ private struct BorrowedConnection: Sendable {
 /// A connection held for the long run, and how to end it: closing it, or giving it back to its client closed.
 struct DedicatedConnection: Sendable {
     let connection: PostgresConnection
-    let end: @Sendable () -> Void
+    /// Ends the connection's use: closes it, or gives it back to the client it was borrowed from when `cleanly`
+    /// (its listeners stopped, the engine closing rather than the connection failing).
+    let end: @Sendable (_ cleanly: Bool) -> Void
 }
 
 /// An error kept by its description: postgres-nio's errors hold the query, whose binds must not travel.

@@ -60,6 +60,8 @@ final class NotificationHub: Sendable {
         /// The advisory lock the listening session holds while it lives: the `alive_key` of this process's endpoints.
         var aliveKey: Int64?
         var connection: PostgresConnection?
+        /// Signalled when the listening connection closes, or the hub does: the listening thread then ends its use.
+        var wake: DispatchSemaphore?
         /// How many times the hub has (re)started listening.
         var connections = 0
     }
@@ -359,6 +361,7 @@ final class NotificationHub: Sendable {
                 state.backendPID = nil
                 state.aliveKey = nil
                 state.connection = nil
+                state.wake = nil
             }
             guard !state.withLock({ $0.closed }) else { break }
             Thread.sleep(forTimeInterval: backOff.secondsValue)
@@ -368,15 +371,18 @@ final class NotificationHub: Sendable {
     }
 
     /// Connects, listens, re-registers this process's endpoints, wakes every observer, then pings until the
-    /// connection fails.
+    /// connection fails or the hub closes.
     private func listenOnce(resetBackOff: () -> Void) throws(WormholeError) {
         // The server's keep-alives find a client that vanished (a cut link) within seconds instead of hours, so that
         // its endpoints stop counting; this side finds a dead server by its pings, which time out.
         let dedicated = try connections.dedicatedConnection(parameters: [
             ("tcp_keepalives_idle", "5"), ("tcp_keepalives_interval", "2"), ("tcp_keepalives_count", "3"),
         ])
-        defer { dedicated.end() }
         let connection = dedicated.connection
+        // Cleanly: the hub closed while the connection still works. (Runs after the listeners' own ends below.)
+        defer { dedicated.end(state.withLock { $0.closed } && !connection.isClosed) }
+        let wake = DispatchSemaphore(value: 0)
+        connection.closeFuture.whenComplete { _ in wake.signal() }
         let groupListener = try listen(on: channel, connection)
         defer { groupListener.stop() }
         let replies = try listen(on: Self.replyChannel(channel, replyEndpoint), connection)
@@ -407,6 +413,7 @@ final class NotificationHub: Sendable {
             state.backendPID = pid
             state.aliveKey = key
             state.connection = connection
+            state.wake = wake
             state.connections += 1
             return state.connections == 1
         }
@@ -420,8 +427,11 @@ final class NotificationHub: Sendable {
         }
         var lastPoll = ContinuousClock.now
         while !state.withLock({ $0.closed }) {
-            let closed = Self.waitForClose(connection, seconds: 2)
-            if closed { break }
+            if wake.wait(timeout: .now() + .seconds(2)) == .success {
+                // The hub closed (the loop ends) or the connection did.
+                if connection.isClosed { break }
+                continue
+            }
             if ContinuousClock.now - lastPoll >= safetyPollInterval {
                 lastPoll = .now
                 wakeEveryObserver()
@@ -458,12 +468,6 @@ final class NotificationHub: Sendable {
                 doing: "registering live endpoints again"
             )
         }
-    }
-
-    private static func waitForClose(_ connection: PostgresConnection, seconds: Int) -> Bool {
-        let done = DispatchSemaphore(value: 0)
-        connection.closeFuture.whenComplete { _ in done.signal() }
-        return done.wait(timeout: .now() + .seconds(seconds)) == .success
     }
 
     private func wakeEveryObserver() {
@@ -527,13 +531,15 @@ final class NotificationHub: Sendable {
         }
     }
 
-    /// Stops listening and closes the connection; observers are no longer called.
+    /// Stops listening; observers are no longer called. A connection of the engine's own is closed now; one borrowed
+    /// from a client goes back to it from the listening thread, once its session is as it was lent.
     func close() {
-        let connection = state.withLock { state in
+        let (connection, wake) = state.withLock { state in
             state.closed = true
-            return state.connection
+            return (state.connection, state.wake)
         }
-        connection?.closeQuietly()
+        if case .location = connections.source { connection?.closeQuietly() }
+        wake?.signal()
         listening.broadcast()
     }
 
