@@ -33,7 +33,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     public let transiting: any Transiting
     public let notifier: any Notifier
 
-    public var description: String { "PostgreSQL \(core.connections.source) group \(group)" }
+    public var description: String { "PostgreSQL \(core.connections.server) group \(group)" }
 
     /// Connects to the server at `url` and opens `group`, setting up the schema first when `setsUpSchema` is true.
     ///
@@ -171,7 +171,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
                 guard version == Schema.version else {
                     throw WormholeError(
                         .serverRejected,
-                        "The database \(connections.source) has the wormhole schema at version \(version), this "
+                        "The database \(connections.server) has the wormhole schema at version \(version), this "
                             + "build needs \(Schema.version): run `wormhole postgres setup --postgres URL`."
                     )
                 }

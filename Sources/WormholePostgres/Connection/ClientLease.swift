@@ -12,7 +12,7 @@ enum ConnectionSource: Sendable, CustomStringConvertible {
     var description: String {
         switch self {
         case .location(let location): location.description
-        case .client: "(the server of a PostgresClient)"
+        case .client: "(a PostgresClient's server)"
         }
     }
 }
@@ -82,7 +82,7 @@ final class ClientLease: Sendable {
         switch lease.state.withLock({ $0 }) {
         case .lent(let connection, _): return (connection, lease)
         case .failed(let error):
-            throw Connections.wormholeError(error, doing: what(), source: .client(client))
+            throw Connections.wormholeError(error, doing: what(), server: ConnectionSource.client(client).description)
         case .waiting, .abandoned, .ended:
             preconditionFailure("A lease handed over nothing.")
         }

@@ -13,6 +13,8 @@ import WormholeKit
 final class Connections: Sendable {
     /// The server: a location to open connections to, or a client to borrow them from.
     let source: ConnectionSource
+    /// A client's server as it names itself (`postgres://user@host:port/database`), once a connection was borrowed.
+    private let clientServer = Locked<String?>(nil)
     /// SwiftNIO's shared event loops: never shut down, so that a connection closing late never finds its loop gone.
     var eventLoops: MultiThreadedEventLoopGroup { .singleton }
     let logger: Logger
@@ -154,6 +156,32 @@ final class Connections: Sendable {
         return nil
     }
 
+    /// How errors and logs name the server: its location, or what a client's server says of itself.
+    var server: String {
+        clientServer.withLock { $0 }.map { "\($0) (through a PostgresClient)" } ?? source.description
+    }
+
+    /// Asks the server of a client's connection what it is, the first time, for ``server``; a failure leaves the
+    /// name unknown (the statements that follow fail on their own).
+    private func learnServerName(on connection: PostgresConnection) {
+        guard clientServer.withLock({ $0 }) == nil,
+            let rows = try? run(
+                """
+                SELECT current_user::text, current_database()::text, host(inet_server_addr()), inet_server_port()
+                """,
+                on: connection,
+                doing: "naming the server"
+            ),
+            let (user, database, host, port) = try? rows.first?.decode((String, String, String?, Int32?).self)
+        else { return }
+        // Over a Unix socket the server has no address.
+        let place = host.map { host in
+            let address = host.contains(":") ? "[\(host)]" : host
+            return port.map { "\(address):\($0)" } ?? address
+        }
+        clientServer.withLock { $0 = "postgres://\(user)@\(place ?? "localhost")/\(database)" }
+    }
+
     /// Borrows a connection and sets its session up.
     private func borrow(from client: PostgresClient) throws(WormholeError) -> BorrowedConnection {
         let (connection, lease) = try ClientLease.borrow(
@@ -162,6 +190,7 @@ final class Connections: Sendable {
             within: timeout,
             doing: "borrowing a connection"
         )
+        learnServerName(on: connection)
         let before: [String?]
         do throws(WormholeError) {
             before = try setUp(
@@ -294,6 +323,7 @@ final class Connections: Sendable {
             within: timeout,
             doing: "borrowing the listening connection"
         )
+        learnServerName(on: connection)
         let settings = sessionParameters + parameters
         let before: [String?]
         do throws(WormholeError) {
@@ -458,7 +488,7 @@ final class Connections: Sendable {
                         _ = prepared.deallocate()  // closing a statement the server lost is not an error
                         continue
                     }
-                    throw Self.wormholeError(error, doing: what(), source: source)
+                    throw Self.wormholeError(error, doing: what(), server: server)
                 }
             }
         }
@@ -524,7 +554,7 @@ final class Connections: Sendable {
     ) throws(WormholeError) -> Value {
         switch try outcome(of: future, doing: what(), closing: connection) {
         case .success(let value): return value
-        case .failure(let error): throw Self.wormholeError(error, doing: what(), source: source)
+        case .failure(let error): throw Self.wormholeError(error, doing: what(), server: server)
         }
     }
 
@@ -545,7 +575,7 @@ final class Connections: Sendable {
             connection?.closeQuietly()
             throw WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(source) did not answer within \(timeout) while \(what()); the connection "
+                "The PostgreSQL server \(server) did not answer within \(timeout) while \(what()); the connection "
                     + "was closed. A write may or may not have happened."
             )
         }
@@ -568,7 +598,7 @@ final class Connections: Sendable {
     }
 
     /// The ``WormholeError`` for an error of postgres-nio: the server's refusal, or a connection that failed.
-    static func wormholeError(_ error: any Error, doing what: String, source: ConnectionSource) -> WormholeError {
+    static func wormholeError(_ error: any Error, doing what: String, server: String) -> WormholeError {
         if let (state, message) = refusal(of: error) {
             var advice = ""
             switch state {
@@ -585,14 +615,14 @@ final class Connections: Sendable {
                 ? .serverUnavailable : .serverRejected
             return WormholeError(
                 code,
-                "PostgreSQL (\(source)) refused \(what): \(message) (SQLSTATE \(state)).\(advice)",
+                "The PostgreSQL server \(server) refused \(what): \(message) (SQLSTATE \(state)).\(advice)",
                 underlyingError: SendableDescription(error)
             )
         }
         guard let error = error as? PSQLError else {
             return WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(source) could not be reached while \(what): \(error).",
+                "The PostgreSQL server \(server) could not be reached while \(what): \(error).",
                 underlyingError: SendableDescription(error)
             )
         }

@@ -157,7 +157,7 @@ final class NotificationHub: Sendable {
             state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
             throw WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(connections.source) is not reachable now; the endpoint was not registered.",
+                "The PostgreSQL server \(connections.server) is not reachable now; the endpoint was not registered.",
                 identifier: endpoint.identifier
             )
         }
@@ -314,7 +314,7 @@ final class NotificationHub: Sendable {
         guard let pid = state.withLock({ $0.backendPID }) else {
             throw WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(connections.source) is not reachable now."
+                "The PostgreSQL server \(connections.server) is not reachable now."
             )
         }
         return pid
@@ -355,7 +355,7 @@ final class NotificationHub: Sendable {
             do {
                 try listenOnce(resetBackOff: { backOff = .milliseconds(50) })
             } catch {
-                logger.info("PostgreSQL engine: listening on \(connections.source) stopped: \(error)")
+                logger.info("PostgreSQL engine: listening on \(connections.server) stopped: \(error)")
             }
             state.withLock { state in
                 state.backendPID = nil
@@ -420,7 +420,7 @@ final class NotificationHub: Sendable {
         listening.broadcast()
         resetBackOff()
         if !first {
-            logger.info("PostgreSQL engine: listening again on \(connections.source)")
+            logger.info("PostgreSQL engine: listening again on \(connections.server)")
             // Whatever was posted while no one listened: every observer reads again. (Not on the first connection:
             // every observer then was registered while it was being made, and promised only later posts.)
             wakeEveryObserver()

@@ -121,7 +121,7 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
     public func close() { connections.close() }
 
     /// Where the store is, for errors: the server (never its password) and the store's name.
-    var location: String { "\(connections.source) store \(name)" }
+    var location: String { "\(connections.server) store \(name)" }
 
     private func setUp(_ migrations: [Migration]) throws(StoreError) {
         try transaction(doing: "open the store") { (connection) throws(StoreError) in

@@ -39,6 +39,18 @@ struct PostgresClientEngineTests {
                 tasks.cancelAll()
             }
             try await offThePool {
+                // Errors and logs name the client's server as the server names itself (the client does not say).
+                let port = try PostgresLocation(url: try requireTestServerURL()).configuration.port
+                #expect(engine.description.contains("@127.0.0.1:\(port ?? 0)/"), "\(engine)")
+                #expect(engine.description.hasSuffix("(through a PostgresClient) group \(group)"), "\(engine)")
+                let refused = #expect(throws: WormholeError.self) {
+                    try engine.core.connections.query("SELECT no_such_column", doing: "testing")
+                }
+                #expect(
+                    refused?.message.hasPrefix("The PostgreSQL server postgres://") == true,
+                    "\(String(describing: refused))"
+                )
+                #expect(refused?.message.contains("(through a PostgresClient) refused testing") == true)
                 let borrowing = Wormhole(engine: engine, sender: "borrowing")
                 let owning = try PostgresEngine(url: try requireTestServerURL(), group: group)
                 defer { owning.close() }
