@@ -21,8 +21,10 @@ final class Connections: Sendable {
     /// How long one statement may take before its connection is closed and the call fails.
     let timeout: Duration
     private let idle = Locked<[PooledConnection]>([])
-    /// A client's connections this engine borrowed and prepared statements on, by identity; closed ones are dropped.
-    private let borrowedStatements = Locked<[ObjectIdentifier: PooledConnection]>([:])
+    /// The client connections that engines of this process borrowed and prepared statements on, by identity, for
+    /// every engine: a connection lent again, to this engine or another, keeps what was prepared on it, so each
+    /// statement is prepared at most once per connection however many engines come and go. Closed ones are dropped.
+    private static let borrowedStatements = Locked<[ObjectIdentifier: PooledConnection]>([:])
     /// Where the tasks that borrow a client's connections run.
     private let leaseExecutor = PostgresClientExecutor()
     /// Connections borrowed from a client, kept idle for a moment after a call.
@@ -251,26 +253,13 @@ final class Connections: Sendable {
 
     /// Gives `borrowed` back to its client as it was lent (no call leaves a transaction open: a store's `read` rolls
     /// back one its closure left), with the settings this engine changed set back to what they were; closed when
-    /// that fails, and with its prepared statements closed first when `deallocating` (the engine is closing).
-    private func giveBack(_ borrowed: BorrowedConnection, deallocating: Bool = false) {
+    /// that fails. Its prepared statements stay, for the next engine of this process it is lent to.
+    private func giveBack(_ borrowed: BorrowedConnection) {
         let connection = borrowed.pooled.connection
         var closing = connection.isClosed
         if !closing {
             do throws(WormholeError) {
                 try restore(sessionParameters, to: borrowed.settingsBefore, on: connection)
-                if deallocating {
-                    let statements = borrowed.pooled.prepared.withLock { prepared in
-                        defer { prepared.removeAll() }
-                        return Array(prepared.values)
-                    }
-                    for statement in statements {
-                        try wait(
-                            for: statement.deallocate(),
-                            doing: "closing a prepared statement",
-                            closing: connection
-                        )
-                    }
-                }
             } catch {
                 closing = true
             }
@@ -286,20 +275,25 @@ final class Connections: Sendable {
         }
         guard !kept.isEmpty else { return }
         DispatchQueue.global().async { [self] in
-            for each in kept { giveBack(each, deallocating: true) }
+            for each in kept { giveBack(each) }
         }
     }
 
-    /// The statements prepared on a client's connection: known when this engine borrowed it before.
+    /// The statements prepared on a client's connection: known when an engine of this process borrowed it before.
     private func pooledConnection(borrowing connection: PostgresConnection) -> PooledConnection {
-        borrowedStatements.withLock { borrowed in
+        Self.borrowedStatements.withLock { borrowed in
             if let known = borrowed[ObjectIdentifier(connection)] { return known }
-            // A connection the client closed will not be lent again: what was prepared on it goes.
-            borrowed = borrowed.filter { !$0.value.connection.isClosed }
+            Self.forgetClosed(&borrowed)
             let pooled = PooledConnection(connection)
             borrowed[ObjectIdentifier(connection)] = pooled
             return pooled
         }
+    }
+
+    /// Drops the connections a client closed: they will not be lent again, and what was prepared on them went with
+    /// them. (Kept, they would keep their objects alive, and an identity could come back for a new connection.)
+    private static func forgetClosed(_ borrowed: inout [ObjectIdentifier: PooledConnection]) {
+        borrowed = borrowed.filter { !$0.value.connection.isClosed }
     }
 
     /// A connection for the long run, with `parameters` set for its session: the hub's listening connection, opened
@@ -639,7 +633,7 @@ final class Connections: Sendable {
     func close() {
         guard !closed.exchange(true, ordering: .relaxed) else { return }
         giveBackHeld()
-        borrowedStatements.withLock { $0.removeAll() }
+        Self.borrowedStatements.withLock { Self.forgetClosed(&$0) }
         let pooled = idle.withLock { idle in
             defer { idle.removeAll() }
             return idle

@@ -264,6 +264,46 @@ struct PostgresClientEngineTests {
         }
     }
 
+    @Test("Engines opened and closed one after another on a client leave at most one of each statement prepared")
+    func preparedStatementsDoNotPileUp() async throws {
+        // One connection for calls, one for listening: every engine borrows the same two.
+        let client = try client(connections: 2)
+        let group = uniqueGroup("client")
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
+            defer { tasks.cancelAll() }
+            var counts: [Int64] = []
+            for round in 0..<4 {
+                let engine = try await PostgresEngine(client: client, group: group)
+                try await offThePool {
+                    let wormhole = Wormhole(engine: engine, sender: "round \(round)")
+                    try wormhole.passMessageObject(round, identifier: "status")
+                    try wormhole.queue("jobs").enqueue(round)
+                    // Idle longer than the engine keeps it: the connection goes back before the engine closes.
+                    Thread.sleep(forTimeInterval: 3 * Connections.holdTime.secondsValue)
+                }
+                engine.close()
+                // Every connection of the client at once (the listening one comes back once its thread is done).
+                try await client.withConnection { first in
+                    try await client.withConnection { second in
+                        var total: Int64 = 0
+                        for connection in [first, second] {
+                            let rows = try await connection.query(
+                                "SELECT count(*) FROM pg_catalog.pg_prepared_statements",
+                                logger: Logger(label: "tests")
+                            )
+                            for try await count in rows.decode(Int64.self) { total += count }
+                        }
+                        counts.append(total)
+                    }
+                }
+            }
+            // The first engine prepared its statements; the next ones found them there, and prepared nothing more.
+            #expect(counts.first ?? 0 > 0, "\(counts)")
+            #expect(Set(counts).count == 1, "\(counts)")
+        }
+    }
+
     @Test("A connection kept idle after a call goes back to the client by itself, within moments")
     func keptConnectionGoesBack() async throws {
         let client = try client(connections: 2)
