@@ -106,7 +106,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     /// Every call borrows a connection for its statements (a store's calls too, with its session settings set when
     /// borrowed and set back before going back) and keeps it idle for 100 ms after, so that a burst of calls borrows
     /// once. The engine's listening connection is borrowed for as long as it listens, and goes back after
-    /// ``close()`` with its `LISTEN`s ended, its advisory locks released and its settings set back, so that nothing
+    /// ``close()`` with its `LISTEN`s ended, its advisory lock released and its settings set back, so that nothing
     /// of the engine's reaches your code. Size the client's pool for your own code's connections, plus the listening
     /// one, plus the engine's calls in flight at once (at least two).
     ///

@@ -12,7 +12,7 @@ enum ConnectionSource: Sendable, CustomStringConvertible {
     var description: String {
         switch self {
         case .location(let location): location.description
-        case .client: "(a PostgresClient's server)"
+        case .client: "behind a PostgresClient"
         }
     }
 }
@@ -44,10 +44,12 @@ final class ClientLease: Sendable {
     private init() {}
 
     /// Borrows a connection from `client`, waiting at most `timeout`; give it back with ``giveBack(closing:)``.
+    /// A failure's error names the client's server `server`.
     static func borrow(
         from client: PostgresClient,
         on executor: PostgresClientExecutor,
         within timeout: Duration,
+        server: @autoclosure () -> String,
         doing what: @autoclosure () -> String
     ) throws(WormholeError) -> (PostgresConnection, ClientLease) {
         let lease = ClientLease()
@@ -82,7 +84,7 @@ final class ClientLease: Sendable {
         switch lease.state.withLock({ $0 }) {
         case .lent(let connection, _): return (connection, lease)
         case .failed(let error):
-            throw Connections.wormholeError(error, doing: what(), server: ConnectionSource.client(client).description)
+            throw Connections.wormholeError(error, doing: what(), server: server())
         case .waiting, .abandoned, .ended:
             preconditionFailure("A lease handed over nothing.")
         }

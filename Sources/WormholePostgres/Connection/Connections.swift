@@ -13,8 +13,9 @@ import WormholeKit
 final class Connections: Sendable {
     /// The server: a location to open connections to, or a client to borrow them from.
     let source: ConnectionSource
-    /// A client's server as it names itself (`postgres://user@host:port/database`), once a connection was borrowed.
-    private let clientServer = Locked<String?>(nil)
+    /// A client's server as it names itself (`postgres://user@host:port/database`, with what says it is a client's),
+    /// once a connection was borrowed.
+    private let clientServer: Locked<String?>
     /// SwiftNIO's shared event loops: never shut down, so that a connection closing late never finds its loop gone.
     var eventLoops: MultiThreadedEventLoopGroup { .singleton }
     let logger: Logger
@@ -45,18 +46,28 @@ final class Connections: Sendable {
     /// At most this many idle connections are kept; more are closed when given back.
     private static let idleLimit = 4
 
-    init(source: ConnectionSource, timeout: Duration, logger: Logger, sessionParameters: [(String, String)] = []) {
+    /// Connections to `source`; `server` names it as another ``Connections`` of the same source learned to (a store's
+    /// connections, from its engine's).
+    init(
+        source: ConnectionSource,
+        timeout: Duration,
+        logger: Logger,
+        sessionParameters: [(String, String)] = [],
+        server: String? = nil
+    ) {
         self.source = source
+        clientServer = Locked(server)
         self.timeout = timeout
         self.logger = logger
         self.sessionParameters = sessionParameters
         settingSession = Self.setting(sessionParameters, returningBefore: true)
     }
 
-    // An engine released without being closed: what it kept of a client's goes back, closed (the session's reset
-    // would need this object).
+    // An engine released without being closed: what it kept of a client's goes back, as it was lent when this
+    // engine changed no setting of its session, else closed (setting it back would need this object).
     deinit {
-        for each in held.withLock({ $0 }) { each.lease.giveBack(closing: true) }
+        let closing = !sessionParameters.isEmpty
+        for each in held.withLock({ $0 }) { each.lease.giveBack(closing: closing || each.pooled.connection.isClosed) }
     }
 
     /// Opens a new connection, with ``sessionParameters`` and `parameters` set for its session.
@@ -159,40 +170,57 @@ final class Connections: Sendable {
     }
 
     /// How errors and logs name the server: its location, or what a client's server says of itself.
-    var server: String {
-        clientServer.withLock { $0 }.map { "\($0) (through a PostgresClient)" } ?? source.description
-    }
+    var server: String { clientServer.withLock { $0 } ?? source.description }
 
-    /// Asks the server of a client's connection what it is, the first time, for ``server``; a failure leaves the
-    /// name unknown (the statements that follow fail on their own).
-    private func learnServerName(on connection: PostgresConnection) {
-        guard clientServer.withLock({ $0 }) == nil,
-            let rows = try? run(
-                """
-                SELECT current_user::text, current_database()::text, host(inet_server_addr()), inet_server_port()
-                """,
-                on: connection,
-                doing: "naming the server"
-            ),
-            let (user, database, host, port) = try? rows.first?.decode((String, String, String?, Int32?).self)
-        else { return }
-        // Over a Unix socket the server has no address.
-        let place = host.map { host in
-            let address = host.contains(":") ? "[\(host)]" : host
-            return port.map { "\(address):\($0)" } ?? address
-        }
-        clientServer.withLock { $0 = "postgres://\(user)@\(place ?? "localhost")/\(database)" }
-    }
+    /// A client's server as it named itself, once a connection was borrowed; nil before, and for a location.
+    var learnedServer: String? { clientServer.withLock { $0 } }
 
-    /// Borrows a connection and sets its session up.
-    private func borrow(from client: PostgresClient) throws(WormholeError) -> BorrowedConnection {
+    /// Borrows a connection from `client` and, the first time, asks its server what it is, for ``server``.
+    private func lease(
+        from client: PostgresClient,
+        doing what: String
+    ) throws(WormholeError) -> (PostgresConnection, ClientLease) {
         let (connection, lease) = try ClientLease.borrow(
             from: client,
             on: leaseExecutor,
             within: timeout,
-            doing: "borrowing a connection"
+            server: server,
+            doing: what
         )
-        learnServerName(on: connection)
+        guard clientServer.withLock({ $0 }) == nil else { return (connection, lease) }
+        do throws(WormholeError) {
+            // The login role, not one a `SET ROLE` of the app's put on: the one the client's configuration names.
+            let rows = try run(
+                """
+                SELECT session_user::text, pg_catalog.current_database()::text,
+                    pg_catalog.host(pg_catalog.inet_server_addr()), pg_catalog.inet_server_port()
+                """,
+                on: connection,
+                doing: "\(what) (naming the server)"
+            )
+            if let (user, database, host, port) = try? rows.first?.decode((String, String, String?, Int32?).self) {
+                clientServer.withLock { $0 = Self.clientServerName(user, database, host, port) }
+            }
+        } catch {
+            lease.giveBack(closing: true)
+            throw error
+        }
+        return (connection, lease)
+    }
+
+    /// `postgres://user@host:port/database`, and that it is reached through a client; a server reached over a Unix
+    /// socket has no address.
+    static func clientServerName(_ user: String, _ database: String, _ host: String?, _ port: Int32?) -> String {
+        guard let host else {
+            return "postgres://\(user)@/\(database) (through a PostgresClient, over a Unix socket)"
+        }
+        let address = host.contains(":") ? "[\(host)]" : host
+        return "postgres://\(user)@\(address)\(port.map { ":\($0)" } ?? "")/\(database) (through a PostgresClient)"
+    }
+
+    /// Borrows a connection and sets its session up.
+    private func borrow(from client: PostgresClient) throws(WormholeError) -> BorrowedConnection {
+        let (connection, lease) = try lease(from: client, doing: "borrowing a connection")
         let before: [String?]
         do throws(WormholeError) {
             before = try setUp(
@@ -299,10 +327,11 @@ final class Connections: Sendable {
     /// A connection for the long run, with `parameters` set for its session: the hub's listening connection, opened
     /// for the purpose or borrowed from the client.
     ///
-    /// Its `end` closes one this engine opened. One borrowed goes back to the client, when
-    /// it ends cleanly, as it was lent: no `LISTEN`, no advisory lock, and its settings as they were. Closing it
-    /// instead would cost the client a new connection, and postgres-nio's pool does not open one for a request that
-    /// waits while a lent connection closes: that request would wait for the next connection given back.
+    /// Its `end` closes one this engine opened. One borrowed goes back to the client, when it ends cleanly (the hub has
+    /// stopped its listeners, whose `UNLISTEN`s postgres-nio sends, and released its lock), with its settings set back
+    /// to what they were: as it was lent. Closing it instead would cost the client a new connection, and
+    /// postgres-nio's pool does not open one for a request that waits while a lent connection closes: that request
+    /// would wait for the next connection given back.
     func dedicatedConnection(parameters: [(String, String)]) throws(WormholeError) -> DedicatedConnection {
         guard case .client(let client) = source else {
             let connection = try connect(parameters: parameters)
@@ -311,13 +340,7 @@ final class Connections: Sendable {
         guard !closed.load(ordering: .relaxed) else {
             throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
         }
-        let (connection, lease) = try ClientLease.borrow(
-            from: client,
-            on: leaseExecutor,
-            within: timeout,
-            doing: "borrowing the listening connection"
-        )
-        learnServerName(on: connection)
+        let (connection, lease) = try lease(from: client, doing: "borrowing the listening connection")
         let settings = sessionParameters + parameters
         let before: [String?]
         do throws(WormholeError) {
@@ -337,13 +360,6 @@ final class Connections: Sendable {
                 return
             }
             do throws(WormholeError) {
-                // The listeners stopped already; this ends whatever LISTEN postgres-nio's own did not.
-                try run("UNLISTEN *", on: connection, doing: "ending the listening session")
-                try run(
-                    "SELECT pg_catalog.pg_advisory_unlock_all()",
-                    on: connection,
-                    doing: "ending the listening session"
-                )
                 try restore(settings, to: before, on: connection)
                 lease.giveBack(closing: false)
             } catch {
@@ -701,8 +717,9 @@ private struct BorrowedConnection: Sendable {
 /// A connection held for the long run, and how to end it: closing it, or giving it back to its client closed.
 struct DedicatedConnection: Sendable {
     let connection: PostgresConnection
-    /// Ends the connection's use: closes it, or gives it back to the client it was borrowed from when `cleanly`
-    /// (its listeners stopped, the engine closing rather than the connection failing).
+    /// Ends the connection's use: closes it, or, when `cleanly` (the engine closing while the connection works, its
+    /// listeners stopped and its lock released), gives it back to the client it was borrowed from, with its settings
+    /// set back.
     let end: @Sendable (_ cleanly: Bool) -> Void
 }
 

@@ -379,8 +379,11 @@ final class NotificationHub: Sendable {
             ("tcp_keepalives_idle", "5"), ("tcp_keepalives_interval", "2"), ("tcp_keepalives_count", "3"),
         ])
         let connection = dedicated.connection
-        // Cleanly: the hub closed while the connection still works. (Runs after the listeners' own ends below.)
+        // Cleanly: the hub closed while the connection still works. (Runs after the listeners' own ends below, whose
+        // `UNLISTEN`s postgres-nio sends before the statements of this end.)
         defer { dedicated.end(state.withLock { $0.closed } && !connection.isClosed) }
+        // Closed while the connection was being made: nothing to listen for.
+        guard !state.withLock({ $0.closed }) else { return }
         let wake = DispatchSemaphore(value: 0)
         connection.closeFuture.whenComplete { _ in wake.signal() }
         let groupListener = try listen(on: channel, connection)
@@ -398,6 +401,17 @@ final class NotificationHub: Sendable {
         // until it ends.
         let key = Int64.random(in: .min ... .max)
         try connections.run("SELECT pg_advisory_lock(\(key))", on: connection, doing: "taking the listening lock")
+        // Released when the session ends, or, on a connection that goes back to its client, here (only this key: a
+        // lock the app's own code holds on that session stays).
+        defer {
+            if case .client = connections.source, state.withLock({ $0.closed }), !connection.isClosed {
+                _ = try? connections.run(
+                    "SELECT pg_advisory_unlock(\(key))",
+                    on: connection,
+                    doing: "releasing the listening lock"
+                )
+            }
+        }
         // Rows of processes whose listening connection ended (killed, cut off): gone, so `send` counts only the living.
         // (This session holds its own key, which its own shared try would get: its rows are left out by name.)
         try connections.run(

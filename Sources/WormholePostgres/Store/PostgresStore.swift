@@ -105,7 +105,8 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
             sessionParameters: [
                 ("wormhole.author", configuration.author),
                 ("search_path", "\"" + schema.replacingOccurrences(of: "\"", with: "\"\"") + "\""),
-            ]
+            ],
+            server: engine.core.connections.learnedServer
         )
         do {
             try setUp(migrations)

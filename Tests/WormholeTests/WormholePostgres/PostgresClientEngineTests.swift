@@ -40,17 +40,25 @@ struct PostgresClientEngineTests {
             }
             try await offThePool {
                 // Errors and logs name the client's server as the server names itself (the client does not say).
-                let port = try PostgresLocation(url: try requireTestServerURL()).configuration.port
-                #expect(engine.description.contains("@127.0.0.1:\(port ?? 0)/"), "\(engine)")
-                #expect(engine.description.hasSuffix("(through a PostgresClient) group \(group)"), "\(engine)")
+                let rows = try engine.core.connections.query(
+                    """
+                    SELECT session_user::text, current_database()::text, host(inet_server_addr()), inet_server_port()
+                    """,
+                    doing: "naming the server"
+                )
+                let (user, database, host, port) = try #require(rows.first).decode(
+                    (String, String, String?, Int32?).self
+                )
+                let name = Connections.clientServerName(user, database, host, port)
+                #expect(name.hasPrefix("postgres://\(user)@"), "\(name)")
+                #expect(engine.description == "PostgreSQL \(name) group \(group)")
                 let refused = #expect(throws: WormholeError.self) {
                     try engine.core.connections.query("SELECT no_such_column", doing: "testing")
                 }
                 #expect(
-                    refused?.message.hasPrefix("The PostgreSQL server postgres://") == true,
+                    refused?.message.hasPrefix("The PostgreSQL server \(name) refused testing") == true,
                     "\(String(describing: refused))"
                 )
-                #expect(refused?.message.contains("(through a PostgresClient) refused testing") == true)
                 let borrowing = Wormhole(engine: engine, sender: "borrowing")
                 let owning = try PostgresEngine(url: try requireTestServerURL(), group: group)
                 defer { owning.close() }
@@ -75,7 +83,7 @@ struct PostgresClientEngineTests {
         }
     }
 
-    @Test("Connections go back clean: no LISTEN, lock or transaction left, the app's settings as they were")
+    @Test("Connections go back as lent: the engine's LISTENs, lock and transaction gone, the app's own kept")
     func givesConnectionsBackClean() async throws {
         let group = uniqueGroup("client")
         // Two connections: one the engine listens on while it is open, one for every call.
@@ -84,17 +92,20 @@ struct PostgresClientEngineTests {
         try await withThrowingDiscardingTaskGroup { tasks in
             tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             defer { tasks.cancelAll() }
-            // The app's own session settings, on both of the client's connections: the engine must leave them be.
+            // The app's own session settings, a channel it listens on and a lock it holds, on both of the client's
+            // connections: the engine must leave them be.
             try await client.withConnection { first in
                 try await client.withConnection { second in
                     for connection in [first, second] {
                         _ = try await connection.query(
                             """
                             SELECT pg_catalog.set_config('wormhole.author', 'app-code', false),
-                                pg_catalog.set_config('tcp_keepalives_idle', '77', false)
+                                pg_catalog.set_config('tcp_keepalives_idle', '77', false),
+                                pg_catalog.pg_advisory_lock_shared(42)
                             """,
                             logger: Logger(label: "tests")
                         )
+                        _ = try await connection.query("LISTEN app_channel", logger: Logger(label: "tests"))
                     }
                 }
             }
@@ -134,12 +145,15 @@ struct PostgresClientEngineTests {
             engine.close()
             // Both connections go back (the listening one once its thread has ended its session, the store's once
             // the store is closed or it has been idle a moment), as they were lent: the app takes both at once (the
-            // second wait ends when the last comes back; the suite's time limit bounds it).
-            var seen: Set<Int32> = []
-            try await client.withConnection { first in
-                try await client.withConnection { second in
-                    for connection in [first, second] {
-                        seen.insert(try await Self.checkClean(connection, schema: schema))
+            // second wait ends when the last comes back).
+            let seen = try await Self.withTimeLimit(seconds: 20) {
+                try await client.withConnection { first in
+                    try await client.withConnection { second in
+                        var seen: Set<Int32> = []
+                        for connection in [first, second] {
+                            seen.insert(try await Self.checkClean(connection, schema: schema))
+                        }
+                        return seen
                     }
                 }
             }
@@ -186,6 +200,25 @@ struct PostgresClientEngineTests {
         }
     }
 
+    /// The value of `body`, or a failure when it takes longer than `seconds` (it is then cancelled).
+    private static func withTimeLimit<Value: Sendable>(
+        seconds: Int,
+        _ body: @escaping @Sendable () async throws -> Value
+    ) async throws -> Value {
+        try await withThrowingTaskGroup(of: Value?.self) { tasks in
+            tasks.addTask { try await body() }
+            tasks.addTask {
+                try await Task.sleep(for: .seconds(seconds))
+                return nil
+            }
+            defer { tasks.cancelAll() }
+            guard let value = try await tasks.next() ?? nil else {
+                throw WormholeError(.timedOut, "Still waiting after \(seconds) s.")
+            }
+            return value
+        }
+    }
+
     /// Checks that `connection` is as the app left it, and returns its backend.
     private static func checkClean(_ connection: PostgresConnection, schema: String) async throws -> Int32 {
         let rows = try await connection.query(
@@ -193,7 +226,7 @@ struct PostgresClientEngineTests {
             SELECT pg_catalog.pg_backend_pid(), pg_catalog.current_setting('search_path'),
                 coalesce(pg_catalog.current_setting('wormhole.author', true), ''),
                 pg_catalog.current_setting('tcp_keepalives_idle'),
-                (SELECT count(*) FROM pg_catalog.pg_listening_channels()),
+                (SELECT coalesce(pg_catalog.string_agg(c, ','), '') FROM pg_catalog.pg_listening_channels() AS c),
                 (SELECT count(*) FROM pg_catalog.pg_locks
                     WHERE pid = pg_catalog.pg_backend_pid() AND locktype = 'advisory'),
                 pg_catalog.pg_current_xact_id()::text
@@ -202,14 +235,15 @@ struct PostgresClientEngineTests {
         )
         var backend: Int32 = 0
         for try await (pid, searchPath, author, keepAlive, channels, locks, transaction) in rows.decode(
-            (Int32, String, String, String, Int64, Int64, String).self
+            (Int32, String, String, String, String, Int64, String).self
         ) {
             backend = pid
             #expect(!searchPath.contains(schema))
             #expect(author == "app-code")
             #expect(keepAlive == "77")
-            #expect(channels == 0)
-            #expect(locks == 0)
+            // The app's, and only the app's: the engine's own are gone.
+            #expect(channels == "app_channel")
+            #expect(locks == 1)
             // Outside a transaction, each statement has one of its own.
             let next = try await connection.query(
                 "SELECT pg_catalog.pg_current_xact_id()::text",
