@@ -221,18 +221,13 @@ final class Connections: Sendable {
     /// Borrows a connection and sets its session up.
     private func borrow(from client: PostgresClient) throws(WormholeError) -> BorrowedConnection {
         let (connection, lease) = try lease(from: client, doing: "borrowing a connection")
-        let before: [String?]
-        do throws(WormholeError) {
-            before = try setUp(
-                settingSession,
-                count: sessionParameters.count,
-                on: connection,
-                doing: "setting up the session"
-            )
-        } catch {
-            lease.giveBack(closing: true)
-            throw error
-        }
+        let before = try setUp(
+            settingSession,
+            count: sessionParameters.count,
+            on: connection,
+            of: lease,
+            doing: "setting up the session"
+        )
         return BorrowedConnection(
             pooled: pooledConnection(borrowing: connection),
             lease: lease,
@@ -342,18 +337,13 @@ final class Connections: Sendable {
         }
         let (connection, lease) = try lease(from: client, doing: "borrowing the listening connection")
         let settings = sessionParameters + parameters
-        let before: [String?]
-        do throws(WormholeError) {
-            before = try setUp(
-                Self.setting(settings, returningBefore: true),
-                count: settings.count,
-                on: connection,
-                doing: "setting up the listening session"
-            )
-        } catch {
-            lease.giveBack(closing: true)
-            throw error
-        }
+        let before = try setUp(
+            Self.setting(settings, returningBefore: true),
+            count: settings.count,
+            on: connection,
+            of: lease,
+            doing: "setting up the listening session"
+        )
         return DedicatedConnection(connection: connection) { [self] cleanly in
             guard cleanly, !connection.isClosed else {
                 lease.giveBack(closing: true)
@@ -368,8 +358,25 @@ final class Connections: Sendable {
         }
     }
 
-    /// Runs `setting` (made with `returningBefore`) on `connection`, and returns the `count` values it read first.
+    /// Runs `setting` (made with `returningBefore`) on `connection`, and returns the `count` values it read first;
+    /// when that fails, `lease` goes back closed.
     private func setUp(
+        _ setting: PostgresQuery?,
+        count: Int,
+        on connection: PostgresConnection,
+        of lease: ClientLease,
+        doing what: String
+    ) throws(WormholeError) -> [String?] {
+        do throws(WormholeError) {
+            return try readingBefore(setting, count: count, on: connection, doing: what)
+        } catch {
+            lease.giveBack(closing: true)
+            throw error
+        }
+    }
+
+    /// Runs `setting` on `connection` and returns the `count` values it read first.
+    private func readingBefore(
         _ setting: PostgresQuery?,
         count: Int,
         on connection: PostgresConnection,

@@ -27,17 +27,27 @@ struct PostgresClientEngineTests {
         return PostgresClient(configuration: configuration, backgroundLogger: Logger(label: "tests.client"))
     }
 
+    /// Runs `body` with a client of the test server (its pool holding at most `connections`) whose `run()` goes on
+    /// meanwhile, on ``PostgresClientExecutor/shared`` as the engine's documentation says; `body` may add tasks of its
+    /// own to the group, which are cancelled with the client's when it returns.
+    private func withRunningClient(
+        connections: Int = 20,
+        _ body: (PostgresClient, inout ThrowingDiscardingTaskGroup<any Error>) async throws -> Void
+    ) async throws {
+        let client = try client(connections: connections)
+        try await withThrowingDiscardingTaskGroup { tasks in
+            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
+            defer { tasks.cancelAll() }
+            try await body(client, &tasks)
+        }
+    }
+
     @Test("Made with the public initializer while the client runs, it passes queue messages to an engine of its own")
     func worksWithAnEngineOfItsOwn() async throws {
         let group = uniqueGroup("client")
-        let client = try client()
-        try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
+        try await withRunningClient { client, _ in
             let engine = try await PostgresEngine(client: client, group: group)
-            defer {
-                engine.close()
-                tasks.cancelAll()
-            }
+            defer { engine.close() }
             try await offThePool {
                 // Errors and logs name the client's server as the server names itself (the client does not say).
                 let rows = try engine.core.connections.query(
@@ -86,12 +96,9 @@ struct PostgresClientEngineTests {
     @Test("Connections go back as lent: the engine's LISTENs, lock and transaction gone, the app's own kept")
     func givesConnectionsBackClean() async throws {
         let group = uniqueGroup("client")
-        // Two connections: one the engine listens on while it is open, one for every call.
-        let client = try client(connections: 2)
         let schema = "s\(UInt32.random(in: 0...UInt32.max))"
-        try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
-            defer { tasks.cancelAll() }
+        // Two connections: one the engine listens on while it is open, one for every call.
+        try await withRunningClient(connections: 2) { client, _ in
             // The app's own session settings, a channel it listens on and a lock it holds, on both of the client's
             // connections: the engine must leave them be.
             try await client.withConnection { first in
@@ -164,10 +171,7 @@ struct PostgresClientEngineTests {
     @Test("Closing the engine serves a request the app made while the client's pool was used up")
     func closingServesAWaitingRequest() async throws {
         // Two connections: the engine listens on one, the app holds the other; the app's next request waits.
-        let client = try client(connections: 2)
-        try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
-            defer { tasks.cancelAll() }
+        try await withRunningClient(connections: 2) { client, tasks in
             let engine = try await PostgresEngine(client: client, group: uniqueGroup("client"))
             try await offThePool { _ = try engine.core.hub.listeningBackend() }
             let holding = AsyncStream<Void>.makeStream()
@@ -269,10 +273,7 @@ struct PostgresClientEngineTests {
     func preparesOncePerBorrowedConnection() async throws {
         let group = uniqueGroup("client")
         // Two connections: the listening one, and the one every call borrows.
-        let client = try client(connections: 2)
-        try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
-            defer { tasks.cancelAll() }
+        try await withRunningClient(connections: 2) { client, _ in
             let engine = try await PostgresEngine(client: client, group: group)
             defer { engine.close() }
             try await offThePool {
@@ -301,11 +302,8 @@ struct PostgresClientEngineTests {
     @Test("Engines opened and closed one after another on a client leave at most one of each statement prepared")
     func preparedStatementsDoNotPileUp() async throws {
         // One connection for calls, one for listening: every engine borrows the same two.
-        let client = try client(connections: 2)
         let group = uniqueGroup("client")
-        try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
-            defer { tasks.cancelAll() }
+        try await withRunningClient(connections: 2) { client, _ in
             var counts: [Int64] = []
             for round in 0..<4 {
                 let engine = try await PostgresEngine(client: client, group: group)
@@ -340,10 +338,7 @@ struct PostgresClientEngineTests {
 
     @Test("A connection kept idle after a call goes back to the client by itself, within moments")
     func keptConnectionGoesBack() async throws {
-        let client = try client(connections: 2)
-        try await withThrowingDiscardingTaskGroup { tasks in
-            tasks.addTask(executorPreference: PostgresClientExecutor.shared) { await client.run() }
-            defer { tasks.cancelAll() }
+        try await withRunningClient(connections: 2) { client, _ in
             let engine = try await PostgresEngine(client: client, group: uniqueGroup("client"))
             defer { engine.close() }
             try await offThePool {
