@@ -314,7 +314,7 @@ final class Connections: Sendable {
     }
 
     /// Drops the connections a client closed: they will not be lent again, and what was prepared on them went with
-    /// them. (Kept, they would keep their objects alive, and an identity could come back for a new connection.)
+    /// them. (Kept, they would keep their objects alive for nothing.)
     private static func forgetClosed(_ borrowed: inout [ObjectIdentifier: PooledConnection]) {
         borrowed = borrowed.filter { !$0.value.connection.isClosed }
     }
