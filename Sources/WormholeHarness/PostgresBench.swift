@@ -390,7 +390,8 @@ final class WormholeBenchEndpoint: PostgresBenchEndpoint, @unchecked Sendable {
                 configuration: try PostgresLocation(url: url).plainClientConfiguration(),
                 backgroundLogger: Logger(label: "bench.client")
             )
-            let running = Task { await client.run() }
+            // As the engine's documentation says to run it.
+            let running = Task(executorPreference: PostgresClientExecutor.shared) { await client.run() }
             self.client = (client, running)
             // This thread is the process's main thread, not one of the cooperative pool: it may wait.
             let opened = Locked<Result<PostgresEngine, WormholeError>?>(nil)

@@ -70,11 +70,20 @@ final class Connections: Sendable {
         for each in held.withLock({ $0 }) { each.lease.giveBack(closing: closing || each.pooled.connection.isClosed) }
     }
 
+    /// The error of a call on an engine that was closed.
+    static let closedError = WormholeError(
+        .serverUnavailable,
+        "The PostgreSQL engine was closed: open a new one to go on."
+    )
+
+    /// Throws ``closedError`` once ``close()`` was called.
+    private func ensureOpen() throws(WormholeError) {
+        if closed.load(ordering: .relaxed) { throw Self.closedError }
+    }
+
     /// Opens a new connection, with ``sessionParameters`` and `parameters` set for its session.
     func connect(parameters: [(String, String)] = []) throws(WormholeError) -> PostgresConnection {
-        guard !closed.load(ordering: .relaxed) else {
-            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
-        }
+        try ensureOpen()
         guard case .location(let location) = source else {
             preconditionFailure("Connections of a client are borrowed, not opened.")
         }
@@ -141,9 +150,7 @@ final class Connections: Sendable {
         from client: PostgresClient,
         _ body: (PooledConnection) throws(WormholeError) -> Result
     ) throws(WormholeError) -> Result {
-        guard !closed.load(ordering: .relaxed) else {
-            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
-        }
+        try ensureOpen()
         let borrowed: BorrowedConnection
         if let kept = heldConnection() { borrowed = kept } else { borrowed = try borrow(from: client) }
         let result: Swift.Result<Result, WormholeError>
@@ -187,7 +194,7 @@ final class Connections: Sendable {
             server: server,
             doing: what
         )
-        guard clientServer.withLock({ $0 }) == nil else { return (connection, lease) }
+        guard learnedServer == nil else { return (connection, lease) }
         do throws(WormholeError) {
             // The login role, not one a `SET ROLE` of the app's put on: the one the client's configuration names.
             let rows = try run(
@@ -332,9 +339,7 @@ final class Connections: Sendable {
             let connection = try connect(parameters: parameters)
             return DedicatedConnection(connection: connection) { _ in connection.closeQuietly() }
         }
-        guard !closed.load(ordering: .relaxed) else {
-            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
-        }
+        try ensureOpen()
         let (connection, lease) = try lease(from: client, doing: "borrowing the listening connection")
         let settings = sessionParameters + parameters
         let before = try setUp(
@@ -367,40 +372,30 @@ final class Connections: Sendable {
         of lease: ClientLease,
         doing what: String
     ) throws(WormholeError) -> [String?] {
+        guard let setting else { return [] }
         do throws(WormholeError) {
-            return try readingBefore(setting, count: count, on: connection, doing: what)
+            let rows = try run(setting, on: connection, doing: what)
+            guard let row = rows.first else {
+                throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
+            }
+            let cells = row.makeRandomAccess()
+            var before: [String?] = []
+            for index in 0..<count {
+                do {
+                    before.append(try cells[index].decode(String?.self))
+                } catch {
+                    throw WormholeError(
+                        .serverRejected,
+                        "PostgreSQL returned a setting that does not decode: \(error).",
+                        underlyingError: SendableDescription(error)
+                    )
+                }
+            }
+            return before
         } catch {
             lease.giveBack(closing: true)
             throw error
         }
-    }
-
-    /// Runs `setting` on `connection` and returns the `count` values it read first.
-    private func readingBefore(
-        _ setting: PostgresQuery?,
-        count: Int,
-        on connection: PostgresConnection,
-        doing what: String
-    ) throws(WormholeError) -> [String?] {
-        guard let setting else { return [] }
-        let rows = try run(setting, on: connection, doing: what)
-        guard let row = rows.first else {
-            throw WormholeError(.serverRejected, "PostgreSQL returned no row while \(what).")
-        }
-        let cells = row.makeRandomAccess()
-        var before: [String?] = []
-        for index in 0..<count {
-            do {
-                before.append(try cells[index].decode(String?.self))
-            } catch {
-                throw WormholeError(
-                    .serverRejected,
-                    "PostgreSQL returned a setting that does not decode: \(error).",
-                    underlyingError: SendableDescription(error)
-                )
-            }
-        }
-        return before
     }
 
     /// Sets `parameters` back to the values `before` (one never set, to an empty text).

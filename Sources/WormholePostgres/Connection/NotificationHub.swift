@@ -337,7 +337,7 @@ final class NotificationHub: Sendable {
             return true
         }
         guard let start else {
-            throw WormholeError(.serverUnavailable, "The PostgreSQL engine was closed.")
+            throw Connections.closedError
         }
         if start {
             let thread = Thread { [self] in run() }

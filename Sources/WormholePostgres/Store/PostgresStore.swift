@@ -546,8 +546,8 @@ extension PostgresStore {
         let store: PostgresStore
         /// Set when the connection's session state is unknown: it is closed, not given back to the pool.
         let mustDiscard = Locked(false)
-        /// Whether a statement run here began a transaction block that none has ended yet (by the command tags the
-        /// server answered).
+        /// Whether a statement run here began a transaction block that none has surely ended yet (by the command tags
+        /// the server answered).
         let inTransaction = Locked(false)
 
         func discard() { mustDiscard.withLock { $0 = true } }
@@ -586,8 +586,11 @@ extension PostgresStore {
                     closing: connection
                 )
                 switch result.metadata.command {
-                case "BEGIN": inTransaction.withLock { $0 = true }
-                case "COMMIT", "ROLLBACK", "PREPARE TRANSACTION": inTransaction.withLock { $0 = false }
+                case "BEGIN", "START TRANSACTION": inTransaction.withLock { $0 = true }
+                // `COMMIT` and `END` end the block. `ROLLBACK` is left out: a rollback to a savepoint answers it too
+                // and leaves the block open, so a read that ended its block that way is rolled back once more (the
+                // server then warns that there is no transaction, and nothing is lost).
+                case "COMMIT", "PREPARE TRANSACTION": inTransaction.withLock { $0 = false }
                 default: break
                 }
                 return Array(result.rows)

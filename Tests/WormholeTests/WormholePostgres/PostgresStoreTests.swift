@@ -89,8 +89,16 @@ struct PostgresStoreTests {
         }
     }
 
-    @Test("A read whose closure leaves a transaction open has it rolled back when the closure returns")
-    func readRollsBackAnOpenTransaction() async throws {
+    @Test(
+        "A read whose closure leaves a transaction open has it rolled back when the closure returns",
+        arguments: [
+            ["BEGIN ISOLATION LEVEL REPEATABLE READ"],
+            ["START TRANSACTION"],
+            // A rollback to a savepoint answers `ROLLBACK` too, and leaves the transaction open.
+            ["BEGIN", "SAVEPOINT partial", "ROLLBACK TO SAVEPOINT partial"],
+        ]
+    )
+    func readRollsBackAnOpenTransaction(statements: [String]) async throws {
         try await offThePool {
             let store = try Self.open(url: try requireTestServerURL(), group: uniqueGroup("store"), author: "app")
             defer { store.close() }
@@ -98,7 +106,7 @@ struct PostgresStoreTests {
                 try db.query("SELECT pg_catalog.pg_current_xact_id()::text")[0].decode(String.self)
             }
             let (opened, backend) = try store.read { db in
-                try db.query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                for statement in statements { try db.query(PostgresQuery(unsafeSQL: statement)) }
                 return (try transaction(db), try db.query("SELECT pg_catalog.pg_backend_pid()")[0].decode(Int32.self))
             }
             // The next read, on the same connection (the only one idle): each statement in a transaction of its own.
