@@ -12,13 +12,16 @@ public struct ListeningSequence<Element: Sendable>: AsyncSequence, Sendable {
 
     /// Where the callback core hands over elements.
     public struct Continuation: Sendable {
-        let base: AsyncThrowingStream<Element, any Error>.Continuation
+        @usableFromInline
+        let channel: ListeningChannel<Element>
 
         /// Hands over an element.
-        public func yield(_ element: Element) { base.yield(element) }
+        @inlinable
+        public func yield(_ element: Element) { channel.yield(element) }
 
         /// Ends the sequence: with nil when `error` is nil, else by throwing it.
-        public func finish(throwing error: WormholeError? = nil) { base.finish(throwing: error) }
+        @inlinable
+        public func finish(throwing error: WormholeError? = nil) { channel.finish(throwing: error) }
     }
 
     /// Keeps the callback core alive while the sequence or an iterator of it lives.
@@ -28,7 +31,7 @@ public struct ListeningSequence<Element: Sendable>: AsyncSequence, Sendable {
         deinit { handle?.cancel() }
     }
 
-    private let stream: AsyncThrowingStream<Element, any Error>
+    private let channel: ListeningChannel<Element>
     private let core: Core
 
     /// Starts listening through `start`, which registers a callback that hands elements to the continuation.
@@ -40,36 +43,32 @@ public struct ListeningSequence<Element: Sendable>: AsyncSequence, Sendable {
         bufferingPolicy: AsyncThrowingStream<Element, any Error>.Continuation.BufferingPolicy = .unbounded,
         start: (Continuation) throws(WormholeError) -> any WormholeCancellable
     ) {
-        let (stream, base) = AsyncThrowingStream.makeStream(of: Element.self, bufferingPolicy: bufferingPolicy)
-        self.stream = stream
+        let channel = ListeningChannel<Element>(policy: bufferingPolicy)
+        self.channel = channel
         do {
-            let handle = try start(Continuation(base: base))
-            base.onTermination = { _ in handle.cancel() }
+            let handle = try start(Continuation(channel: channel))
+            channel.setOnTermination { handle.cancel() }
             core = Core(handle: handle)
         } catch {
-            base.finish(throwing: error)
+            channel.finish(throwing: error)
             core = Core(handle: nil)
         }
     }
 
     public func makeAsyncIterator() -> AsyncIterator {
-        AsyncIterator(base: stream.makeAsyncIterator(), core: core)
+        AsyncIterator(channel: channel, core: core)
     }
 
     /// The iterator; it keeps the listening alive while iteration goes on.
     public struct AsyncIterator: AsyncIteratorProtocol {
-        var base: AsyncThrowingStream<Element, any Error>.AsyncIterator
+        @usableFromInline
+        let channel: ListeningChannel<Element>
         let core: Core
 
         /// The next element, nil when listening stopped; throws what the callback core reported.
+        @inlinable
         public mutating func next() async throws(WormholeError) -> Element? {
-            do {
-                return try await base.next()
-            } catch let error as WormholeError {
-                throw error
-            } catch {
-                throw WormholeError(.ioFailure, "Listening failed: \(error).", underlyingError: error)
-            }
+            try await channel.next()
         }
     }
 }

@@ -153,7 +153,7 @@ struct PostgresClientEngineTests {
             // Both connections go back (the listening one once its thread has ended its session, the store's once
             // the store is closed or it has been idle a moment), as they were lent: the app takes both at once (the
             // second wait ends when the last comes back).
-            let seen = try await Self.withTimeLimit(seconds: 20) {
+            let seen = try await withTimeLimit(seconds: 20) {
                 try await client.withConnection { first in
                     try await client.withConnection { second in
                         var seen: Set<Int32> = []
@@ -201,25 +201,6 @@ struct PostgresClientEngineTests {
             }
             #expect(served.withLock { $0 })
             release.continuation.finish()
-        }
-    }
-
-    /// The value of `body`, or a failure when it takes longer than `seconds` (it is then cancelled).
-    private static func withTimeLimit<Value: Sendable>(
-        seconds: Int,
-        _ body: @escaping @Sendable () async throws -> Value
-    ) async throws -> Value {
-        try await withThrowingTaskGroup(of: Value?.self) { tasks in
-            tasks.addTask { try await body() }
-            tasks.addTask {
-                try await Task.sleep(for: .seconds(seconds))
-                return nil
-            }
-            defer { tasks.cancelAll() }
-            guard let value = try await tasks.next() ?? nil else {
-                throw WormholeError(.timedOut, "Still waiting after \(seconds) s.")
-            }
-            return value
         }
     }
 
