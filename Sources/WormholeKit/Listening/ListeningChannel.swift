@@ -28,16 +28,17 @@ final class ListeningChannel<Element: Sendable>: @unchecked Sendable {
 
     @usableFromInline
     struct State: Sendable {
-        /// The elements yielded and not yet taken, from `head` on.
+        /// The elements yielded and not yet taken, from `head` on. A slot is emptied as its element is taken, so that
+        /// the buffer holds on to nothing the task has had (a live request left unanswered must be released to fail).
         @usableFromInline
-        var buffer: [Element] = []
+        var buffer: [Element?] = []
         @usableFromInline
         var head = 0
         @usableFromInline
         var ending = Ending.open
         @usableFromInline
         var waiter: Waiter?
-        /// Called once, when the channel ends for any reason.
+        /// Called once, when the channel ends (finished, or its task cancelled); not when it is released unended.
         @usableFromInline
         var onTermination: (@Sendable () -> Void)?
 
@@ -50,13 +51,13 @@ final class ListeningChannel<Element: Sendable>: @unchecked Sendable {
         @inlinable
         mutating func takeFirst() -> Element? {
             guard head < buffer.count else { return nil }
-            let element = buffer[head]
+            let element = buffer[head].take()
             head += 1
             if head == buffer.count {
                 buffer.removeAll(keepingCapacity: true)
                 head = 0
             } else if head >= 64 && head * 2 >= buffer.count {
-                // Taken elements are dropped in bulk, not one by one from the front.
+                // The emptied slots are dropped in bulk, not one by one from the front.
                 buffer.removeFirst(head)
                 head = 0
             }
@@ -84,6 +85,9 @@ final class ListeningChannel<Element: Sendable>: @unchecked Sendable {
         self.policy = policy
     }
 
+    /// Whether a task waits for an element (for tests).
+    var isWaiting: Bool { state.withLock { $0.waiter != nil } }
+
     /// Sets what runs once when the channel ends; runs it at once if the channel has ended already.
     @inlinable
     func setOnTermination(_ handler: @escaping @Sendable () -> Void) {
@@ -98,25 +102,28 @@ final class ListeningChannel<Element: Sendable>: @unchecked Sendable {
     /// Hands `element` to the waiting task, or keeps it as the policy says; dropped once the channel has ended.
     @inlinable
     func yield(_ element: Element) {
-        let waiter = state.withLock { state -> Waiter? in
-            guard case .open = state.ending else { return nil }
+        // An element dropped for a newer one is released after the lock, since its deinit may do anything.
+        let (waiter, dropped) = state.withLock { state -> (Waiter?, Element?) in
+            guard case .open = state.ending else { return (nil, nil) }
             if let waiter = state.waiter {
                 state.waiter = nil
-                return waiter
+                return (waiter, nil)
             }
             switch policy {
             case .bufferingNewest(let limit):
-                guard limit > 0 else { return nil }
-                if state.bufferedCount >= limit { _ = state.takeFirst() }
+                guard limit > 0 else { return (nil, nil) }
+                let dropped = state.bufferedCount >= limit ? state.takeFirst() : nil
                 state.buffer.append(element)
+                return (nil, dropped)
             case .bufferingOldest(let limit):
                 if state.bufferedCount < limit { state.buffer.append(element) }
             default:
                 state.buffer.append(element)
             }
-            return nil
+            return (nil, nil)
         }
         waiter?.resume(returning: .success(element))
+        _ = dropped
     }
 
     /// Ends the channel: the task takes what is buffered, then `error` (once) or nil. Later calls, and elements
@@ -133,19 +140,26 @@ final class ListeningChannel<Element: Sendable>: @unchecked Sendable {
             state.waiter = nil
             return (waiter, state.takeNext(), onTermination)
         }
-        waiter?.resume(returning: outcome ?? .success(nil))
+        // The callback core stops before the task sees the end, as with an `AsyncThrowingStream`: code after the
+        // loop finds the listener gone.
         onTermination?()
+        waiter?.resume(returning: outcome ?? .success(nil))
     }
 
-    /// The next element; nil once the channel has ended, after throwing its error if it had one. One task calls it.
+    /// The next element; nil once the channel has ended, after throwing its error if it had one.
+    ///
+    /// One task calls it: a second task calling it while the first waits is a programming error, and traps.
     @inlinable
     func next() async throws(WormholeError) -> Element? {
+        // A cancelled task ends the channel even while elements keep coming (it takes those buffered, then nil).
+        if Task.isCancelled { finish(throwing: nil) }
         // An element already here is taken without suspending.
         if let outcome = state.withLock({ $0.takeNext() }) { return try outcome.get() }
         return try await withTaskCancellationHandler {
             await withUnsafeContinuation { (waiter: Waiter) in
                 let outcome = state.withLock { state -> Outcome? in
                     if let outcome = state.takeNext() { return outcome }
+                    precondition(state.waiter == nil, "A ListeningSequence was iterated by two tasks at once.")
                     state.waiter = waiter
                     return nil
                 }

@@ -6,7 +6,7 @@
 /// iteration begins, so nothing that happens after the call is missed. The sequence ends, with nil, when its
 /// listening is stopped, and with a ``WormholeError`` when its core reports one.
 ///
-/// Iterate it once.
+/// Iterate it once, in one task: a second task that asks for an element while the first waits for one traps.
 public struct ListeningSequence<Element: Sendable>: AsyncSequence, Sendable {
     public typealias Failure = WormholeError
 
@@ -31,7 +31,7 @@ public struct ListeningSequence<Element: Sendable>: AsyncSequence, Sendable {
         deinit { handle?.cancel() }
     }
 
-    private let channel: ListeningChannel<Element>
+    let channel: ListeningChannel<Element>
     private let core: Core
 
     /// Starts listening through `start`, which registers a callback that hands elements to the continuation.

@@ -226,18 +226,38 @@ final class PostgresQueueCursor: QueueCursor {
             end == nil
             ? "reading the queue \(log.identifier) as \(consumer)"
             : "acknowledging \(log.identifier) as \(consumer)"
-        let binds = [
+        var binds = [
             PostgresData(string: engine.group), PostgresData(string: log.identifier), PostgresData(string: consumer),
-            end.map { PostgresData(int64: Int64($0)) } ?? .null, PostgresData(int32: Int32(clamping: maximumCount)),
-            PostgresData(int64: Int64(PostgresQueueLog.readLimit)),
+            end.map { PostgresData(int64: Int64($0)) } ?? .null,
         ]
         // Returns once the acknowledgement has committed: the server sends a statement's end at the Sync after
         // it, when it commits (FORMAT.md, "Queues").
         let position: Int64?
         let records: [QueueRecord]
         do throws(WormholeError) {
-            let rows = try engine.connections.execute(.queueRead, binds, doing: what)
-            (position, records) = try decodeRecords(rows, doing: what)
+            if end != nil && maximumCount == 0 {
+                // Only an acknowledgement (the next record came with a notification, or a consumer acknowledges
+                // apart): a plain UPDATE costs the server about a third less than the function that reads too.
+                let rows = try engine.connections.execute(.queueAcknowledge, binds, doing: what)
+                position = try rows.first.map { (row) throws(WormholeError) in
+                    var columns = row.columns()
+                    do { return try columns.decode(Int64.self) } catch {
+                        throw WormholeError(
+                            .serverRejected,
+                            "Unexpected columns while \(what): \(error).",
+                            identifier: log.identifier
+                        )
+                    }
+                }
+                records = []
+            } else {
+                binds += [
+                    PostgresData(int32: Int32(clamping: maximumCount)),
+                    PostgresData(int64: Int64(PostgresQueueLog.readLimit)),
+                ]
+                let rows = try engine.connections.execute(.queueRead, binds, doing: what)
+                (position, records) = try decodeRecords(rows, doing: what)
+            }
         } catch {
             // An acknowledgement that failed here may have committed there: the position kept here is no longer
             // sure, so the next read is the table's, never records carried from before.
@@ -412,6 +432,16 @@ extension PreparedStatement {
         sql: """
             SELECT wormhole.queue_append($1::text, $2::text, $3::text, $4::bigint, $5::bytea[], $6::text, $7::text,
                 $8::text)
+            """
+    )
+
+    /// A consumer's acknowledgement, without a read: the group, the queue, the consumer and the end acknowledged.
+    /// Returns the consumer's position, or no row when the consumer is not registered (as `wormhole.queue_read`).
+    static let queueAcknowledge = PreparedStatement(
+        sql: """
+            UPDATE wormhole.queue_consumers c SET position = greatest(c.position, $4::bigint), seen = pg_catalog.now()
+            WHERE c.grp = $1::text AND c.queue = $2::text AND c.consumer = $3::text
+            RETURNING c.position
             """
     )
 
