@@ -83,7 +83,10 @@ struct ListeningSequenceTests {
 
     @Test("A task waiting gets the element yielded, even when the policy keeps none")
     func waitingTaskBypassesTheBuffer() async throws {
-        for policy in [AsyncThrowingStream<Int, any Error>.Continuation.BufferingPolicy.bufferingNewest(0), .bufferingOldest(0)] {
+        let policies: [AsyncThrowingStream<Int, any Error>.Continuation.BufferingPolicy] = [
+            .bufferingNewest(0), .bufferingOldest(0),
+        ]
+        for policy in policies {
             let (sequence, continuation, _) = Self.make(policy)
             continuation.yield(1)  // nobody waits: kept nowhere
             let reader = Task { () -> Int? in
@@ -186,7 +189,10 @@ struct ListeningSequenceTests {
 
     @Test("A cancelled task stops even while elements keep coming faster than it takes them")
     func cancelledWhileBusy() async throws {
-        for policy in [AsyncThrowingStream<Int, any Error>.Continuation.BufferingPolicy.bufferingNewest(1), .unbounded] {
+        let policies: [AsyncThrowingStream<Int, any Error>.Continuation.BufferingPolicy] = [
+            .bufferingNewest(1), .unbounded,
+        ]
+        for policy in policies {
             let (sequence, continuation, handle) = Self.make(policy)
             continuation.yield(0)
             let reader = Task { () -> Int in
