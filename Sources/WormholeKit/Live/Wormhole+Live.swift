@@ -99,6 +99,7 @@ extension Wormhole {
     /// The live messages sent to `identifier`, as an `AsyncSequence`, from the call on.
     ///
     /// A message that cannot be decoded as `type` ends the sequence with ``WormholeError/Code/decodingFailed``.
+    @inlinable  // specialised where the loop is written: the hand-over runs per message (ListeningChannel)
     public func liveMessages<Message: Decodable & Sendable>(
         withIdentifier identifier: String,
         as type: Message.Type = Message.self
@@ -270,7 +271,8 @@ extension Wormhole {
     /// The largest live message or request, with its sender and framing, whatever the engine.
     static let maximumLiveMessageSize = 64 * 1024
 
-    private func decodeLive<Message: Decodable>(
+    @usableFromInline
+    func decodeLive<Message: Decodable>(
         _ type: Message.Type,
         _ payload: Data,
         identifier: String

@@ -41,6 +41,7 @@ public final class MessageListener: WormholeCancellable {
     public var isCancelled: Bool { sink.isCancelled || cancellation.withLock { $0 == nil } }
 
     /// Runs `action` once when the listener stops, however it stops.
+    @usableFromInline
     func whenCancelled(_ action: @escaping @Sendable () -> Void) { sink.whenCancelled(action) }
 
     deinit { cancel() }

@@ -64,6 +64,7 @@ extension Wormhole {
         try transiting.identifiers()
     }
 
+    @usableFromInline
     func decode<Message: Decodable>(
         _ type: Message.Type,
         from envelope: Envelope,

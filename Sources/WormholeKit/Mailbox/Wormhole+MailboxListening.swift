@@ -94,6 +94,7 @@ extension Wormhole {
     ///     print("tapped", tap.number)
     /// }
     /// ```
+    @inlinable  // specialised where the loop is written: the hand-over runs per message (ListeningChannel)
     public func messages<Message: Decodable & Sendable>(
         withIdentifier identifier: String,
         as type: Message.Type = Message.self,
