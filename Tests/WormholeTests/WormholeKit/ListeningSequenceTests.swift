@@ -52,6 +52,26 @@ struct ListeningSequenceTests {
         return try outcome.get()
     }
 
+    /// Checks that the next call throws an error with `code`, and that the one after it ends the iteration.
+    static func expectEnd(
+        of iterator: inout ListeningSequence<Int>.AsyncIterator,
+        throwing code: WormholeError.Code,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async {
+        do {
+            let element = try await iterator.next()
+            Issue.record("\(String(describing: element)) came where the end was due", sourceLocation: sourceLocation)
+        } catch {
+            #expect(error.code == code, sourceLocation: sourceLocation)
+        }
+        do {
+            let after = try await iterator.next()
+            #expect(after == nil, "an element came after the end", sourceLocation: sourceLocation)
+        } catch {
+            Issue.record("the end was thrown twice: \(error)", sourceLocation: sourceLocation)
+        }
+    }
+
     enum Policy: String, CaseIterable {
         case unbounded, newestTwo, oldestTwo
 
@@ -111,13 +131,7 @@ struct ListeningSequenceTests {
         var iterator = sequence.makeAsyncIterator()
         #expect(try await iterator.next() == 1)
         #expect(try await iterator.next() == 2)
-        do {
-            _ = try await iterator.next()
-            Issue.record("the end was not thrown")
-        } catch {
-            #expect(error.code == .corruptMessage)
-        }
-        #expect(try await iterator.next() == nil)
+        await Self.expectEnd(of: &iterator, throwing: .corruptMessage)
         #expect(try await iterator.next() == nil)
     }
 
@@ -230,13 +244,7 @@ struct ListeningSequenceTests {
             throw WormholeError(.invalidIdentifier, "no such identifier")
         }
         var iterator = failing.makeAsyncIterator()
-        do {
-            _ = try await iterator.next()
-            Issue.record("the start's error was not thrown")
-        } catch {
-            #expect(error.code == .invalidIdentifier)
-        }
-        #expect(try await iterator.next() == nil)
+        await Self.expectEnd(of: &iterator, throwing: .invalidIdentifier)
 
         let handle = Handle()
         let finished = ListeningSequence<Int> { continuation in
