@@ -44,17 +44,18 @@ final class PostgresQueueLog: QueueLog {
         guard !buffers.isEmpty else { return }
         let now = Int64(Date().timeIntervalSince1970 * 1e9)
         let carried = CarriedAppend.carried(identifier: identifier, sender: sender, time: now, payloads: buffers)
-        try engine.connections.execute(
-            .queueAppend,
-            [
-                PostgresData(string: engine.group), PostgresData(string: identifier), PostgresData(string: sender),
-                PostgresData(int64: now),
-                PostgresData(array: buffers.map { PostgresData(type: .bytea, value: $0) }, elementType: .bytea),
-                PostgresData(string: engine.channel), PostgresData(string: "n" + notificationName),
-                carried.map(PostgresData.init(string:)) ?? .null,
-            ],
-            doing: "appending to the queue \(identifier)"
-        )
+        let binds = [
+            PostgresData(string: engine.group), PostgresData(string: identifier), PostgresData(string: sender),
+            PostgresData(int64: now),
+            PostgresData(array: buffers.map { PostgresData(type: .bytea, value: $0) }, elementType: .bytea),
+            PostgresData(string: engine.channel), PostgresData(string: "n" + notificationName),
+            carried.map(PostgresData.init(string:)) ?? .null,
+        ]
+        let what = "appending to the queue \(identifier)"
+        // No row: the queue has no head row yet (its first append), and nothing was written. The function makes it.
+        if try engine.connections.execute(.queueAppendToHead, binds, doing: what).isEmpty {
+            try engine.connections.execute(.queueAppend, binds, doing: what)
+        }
     }
 
     func openCursor(consumer: String) throws(WormholeError) -> any QueueCursor {
@@ -424,6 +425,26 @@ extension PreparedStatement {
         sql: """
             SELECT wormhole.queue_append($1::text, $2::text, $3::text, $4::bigint, $5::bytea[], $6::text, $7::text,
                 $8::text)
+            """
+    )
+
+    /// An append to a queue whose head row exists, as `wormhole.queue_append` does it, in one statement: the same
+    /// parameters; one row (the first offset) when it appended, none when the head row is missing. (The function costs
+    /// the server about a sixth more: 71–74 against 60–64 µs a call, `pgbench` with `synchronous_commit` off.)
+    static let queueAppendToHead = PreparedStatement(
+        sql: """
+            WITH head AS (
+                UPDATE wormhole.queues q SET next_offset = q.next_offset + pg_catalog.cardinality($5::bytea[])
+                WHERE q.grp = $1::text AND q.queue = $2::text
+                RETURNING q.next_offset - pg_catalog.cardinality($5::bytea[]) AS first
+            ), appended AS (
+                INSERT INTO wormhole.queue_records (grp, queue, "offset", sender, time_ns, payload)
+                SELECT $1::text, $2::text, head.first + p.ordinal - 1, $3::text, $4::bigint, p.payload
+                FROM head, pg_catalog.unnest($5::bytea[]) WITH ORDINALITY AS p(payload, ordinal)
+            )
+            SELECT head.first, pg_catalog.pg_notify($6::text,
+                CASE WHEN $8::text IS NULL THEN $7::text ELSE 'Q' || head.first || ':' || $8::text END)
+            FROM head
             """
     )
 
