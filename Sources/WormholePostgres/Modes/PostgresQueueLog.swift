@@ -430,7 +430,7 @@ extension PreparedStatement {
 
     /// An append to a queue whose head row exists, as `wormhole.queue_append` does it, in one statement: the same
     /// parameters; one row (the first offset) when it appended, none when the head row is missing. (The function costs
-    /// the server about a sixth more: 71–74 against 60–64 µs a call, `pgbench` with `synchronous_commit` off.)
+    /// the server about a sixth more: 71–74 against 58–64 µs a call, `pgbench` with `synchronous_commit` off.)
     static let queueAppendToHead = PreparedStatement(
         sql: """
             WITH head AS (
