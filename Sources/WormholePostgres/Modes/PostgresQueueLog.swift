@@ -238,7 +238,7 @@ final class PostgresQueueCursor: QueueCursor {
         do throws(WormholeError) {
             if end != nil && maximumCount == 0 {
                 // Only an acknowledgement (the next record came with a notification, or a consumer acknowledges
-                // apart): a plain UPDATE costs the server about a third less than the function that reads too.
+                // apart): a plain UPDATE, where the function that reads too costs the server about a third more.
                 let rows = try engine.connections.execute(.queueAcknowledge, binds, doing: what)
                 // No row: the consumer is not registered (below).
                 position = rows.isEmpty ? nil : try decode(Int64.self, rows.first, doing: what)

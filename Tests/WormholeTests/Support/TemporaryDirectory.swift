@@ -1,6 +1,5 @@
 import Foundation
 import Testing
-import WormholeKit
 
 /// A fresh directory for one test, removed when the value goes away.
 final class TemporaryDirectory: Sendable {
@@ -107,24 +106,5 @@ final class DedicatedThreadExecutor: TaskExecutor {
         let job = UnownedJob(job)
         let executor = asUnownedTaskExecutor()
         queue.async { job.runSynchronously(on: executor) }
-    }
-}
-
-/// The value of `body`, or a failure when it takes longer than `seconds` (it is then cancelled).
-func withTimeLimit<Value: Sendable>(
-    seconds: Int,
-    _ body: @escaping @Sendable () async throws -> Value
-) async throws -> Value {
-    try await withThrowingTaskGroup(of: Value?.self) { tasks in
-        tasks.addTask { try await body() }
-        tasks.addTask {
-            try await Task.sleep(for: .seconds(seconds))
-            return nil
-        }
-        defer { tasks.cancelAll() }
-        guard let value = try await tasks.next() ?? nil else {
-            throw WormholeError(.timedOut, "Still waiting after \(seconds) s.")
-        }
-        return value
     }
 }

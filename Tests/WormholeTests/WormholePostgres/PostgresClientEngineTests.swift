@@ -153,7 +153,7 @@ struct PostgresClientEngineTests {
             // Both connections go back (the listening one once its thread has ended its session, the store's once
             // the store is closed or it has been idle a moment), as they were lent: the app takes both at once (the
             // second wait ends when the last comes back).
-            let seen = try await withTimeLimit(seconds: 20) {
+            let checking = Task {
                 try await client.withConnection { first in
                     try await client.withConnection { second in
                         var seen: Set<Int32> = []
@@ -164,6 +164,7 @@ struct PostgresClientEngineTests {
                     }
                 }
             }
+            let seen = try #require(await result(of: checking, within: 20), "not given back within 20 s").get()
             #expect(seen == [listeningBackend, storeBackend])
         }
     }
