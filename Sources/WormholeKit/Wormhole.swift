@@ -39,6 +39,9 @@ public final class Wormhole: Sendable {
     public var directory: String? { (engine as? DirectoryEngine)?.directory }
     let logger: Logger
     let registry: ListenerRegistry
+    /// Whether a pass posts the mailbox's notification name; not when the mailbox file's own write wakes listeners
+    /// (``MailboxFileNotifier``).
+    let postsPasses: Bool
     /// The engine's live transport, made with the wormhole (an engine makes it cheaply and connects on first use),
     /// so that a live message takes no lock to find it.
     let live: Result<any LiveTransport, WormholeError>
@@ -128,6 +131,7 @@ public final class Wormhole: Sendable {
         // Kept here, not asked of the engine on every pass: the mailbox's path makes no existential call for them.
         self.transiting = engine.transiting
         self.notifier = engine.notifier
+        self.postsPasses = !(engine.notifier is MailboxFileNotifier)
         self.coder = coder
         self.sender = sender
         self.logger = logger

@@ -3,8 +3,9 @@ import Logging
 
 /// The engine of the processes of one host: every mode in a directory they share.
 ///
-/// Mailboxes are files of two checksummed slots (``FileTransiting``), woken through ``DirectoryNotifier`` (inotify,
-/// with polling as the fallback); queues are append-only logs; suites are files written as mailboxes are; live
+/// Mailboxes are files of two checksummed slots (``FileTransiting``) whose in-place writes wake their listeners
+/// (inotify on the file, with polling as the fallback), other changes are posted through ``DirectoryNotifier``;
+/// queues are append-only logs; suites are files written as mailboxes are; live
 /// messages go through Unix sockets in `.live/`; transfers are staged in `IDENTIFIER.files/`. `FORMAT.md` describes
 /// every file, so that other languages can take part.
 ///
@@ -24,6 +25,8 @@ public final class DirectoryEngine: WormholeEngine {
     public let notifier: any Notifier
     /// The mailboxes' files, which suites share.
     let files: FileTransiting
+    /// The directory notifier behind ``notifier``, when there is one: queues then watch their logs instead.
+    let directoryNotifier: DirectoryNotifier?
     let logger: Logger
 
     public var description: String { "directory \(directory)" }
@@ -94,12 +97,21 @@ public final class DirectoryEngine: WormholeEngine {
     }
 
     /// An engine on the directory of a file transiting, with the given notifier.
+    ///
+    /// A ``DirectoryNotifier`` on the same directory goes behind a ``MailboxFileNotifier``, so that mailbox files wake
+    /// their own listeners and a pass writes no notification file.
     init(files: FileTransiting, transiting: any Transiting, notifier: any Notifier, logger: Logger) {
         self.directory = files.directory
         self.options = files.options
         self.files = files
         self.transiting = transiting
-        self.notifier = notifier
+        let base = (notifier as? MailboxFileNotifier)?.base ?? (notifier as? DirectoryNotifier)
+        if let base, base.handle.isEntry(DirectoryNotifier.subdirectoryName, of: files.handle) {
+            self.notifier = MailboxFileNotifier(base: base, files: files, logger: logger)
+        } else {
+            self.notifier = base ?? notifier
+        }
+        self.directoryNotifier = base
         self.logger = logger
     }
 
@@ -120,7 +132,7 @@ public final class DirectoryEngine: WormholeEngine {
         retention: Duration
     ) throws(WormholeError) -> any QueueLog {
         let wakeSource: DirectoryQueueLog.WakeSource =
-            if let files = notifier as? DirectoryNotifier { .logFile(files.strategy) } else { .notifier(notifier) }
+            if let directoryNotifier { .logFile(directoryNotifier.strategy) } else { .notifier(notifier) }
         return try DirectoryQueueLog(
             directory: try DirectoryHandle.open(path: directory, create: true, options: options),
             identifier: identifier,

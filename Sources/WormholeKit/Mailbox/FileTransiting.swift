@@ -299,6 +299,45 @@ public final class FileTransiting: Transiting {
         }.sorted()
     }
 
+    // MARK: Waking listeners
+
+    /// Creates the mailbox file of `identifier` holding no message, unless there is a file of that name: listeners
+    /// watch the mailbox file, whose writes are what wake them (`FORMAT.md`, "Notifications").
+    ///
+    /// A file made meanwhile by another process is kept; a file that cannot be made is left for the watch to report.
+    func createEmptyMailbox(identifier: String) {
+        let name = Self.fileName(identifier)
+        if case .success = handle.status(ofEntry: name) { return }
+        let header = MailboxFormat.Header(
+            slotCapacity: MailboxFormat.minimumSlotCapacity,
+            generation: UInt64.random(in: 1...UInt64.max)
+        )
+        _ = handle.createFile(
+            named: name,
+            bytes: MailboxFormat.encodeEmptyFile(header: header),
+            replacing: false,
+            synchronize: options.synchronizesWrites
+        )
+    }
+
+    /// What a poller of the mailbox `identifier` compares from one poll to the next: the file's header and the heads
+    /// of its two slots, which hold each record's checksum and sequence; nil when there is no file to read.
+    ///
+    /// Every pass and every clearing writes a slot head, and a replaced file has a new generation or sequence, so the
+    /// token changes with each of them; reading the heads costs the same whatever the message's size.
+    func changeToken(identifier: String) -> [UInt8]? {
+        guard let file = try? handle.openFile(named: Self.fileName(identifier), flags: O_RDONLY),
+            case .success(var token) = file.descriptor.read(count: MailboxFormat.headerSize, at: 0)
+        else { return nil }
+        if case .success(let header) = MailboxFormat.decodeHeader(token[...]) {
+            for slot in 0..<2 {
+                let head = file.descriptor.read(count: MailboxFormat.recordHeaderSize, at: header.slotOffset(slot))
+                if case .success(let bytes) = head { token += bytes }
+            }
+        }
+        return token
+    }
+
     // MARK: Writing
 
     /// Stores the record that `makeRecord` builds for the next sequence, under the file's exclusive lock.

@@ -31,7 +31,8 @@ extension Wormhole {
     @discardableResult
     public func passMessageData(_ payload: Data, identifier: String) throws(WormholeError) -> Envelope {
         let envelope = try transiting.writeMessage(payload, sender: sender, identifier: identifier)
-        try notifier.post(Self.notificationName(forIdentifier: identifier))
+        // On a directory, the mailbox file's write has woken its listeners already.
+        if postsPasses { try notifier.post(Self.notificationName(forIdentifier: identifier)) }
         return envelope
     }
 

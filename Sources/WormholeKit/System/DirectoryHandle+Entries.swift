@@ -17,6 +17,15 @@ extension DirectoryHandle {
         return valueOrErrno { fstatat(rawDescriptor, name, &raw, AT_SYMLINK_NOFOLLOW) }.map { _ in FileStatus(raw) }
     }
 
+    /// Whether this is the directory that `parent` holds as `name` (the same device and inode), whatever paths the
+    /// two were opened by.
+    func isEntry(_ name: String, of parent: DirectoryHandle) -> Bool {
+        guard case .success(let mine) = Descriptor(rawValue: rawDescriptor).status(),
+            case .success(let entry) = parent.status(ofEntry: name)
+        else { return false }
+        return mine.device == entry.device && mine.inode == entry.inode
+    }
+
     /// Sets the mode of the entry `name` (`fchmodat`), as a socket file needs after `bind` applied the umask.
     func setMode(ofEntry name: String, to mode: mode_t) -> Result<Void, Errno> {
         valueOrErrno { fchmodat(rawDescriptor, name, mode, 0) }.map { _ in }

@@ -37,6 +37,9 @@ struct FileStatus: Sendable {
     var mode: UInt32
     /// The last modification, in seconds since 1970.
     var modificationTime: Double
+    /// The device and inode: which file this is.
+    var device: UInt64
+    var inode: UInt64
 
     var isRegularFile: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFREG) }
 
@@ -46,6 +49,8 @@ struct FileStatus: Sendable {
         ownerID = UInt32(raw.st_uid)
         mode = UInt32(raw.st_mode)
         modificationTime = Double(raw.st_mtim.tv_sec) + Double(raw.st_mtim.tv_nsec) / 1e9
+        device = UInt64(raw.st_dev)
+        inode = UInt64(raw.st_ino)
     }
 }
 

@@ -152,8 +152,10 @@ struct SystemFaultTests {
             #expect(outsiderRead.output.contains("WormholeError") || outsiderRead.output.contains("not writable"))
             #expect(try shell("\(outsider) \(tool) send \(shared) note '\"theirs\"'").status != 0)
             #expect(try shell("\(outsider) ls \(wormhole)").status != 0)
-            // A private wormhole (no --shared-group) refuses the other member's files as planted.
-            let strict = try shell("\(a) \(tool) read --directory \(wormhole) reply")
+            // A private wormhole (no --shared-group) refuses the other member's files as planted: `reply` is a's
+            // (its listener made the file that b wrote into), `fromb` is b's.
+            #expect(try shell("\(b) \(tool) send \(shared) fromb '\"b alone\"'").status == 0)
+            let strict = try shell("\(a) \(tool) read --directory \(wormhole) fromb")
             #expect(strict.status != 0, "\(strict.output)")
             #expect(try shell("\(a) \(tool) read \(shared) note").output.contains("from a"))
         }

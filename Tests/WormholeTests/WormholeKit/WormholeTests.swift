@@ -212,14 +212,19 @@ struct WormholeTests {
                 as: Tap.self,
                 errorHandler: { errors.append($0.code) }
             ) { received.append($0.number) }
+            // Written over in place, truncated first: the listener, woken by the file's own writes, may read it
+            // empty before it reads it damaged, and the post wakes it once more.
             try Data("garbage that is not a mailbox file at all, no magic here........".utf8)
                 .write(to: URL(fileURLWithPath: directory("wormhole/button.msg")))
             try wormhole.notifier.post("mailbox.button")
-            #expect(eventually { errors.values == [.corruptMessage] })
+            #expect(eventually { errors.values.last == .corruptMessage })
+            #expect(errors.values.allSatisfy { $0 == .corruptMessage || $0 == .truncatedMessage }, "\(errors.values)")
+            let damageReports = errors.values.count
             try wormhole.passMessageObject("wrong type", identifier: "button")
-            #expect(eventually { errors.values == [.corruptMessage, .decodingFailed] })
+            #expect(eventually { errors.values.count == damageReports + 1 && errors.values.last == .decodingFailed })
             try wormhole.passMessageObject(Tap(number: 5), identifier: "button")
             #expect(eventually { received.values == [5] })
+            #expect(errors.values.count == damageReports + 1, "\(errors.values)")
             _ = listener
         }
     }

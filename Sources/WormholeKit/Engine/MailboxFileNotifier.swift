@@ -1,0 +1,113 @@
+import Foundation
+import Logging
+
+/// The directory engine's notifier: a mailbox's own file wakes its listeners, so that a pass writes one file.
+///
+/// Listeners of a mailbox watch its file, `IDENTIFIER.msg`, with inotify (`IN_MODIFY`), as queue consumers watch their
+/// log: the in-place write of a pass is the notification, and ``Wormhole`` posts nothing after a pass through this
+/// notifier. A listener creates the file, holding no message, when it is missing, so that it has a file to watch.
+/// With polling, the file's header and slot heads are polled. A post of `mailbox.IDENTIFIER` still wakes the
+/// listeners, as every ``Notifier`` must: they observe that name through the ``DirectoryNotifier`` as well. Every
+/// other name is the ``DirectoryNotifier``'s alone. `FORMAT.md`, "Notifications", has the rule.
+///
+/// ``DirectoryEngine`` puts it in front of a ``DirectoryNotifier`` on the engine's own directory.
+final class MailboxFileNotifier: Notifier {
+    /// The notifier of every name, mailboxes' included.
+    let base: DirectoryNotifier
+    /// The mailboxes whose files wake their listeners.
+    let files: FileTransiting
+    private let logger: Logger
+
+    init(base: DirectoryNotifier, files: FileTransiting, logger: Logger) {
+        self.base = base
+        self.files = files
+        self.logger = logger
+    }
+
+    func post(_ name: String) throws(WormholeError) {
+        try base.post(name)
+    }
+
+    func observe(_ name: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
+        guard let identifier = Self.mailboxIdentifier(in: name) else {
+            return try base.observe(name, handler: handler)
+        }
+        // One call at a time, as a notifier promises: the two observations may run on two threads, when one of them
+        // fell back to polling and the other did not.
+        let serial = Locked(())
+        let serialHandler: @Sendable () -> Void = { serial.withLock { _ in handler() } }
+        let posts = try base.observe(name, handler: serialHandler)
+        let writes: NotifierObservation
+        do {
+            writes = try observeFile(of: identifier, handler: serialHandler)
+        } catch {
+            posts.cancel()
+            throw error
+        }
+        return NotifierObservation {
+            writes.cancel()
+            posts.cancel()
+        }
+    }
+
+    /// The identifier of a mailbox's notification name (`mailbox.IDENTIFIER`), or nil for any other name.
+    static func mailboxIdentifier(in name: String) -> String? {
+        let prefix = "mailbox."
+        guard name.hasPrefix(prefix) else { return nil }
+        let identifier = String(name.dropFirst(prefix.count))
+        return MessageIdentifier.isValid(identifier) ? identifier : nil
+    }
+
+    /// Calls `handler` after each write of the mailbox file, by the notifier's strategy.
+    private func observeFile(
+        of identifier: String,
+        handler: @escaping @Sendable () -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        switch base.strategy {
+        case .polling(let interval):
+            return poll(identifier, every: interval, handler: handler)
+        case .inotify:
+            return try watch(identifier, handler: handler)
+        case .automatic:
+            do {
+                return try watch(identifier, handler: handler)
+            } catch {
+                logger.warning(
+                    "inotify is unavailable; polling the mailbox file for changes instead, which adds latency",
+                    metadata: [
+                        "directory": "\(files.directory)", "identifier": "\(identifier)",
+                        "cause": "\(error.message)", "interval": "\(DirectoryNotifier.fallbackPollingInterval)",
+                    ]
+                )
+                return poll(identifier, every: DirectoryNotifier.fallbackPollingInterval, handler: handler)
+            }
+        }
+    }
+
+    private func watch(
+        _ identifier: String,
+        handler: @escaping @Sendable () -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        #if os(Linux) || os(Android)
+        return try InotifyMonitor.shared.observe(
+            path: files.handle.filePath(FileTransiting.fileName(identifier)),
+            create: { [files] in files.createEmptyMailbox(identifier: identifier) },
+            handler: handler
+        )
+        #else
+        throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: files.directory)
+        #endif
+    }
+
+    private func poll(
+        _ identifier: String,
+        every interval: Duration,
+        handler: @escaping @Sendable () -> Void
+    ) -> NotifierObservation {
+        PollingMonitor.shared.observe(
+            probe: { [files] in files.changeToken(identifier: identifier) },
+            interval: interval,
+            handler: handler
+        )
+    }
+}
