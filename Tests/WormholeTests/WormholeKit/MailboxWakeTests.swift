@@ -1,0 +1,144 @@
+import Foundation
+import Testing
+
+@testable import WormholeKit
+
+/// On a directory, a mailbox's own file wakes its listeners (`FORMAT.md`, "Notifications"): a pass writes the mailbox
+/// and nothing else, listeners watch the file (or poll it), and every way the file is written or replaced wakes them.
+@Suite("Mailbox files wake their listeners", .limit(minutes: 2))
+struct MailboxWakeTests {
+    let directory = TemporaryDirectory()
+    var location: [String] { ["--directory", directory("wormhole")] }
+
+    func makeWormhole(_ configuration: Wormhole.Configuration = .init()) throws -> Wormhole {
+        try Wormhole(directory: directory("wormhole"), configuration: configuration)
+    }
+
+    /// The size and contents of a file, or nil when it is missing.
+    func contents(_ name: String) -> Data? { FileManager.default.contents(atPath: directory("wormhole/" + name)) }
+
+    @Test("A pass wakes a listener in another process and writes no notification file")
+    func passWritesOneFile() async throws {
+        try await offThePool {
+            let listener = try RunningTool(["listen"] + location + ["button", "--count", "3", "--timeout", "120"])
+            #expect(listener.waitUntilListening())
+            // The listener observes the name too, so that a post wakes it: its file is there, empty.
+            #expect(contents(".notifications/mailbox.button") == Data())
+            let wormhole = try makeWormhole()
+            for number in 1...3 {
+                try wormhole.passMessageObject(Tap(number: number), identifier: "button")
+                #expect(eventually { listener.outputLines.count == number })
+            }
+            let result = listener.finish()
+            #expect(result.status == 0)
+            #expect(result.lines == [#"{"number":1}"#, #"{"number":2}"#, #"{"number":3}"#])
+            #expect(contents(".notifications/mailbox.button") == Data(), "no pass posted")
+        }
+    }
+
+    @Test("A listener makes a missing mailbox file, which holds no message and is not listed")
+    func listenerMakesEmptyMailbox() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let received = Collector<Int>()
+            let listener = try wormhole.listenForMessage(withIdentifier: "fresh", as: Tap.self) {
+                received.append($0.number)
+            }
+            let file = try #require(contents("fresh.msg"))
+            #expect(file.count == MailboxFormat.headerSize + 2 * MailboxFormat.minimumSlotCapacity)
+            var status = stat()
+            #expect(stat(directory("wormhole/fresh.msg"), &status) == 0 && status.st_mode & 0o777 == 0o600)
+            #expect(try wormhole.message(withIdentifier: "fresh", as: Tap.self) == nil)
+            #expect(try wormhole.identifiers() == [])
+            // Clearing it writes nothing; a pass goes into the listener's file, in place.
+            try wormhole.clearMessageContents(forIdentifier: "fresh")
+            #expect(contents("fresh.msg") == file)
+            try makeWormhole().passMessageObject(Tap(number: 7), identifier: "fresh")
+            #expect(eventually { received.values == [7] })
+            #expect(try wormhole.identifiers() == ["fresh"])
+            listener.cancel()
+        }
+    }
+
+    @Test("A message that outgrows its slots, a cleared mailbox and a repaired file all wake the listener")
+    func replacedFilesWake() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let received = Collector<String>()
+            let listener = try wormhole.listenForMessage(withIdentifier: "note", as: String.self) {
+                received.append($0)
+            }
+            let writer = try makeWormhole()
+            try writer.passMessageObject("small", identifier: "note")
+            #expect(eventually { received.values == ["small"] })
+            // Larger than a 512-byte slot: a new file, renamed over the one watched.
+            let large = String(repeating: "x", count: 5_000)
+            try writer.passMessageObject(large, identifier: "note")
+            #expect(eventually { received.values == ["small", large] })
+            try writer.passMessageObject("small again", identifier: "note")
+            #expect(eventually { received.values == ["small", large, "small again"] })
+            // Cleared: nothing to deliver, and the next message is still new.
+            try writer.clearMessageContents(forIdentifier: "note")
+            try writer.passMessageObject("after clearing", identifier: "note")
+            #expect(eventually { received.values.last == "after clearing" })
+            // Damaged by another program, then replaced by the next pass (a new generation, renamed into place).
+            let handle = try #require(FileHandle(forWritingAtPath: directory("wormhole/note.msg")))
+            try handle.write(contentsOf: Data(repeating: 0xEE, count: 64))
+            try handle.close()
+            try writer.passMessageObject("repaired", identifier: "note")
+            #expect(eventually { received.values.last == "repaired" })
+            #expect(received.values == ["small", large, "small again", "after clearing", "repaired"])
+            listener.cancel()
+        }
+    }
+
+    @Test("With polling, passes from another wormhole wake the listener through the mailbox file")
+    func pollingWatchesTheFile() async throws {
+        try await offThePool {
+            var polling = Wormhole.Configuration()
+            polling.notification = .polling(interval: .milliseconds(5))
+            let wormhole = try makeWormhole(polling)
+            let received = Collector<Int>()
+            let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) {
+                received.append($0.number)
+            }
+            let writer = try makeWormhole(polling)
+            for number in 1...3 {
+                try writer.passMessageObject(Tap(number: number), identifier: "button")
+                #expect(eventually { received.values.last == number })
+            }
+            #expect(received.values == [1, 2, 3])
+            // A poller makes no notification file, and no pass wrote one.
+            #expect(contents(".notifications/mailbox.button") == nil)
+            listener.cancel()
+        }
+    }
+
+    @Test("A notifier on another directory is posted to after each pass, as before")
+    func notifierElsewhere() async throws {
+        try await offThePool {
+            let transiting = try FileTransiting(directory: directory("mailboxes"))
+            let notifier = try DirectoryNotifier(directory: directory("elsewhere"))
+            let wormhole = Wormhole(transiting: transiting, notifier: notifier)
+            #expect(wormhole.notifier is DirectoryNotifier)
+            let received = Collector<Int>()
+            let listener = try wormhole.listenForMessage(withIdentifier: "button", as: Tap.self) {
+                received.append($0.number)
+            }
+            try Wormhole(transiting: transiting, notifier: notifier).passMessageObject(
+                Tap(number: 1),
+                identifier: "button"
+            )
+            #expect(eventually { received.values == [1] })
+            let token = FileManager.default.contents(atPath: directory("elsewhere/.notifications/mailbox.button"))
+            #expect(token?.count == 8, "the pass posted")
+            // The same directory, by another spelling of its path: the mailbox files wake listeners.
+            let same = Wormhole(
+                transiting: transiting,
+                notifier: try DirectoryNotifier(directory: directory("mailboxes") + "/.")
+            )
+            #expect(same.notifier is MailboxFileNotifier)
+            listener.cancel()
+        }
+    }
+}
