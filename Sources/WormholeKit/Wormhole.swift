@@ -131,7 +131,8 @@ public final class Wormhole: Sendable {
         // Kept here, not asked of the engine on every pass: the mailbox's path makes no existential call for them.
         self.transiting = engine.transiting
         self.notifier = engine.notifier
-        self.postsPasses = !(engine.notifier is MailboxFileNotifier)
+        // The engine's own files only: a mailbox-file notifier handed to another engine is posted to as any other.
+        self.postsPasses = !((engine as? DirectoryEngine)?.notifier is MailboxFileNotifier)
         self.coder = coder
         self.sender = sender
         self.logger = logger

@@ -33,18 +33,23 @@ final class MailboxFileNotifier: Notifier {
             return try base.observe(name, handler: handler)
         }
         // One call at a time, as a notifier promises: the two observations may run on two threads, when one of them
-        // fell back to polling and the other did not.
+        // fell back to polling and the other did not. A call that waited for the other is skipped once cancelled;
+        // the flag is atomic, not under `serial`, so that a handler may cancel its own observation.
         let serial = Locked(())
-        let serialHandler: @Sendable () -> Void = { serial.withLock { _ in handler() } }
+        let cancelled = Flag()
+        let serialHandler: @Sendable () -> Void = {
+            serial.withLock { _ in if !cancelled.isSet { handler() } }
+        }
         let posts = try base.observe(name, handler: serialHandler)
         let writes: NotifierObservation
-        do {
+        do throws(WormholeError) {
             writes = try observeFile(of: identifier, handler: serialHandler)
         } catch {
             posts.cancel()
             throw error
         }
         return NotifierObservation {
+            _ = cancelled.set()
             writes.cancel()
             posts.cancel()
         }
@@ -89,6 +94,9 @@ final class MailboxFileNotifier: Notifier {
         handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         #if os(Linux) || os(Android)
+        // Made here, not under the monitor's locks, where the `fsync` of a new file would hold up every wake-up of
+        // the process; the monitor makes it again only if it is removed while watched.
+        files.createEmptyMailbox(identifier: identifier)
         return try InotifyMonitor.shared.observe(
             path: files.handle.filePath(FileTransiting.fileName(identifier)),
             create: { [files] in files.createEmptyMailbox(identifier: identifier) },

@@ -304,7 +304,9 @@ public final class FileTransiting: Transiting {
     /// Creates the mailbox file of `identifier` holding no message, unless there is a file of that name: listeners
     /// watch the mailbox file, whose writes are what wake them (`FORMAT.md`, "Notifications").
     ///
-    /// A file made meanwhile by another process is kept; a file that cannot be made is left for the watch to report.
+    /// Both slots are empty; the first message replaces the file whole, as a new mailbox's does, so that no reader
+    /// ever meets it half written with nothing else to fall back on. A file made meanwhile by another process is
+    /// kept; a file that cannot be made is left for the watch to report.
     func createEmptyMailbox(identifier: String) {
         let name = Self.fileName(identifier)
         if case .success = handle.status(ofEntry: name) { return }
@@ -324,11 +326,16 @@ public final class FileTransiting: Transiting {
     /// of its two slots, which hold each record's checksum and sequence; nil when there is no file to read.
     ///
     /// Every pass and every clearing writes a slot head, and a replaced file has a new generation or sequence, so the
-    /// token changes with each of them; reading the heads costs the same whatever the message's size.
+    /// token changes with each of them; reading the heads costs the same whatever the message's size. They are read
+    /// under a shared lock, so never while a writer is copying a record behind its new head; while a writer holds
+    /// the lock, the token is fresh bytes, so that the listener is woken and the next poll looks again.
     func changeToken(identifier: String) -> [UInt8]? {
-        guard let file = try? handle.openFile(named: Self.fileName(identifier), flags: O_RDONLY),
-            case .success(var token) = file.descriptor.read(count: MailboxFormat.headerSize, at: 0)
-        else { return nil }
+        guard let file = try? handle.openFile(named: Self.fileName(identifier), flags: O_RDONLY) else { return nil }
+        guard file.descriptor.tryLockShared() else { return PollingMonitor.token(UInt64.random(in: 0...UInt64.max)) }
+        defer { file.descriptor.unlock() }
+        guard case .success(var token) = file.descriptor.read(count: MailboxFormat.headerSize, at: 0) else {
+            return nil
+        }
         if case .success(let header) = MailboxFormat.decodeHeader(token[...]) {
             for slot in 0..<2 {
                 let head = file.descriptor.read(count: MailboxFormat.recordHeaderSize, at: header.slotOffset(slot))
@@ -499,10 +506,13 @@ public final class FileTransiting: Transiting {
         if !createIfMissing, contents.newest == nil || contents.newest?.record.isCleared == true { return (nil, false) }
         let record = try makeRecord((contents.newest?.record.sequence ?? 0) + 1, contents.newest?.record)
         let header = contents.header
-        guard record.encodedSize <= header.slotCapacity else {
-            // The message outgrew the slots: a new file with larger slots, same generation, renamed into place.
+        guard record.encodedSize <= header.slotCapacity, contents.newest != nil else {
+            // A new file, same generation, renamed into place: for a message that outgrew the slots (larger ones),
+            // and for the first record of a file that holds none (a listener's, made empty), which must arrive whole,
+            // as a new mailbox's first message does: written in place, a reader could meet it half written with no
+            // other record to keep.
             let grown = MailboxFormat.Header(
-                slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
+                slotCapacity: max(header.slotCapacity, MailboxFormat.slotCapacity(forRecordSize: record.encodedSize)),
                 generation: header.generation
             )
             try replace(name: name, identifier: identifier, header: grown, record: record)

@@ -105,7 +105,7 @@ package enum MailboxFormat {
         return bytes
     }
 
-    /// A file that holds no message: the header and two empty slots, as a listener creates it to watch it.
+    /// A file that holds no message: the header and two empty slots, as a listener makes it to watch it.
     package static func encodeEmptyFile(header: Header) -> [UInt8] {
         encodeHeader(header) + repeatElement(0, count: header.fileSize - headerSize)
     }

@@ -181,7 +181,7 @@ final class InotifyMonitor: Sendable {
             if let handedOver {
                 for scheduler in handedOver { _ = driver.enqueue(scheduler) }
                 driver.runDeferred()
-                runHandlers(wakingEveryone: true, woken: [], replaced: [], driver: driver)
+                runHandlers(wakingEveryone: true, woken: [], replaced: [:], driver: driver)
             }
             while !driver.isReplaced {
                 guard let readiness = inotify.wait(timeoutMilliseconds: isIdle ? InotifyMonitor.idleTimeout : -1) else {
@@ -199,12 +199,17 @@ final class InotifyMonitor: Sendable {
         /// once, which is enough, as it reads the newest state.
         private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer, driver: CallbackDriver) {
             var woken = Set<Int32>()
-            var replaced = Set<Int32>()
+            var replaced: [Int32: Replacement] = [:]
             let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
                 woken.insert(watch)
-                if mask & Inotify.replacementEvents != 0 { replaced.insert(watch) }
+                if mask & UInt32(IN_IGNORED) != 0 {
+                    replaced[watch] = .watchRemoved
+                } else if mask & Inotify.replacementEvents != 0, replaced[watch] == nil {
+                    replaced[watch] = .maybe
+                }
             }
-            // After an overflow the kernel dropped events: wake everyone, who will read the newest state.
+            // After an overflow the kernel dropped events, a file's replacement among them: wake everyone, who will
+            // read the newest state, and look at every watched path again.
             runHandlers(wakingEveryone: overflowed, woken: woken, replaced: replaced, driver: driver)
         }
 
@@ -214,7 +219,7 @@ final class InotifyMonitor: Sendable {
         private func runHandlers(
             wakingEveryone: Bool,
             woken: Set<Int32>,
-            replaced: Set<Int32>,
+            replaced: [Int32: Replacement],
             driver: CallbackDriver
         ) {
             let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
@@ -223,7 +228,15 @@ final class InotifyMonitor: Sendable {
                 for watch in affected {
                     if let group = registry.watches[watch]?.handlers { chosen.merge(group) { first, _ in first } }
                 }
-                for watch in replaced { rewatchIfReplaced(watch, in: &registry) }
+                if wakingEveryone {
+                    for watch in Array(registry.watches.keys) {
+                        rewatchIfReplaced(watch, replacement: replaced[watch] ?? .maybe, in: &registry)
+                    }
+                } else {
+                    for (watch, replacement) in replaced {
+                        rewatchIfReplaced(watch, replacement: replacement, in: &registry)
+                    }
+                }
                 return chosen
             }
             for id in handlers.keys.sorted() {
@@ -236,11 +249,20 @@ final class InotifyMonitor: Sendable {
             }
         }
 
+        /// What an event says of a watched file's place at its path.
+        enum Replacement {
+            /// Removed, renamed or its links changed: the path may lead elsewhere now.
+            case maybe
+            /// The kernel ended the watch (`IN_IGNORED`: the file is gone): watch the path again, even when a new
+            /// file there has the old one's inode number, which a file system may give again at once.
+            case watchRemoved
+        }
+
         /// The watched file was removed, renamed or had its links changed: if the path now leads elsewhere (or
-        /// nowhere), create the file again and watch the new one, keeping the handlers.
-        private func rewatchIfReplaced(_ watch: Int32, in registry: inout Registry) {
+        /// nowhere), or the kernel ended the watch, create the file again and watch the new one, keeping the handlers.
+        private func rewatchIfReplaced(_ watch: Int32, replacement: Replacement, in registry: inout Registry) {
             guard let entry = registry.watches[watch] else { return }
-            if Inotify.inode(at: entry.path) == entry.inode { return }
+            if replacement == .maybe, Inotify.inode(at: entry.path) == entry.inode { return }
             // Cannot watch it again (the watch limit is reached): keep the entry so that cancelling still works;
             // the handlers were woken for this event and the polling fallback is for the next observation.
             guard let (newWatch, inode) = try? addWatch(entry.path, create: entry.create) else { return }

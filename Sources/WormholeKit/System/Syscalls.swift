@@ -196,6 +196,11 @@ package struct Descriptor {
         valueOrErrno { flock(rawValue, exclusive ? LOCK_EX : LOCK_SH) }.map { _ in }
     }
 
+    /// Takes a shared `flock` lock if no writer holds the exclusive one; false (and no lock) when one does.
+    package func tryLockShared() -> Bool {
+        flock(rawValue, LOCK_SH | LOCK_NB) == 0
+    }
+
     package func unlock() {
         _ = flock(rawValue, LOCK_UN)
     }

@@ -51,10 +51,17 @@ struct MailboxWakeTests {
             #expect(try wormhole.message(withIdentifier: "fresh", as: Tap.self) == nil)
             #expect(try wormhole.identifiers() == [])
             // Clearing it writes nothing; a pass goes into the listener's file, in place.
+            let before = contents("fresh.msg")
             try wormhole.clearMessageContents(forIdentifier: "fresh")
-            #expect(contents("fresh.msg") == file)
-            try makeWormhole().passMessageObject(Tap(number: 7), identifier: "fresh")
+            #expect(contents("fresh.msg") == before)
+            // The first message replaces the file whole (a reader never meets it half written), as sequence 1.
+            var made = stat()
+            #expect(stat(directory("wormhole/fresh.msg"), &made) == 0)
+            let envelope = try makeWormhole().passMessageObject(Tap(number: 7), identifier: "fresh")
+            #expect(envelope.sequence == 1)
             #expect(eventually { received.values == [7] })
+            var replaced = stat()
+            #expect(stat(directory("wormhole/fresh.msg"), &replaced) == 0 && replaced.st_ino != made.st_ino)
             #expect(try wormhole.identifiers() == ["fresh"])
             listener.cancel()
         }
@@ -89,6 +96,52 @@ struct MailboxWakeTests {
             #expect(eventually { received.values.last == "repaired" })
             #expect(received.values == ["small", large, "small again", "after clearing", "repaired"])
             listener.cancel()
+        }
+    }
+
+    @Test("A damaged mailbox cleared (its file removed) and passed to at once, again and again, keeps waking")
+    func removedAndMadeAgain() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let received = Collector<String>()
+            let listener = try wormhole.listenForMessage(
+                withIdentifier: "note",
+                as: String.self,
+                errorHandler: { _ in }
+            ) { received.append($0) }
+            let writer = try makeWormhole()
+            for round in 1...30 {
+                let handle = try #require(FileHandle(forWritingAtPath: directory("wormhole/note.msg")))
+                try handle.write(contentsOf: Data(repeating: 0xEE, count: 64))
+                try handle.close()
+                // Clearing a damaged mailbox removes its file: the kernel ends the listener's watch, and the new file
+                // made by the pass right after may get the old one's inode number.
+                try writer.clearMessageContents(forIdentifier: "note")
+                try writer.passMessageObject("round \(round)", identifier: "note")
+                #expect(eventually { received.values.last == "round \(round)" }, "\(received.values)")
+            }
+            listener.cancel()
+        }
+    }
+
+    @Test("A poller's token waits for a writer's lock: fresh each poll while it is held, then the heads again")
+    func pollingTokenUnderLock() async throws {
+        try await offThePool {
+            let files = try FileTransiting(directory: directory("wormhole"))
+            _ = try files.writeMessage(Data("one".utf8), sender: "test", identifier: "note")
+            let settled = try #require(files.changeToken(identifier: "note"))
+            #expect(files.changeToken(identifier: "note") == settled)
+            let writer = open(directory("wormhole/note.msg"), O_RDWR)
+            #expect(writer >= 0 && flock(writer, LOCK_EX) == 0)
+            let first = files.changeToken(identifier: "note")
+            let second = files.changeToken(identifier: "note")
+            #expect(first != settled && second != settled && first != second)
+            flock(writer, LOCK_UN)
+            close(writer)
+            #expect(files.changeToken(identifier: "note") == settled)
+            _ = try files.writeMessage(Data("two".utf8), sender: "test", identifier: "note")
+            #expect(files.changeToken(identifier: "note") != settled)
+            #expect(files.changeToken(identifier: "missing") == nil)
         }
     }
 
