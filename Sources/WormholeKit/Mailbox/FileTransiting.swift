@@ -7,8 +7,9 @@ import SystemPackage
 /// file's `flock` lock, writes the new message into the slot that does not hold the newest one with a single
 /// `pwrite`, and lets go; a reader takes no lock and keeps the newest record whose checksum matches. So readers
 /// see the previous message or the new one, whole, and a write costs no rename (about 150 µs on ext4) but one
-/// in-place write. A new mailbox, and one whose message outgrows its slots, is written to a hidden file and
-/// renamed into place: a file is never visible half made.
+/// in-place write. A new mailbox, one whose message outgrows its slots, and the first message of a file that a
+/// listener made empty, are written to a hidden file and renamed into place: a file is never visible half made. On a
+/// ``DirectoryEngine`` that in-place write is also what wakes the mailbox's listeners, who watch the file.
 ///
 /// Files are created with mode 0600 and opened relative to the directory with `O_NOFOLLOW`; a symbolic link, a
 /// hard link, a FIFO or a file of another user planted in the directory is refused with

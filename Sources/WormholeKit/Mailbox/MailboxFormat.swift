@@ -6,7 +6,8 @@ import Foundation
 /// the new record into the slot that does *not* hold the newest one, in place, with one `pwrite`. A reader takes
 /// no lock: it reads both slots and keeps the valid record with the highest sequence. A record being written is
 /// caught by its checksum and passed over, and the other slot still holds the previous message whole; so no
-/// reader ever sees a torn message, and the writer never renames a file for a message that fits.
+/// reader ever sees a torn message, and the writer never renames a file for a message that fits (but for the first
+/// message of a file that holds none, which has no previous record to fall back on).
 package enum MailboxFormat {
     package static let magic: [UInt8] = Array("WHMB".utf8)
     package static let headerSize = 64

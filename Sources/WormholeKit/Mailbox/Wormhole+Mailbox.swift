@@ -3,7 +3,8 @@ import Foundation
 /// MMWormhole's mailboxes: the newest message of each identifier, passed, read and cleared. Listening is in
 /// `Wormhole+MailboxListening.swift`.
 extension Wormhole {
-    /// The notification name posted when a mailbox changes.
+    /// The notification name of a mailbox: posted after each pass, but on a ``DirectoryEngine``, whose mailbox
+    /// files wake their listeners themselves.
     static func notificationName(forIdentifier identifier: String) -> String { "mailbox." + identifier }
 
     // MARK: Passing

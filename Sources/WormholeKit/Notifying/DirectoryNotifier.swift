@@ -8,9 +8,13 @@ import SystemPackage
 /// Each notification name is a file in the hidden `.notifications` subdirectory of the wormhole directory.
 /// ``post(_:)`` writes 8 fresh bytes into it in place; ``observe(_:handler:)`` watches that file with inotify (the
 /// file, not the directory, so a post wakes only that name's observers), on one monitor thread per process that
-/// waits in `poll(2)` and retires, closing its descriptors, a moment after its last observation ends,
+/// waits in `epoll_wait(2)` and retires, closing its descriptors, a moment after its last observation ends,
 /// so no blocking call ever runs on Swift's cooperative thread pool. Wormholes in one process and in different
 /// processes wake each other alike.
+///
+/// On a ``DirectoryEngine`` whose mailboxes are in this notifier's directory, a pass posts nothing: the mailbox
+/// file's own write wakes its listeners, who watch that file as well as the name `mailbox.IDENTIFIER` (so a post of
+/// the name still wakes them). Suites and stores post through this notifier.
 ///
 /// A notification name follows the identifier rules (``MessageIdentifier``) with a longer limit,
 /// ``MessageIdentifier/maximumNotificationNameLength``, so that the name of any valid identifier with its prefix

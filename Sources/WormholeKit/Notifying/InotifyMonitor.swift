@@ -4,8 +4,9 @@ import Synchronization
 
 /// The process's one inotify instance and the thread that waits on it.
 ///
-/// Each observed notification file is watched on its own (not its directory), so a post wakes only the processes
-/// that observe that name, and a process is never woken by its own posts to other names. The thread starts with
+/// Each observed file (a notification file, a queue's log, a mailbox) is watched on its own (not its directory), so
+/// a write wakes only the processes that observe that file, and a process is never woken by its own writes to
+/// other files. The thread starts with
 /// the first observation. When the last one ends it lingers for ``idleTimeout`` milliseconds (listening often stops
 /// and starts again at once), then retires, closing its descriptors: listening and stopping leaves no descriptor
 /// behind, and never piles up inotify instances, of which a user may have only 128. It waits in `epoll_wait(2)` on the

@@ -1,15 +1,16 @@
 import Foundation
 import Synchronization
 
-/// Polls notification files on one thread per process: the fallback when inotify cannot be used.
+/// Polls files on one thread per process: the fallback when inotify cannot be used.
 ///
-/// Each post writes fresh random bytes into its file, so comparing the bytes tells a post from none, whatever
-/// the file system's timestamp resolution. The thread runs while there are observations.
+/// What is compared is what a change alters: a notification file's token (each post writes a fresh one), a queue
+/// log's size, a mailbox file's header and slot heads. Comparing bytes tells a change from none, whatever the file
+/// system's timestamp resolution. The thread runs while there are observations.
 final class PollingMonitor: Sendable {
     static let shared = PollingMonitor()
 
     private struct Observation {
-        /// Reads what a change alters: a notification file's token, a queue's size.
+        /// Reads what a change alters: a notification file's token, a queue's size, a mailbox's slot heads.
         var probe: @Sendable () -> [UInt8]?
         var interval: Duration
         var lastToken: [UInt8]?
