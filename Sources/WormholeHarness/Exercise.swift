@@ -156,8 +156,14 @@ struct Exercise: ParsableCommand {
             // One listener first: the mailbox file it makes stays open in the wormhole's cache of descriptors, which
             // is not a leak. Then the count once the monitor thread, with nothing to watch, has retired.
             try wormhole.listenForMessage(withIdentifier: identifier, as: Int.self) { _ in }.cancel()
-            usleep(500_000)
-            let before = openDescriptorCount()
+            var before = openDescriptorCount()
+            var steady = 0
+            for _ in 0..<500 where steady < 30 {
+                usleep(10_000)
+                let now = openDescriptorCount()
+                steady = now == before ? steady + 1 : 0
+                before = now
+            }
             for _ in 0..<count {
                 let listener = try wormhole.listenForMessage(withIdentifier: identifier, as: Int.self) { _ in }
                 listener.cancel()

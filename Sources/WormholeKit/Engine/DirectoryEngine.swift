@@ -4,10 +4,10 @@ import Logging
 /// The engine of the processes of one host: every mode in a directory they share.
 ///
 /// Mailboxes are files of two checksummed slots (``FileTransiting``) whose in-place writes wake their listeners
-/// (inotify on the file, with polling as the fallback), other changes are posted through ``DirectoryNotifier``;
-/// queues are append-only logs; suites are files written as mailboxes are; live
-/// messages go through Unix sockets in `.live/`; transfers are staged in `IDENTIFIER.files/`. `FORMAT.md` describes
-/// every file, so that other languages can take part.
+/// (inotify on the file, with polling as the fallback); queues are append-only logs, whose appends wake their
+/// consumers; suites are logs too, whose updates are posted through ``DirectoryNotifier``; live messages go through
+/// Unix sockets in `.live/`; transfers are staged in `IDENTIFIER.files/`. `FORMAT.md` describes every file, so that
+/// other languages can take part.
 ///
 /// ``Wormhole/init(directory:configuration:)`` and ``Wormhole/init(applicationGroupIdentifier:optionalDirectory:configuration:)``
 /// make one; make it yourself to share it between wormholes, or to hand it to ``Wormhole/init(engine:coder:sender:logger:)``:

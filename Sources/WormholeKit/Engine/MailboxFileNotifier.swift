@@ -11,13 +11,14 @@ import Logging
 /// other name is the ``DirectoryNotifier``'s alone. `FORMAT.md`, "Notifications", has the rule.
 ///
 /// ``DirectoryEngine`` puts it in front of a ``DirectoryNotifier`` on the engine's own directory.
-final class MailboxFileNotifier: Notifier {
+final class MailboxFileNotifier: Notifier, PreparesObservation {
     /// The notifier of every name, mailboxes' included.
     let base: DirectoryNotifier
     /// The mailboxes whose files wake their listeners.
     let files: FileTransiting
     private let logger: Logger
 
+    /// A notifier in front of `base`, whose mailboxes are `files`; `logger` says when inotify gives way to polling.
     init(base: DirectoryNotifier, files: FileTransiting, logger: Logger) {
         self.base = base
         self.files = files
@@ -53,6 +54,13 @@ final class MailboxFileNotifier: Notifier {
             writes.cancel()
             posts.cancel()
         }
+    }
+
+    /// Makes the mailbox file a listener of `name` will watch, if it is missing: here, before the caller takes its
+    /// locks, since making a file flushes it to the disk. A failure is left for ``observe(_:handler:)`` to report.
+    func prepareToObserve(_ name: String) {
+        guard let identifier = Self.mailboxIdentifier(in: name) else { return }
+        files.createEmptyMailbox(identifier: identifier)
     }
 
     /// The identifier of a mailbox's notification name (`mailbox.IDENTIFIER`), or nil for any other name.
@@ -95,11 +103,18 @@ final class MailboxFileNotifier: Notifier {
     ) throws(WormholeError) -> NotifierObservation {
         #if os(Linux) || os(Android)
         // Made here, not under the monitor's locks, where the `fsync` of a new file would hold up every wake-up of
-        // the process; the monitor makes it again only if it is removed while watched.
-        files.createEmptyMailbox(identifier: identifier)
+        // the process; the monitor makes it again (outside its locks) only if it is removed while watched.
+        if let errno = files.createEmptyMailbox(identifier: identifier) {
+            throw WormholeError.fileSystem(
+                errno,
+                "make the mailbox file to watch",
+                identifier: identifier,
+                path: files.handle.filePath(FileTransiting.fileName(identifier))
+            )
+        }
         return try InotifyMonitor.shared.observe(
             path: files.handle.filePath(FileTransiting.fileName(identifier)),
-            create: { [files] in files.createEmptyMailbox(identifier: identifier) },
+            create: { [files] in _ = files.createEmptyMailbox(identifier: identifier) },
             handler: handler
         )
         #else

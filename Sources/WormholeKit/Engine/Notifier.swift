@@ -53,3 +53,10 @@ public final class NotifierObservation: Sendable {
 
     deinit { cancel() }
 }
+
+/// A notifier with work to do before a name is observed that must not run under its caller's locks (making a file,
+/// which flushes it to the disk); ``ListenerRegistry`` calls it first.
+protocol PreparesObservation {
+    /// Prepares the observation of `name`; what fails is reported by the observation itself.
+    func prepareToObserve(_ name: String)
+}

@@ -307,20 +307,24 @@ public final class FileTransiting: Transiting {
     ///
     /// Both slots are empty; the first message replaces the file whole, as a new mailbox's does, so that no reader
     /// ever meets it half written with nothing else to fall back on. A file made meanwhile by another process is
-    /// kept; a file that cannot be made is left for the watch to report.
-    func createEmptyMailbox(identifier: String) {
+    /// kept. Returns why the file could not be made, or nil when there is one now.
+    @discardableResult
+    func createEmptyMailbox(identifier: String) -> Errno? {
         let name = Self.fileName(identifier)
-        if case .success = handle.status(ofEntry: name) { return }
+        if case .success = handle.status(ofEntry: name) { return nil }
         let header = MailboxFormat.Header(
             slotCapacity: MailboxFormat.minimumSlotCapacity,
             generation: UInt64.random(in: 1...UInt64.max)
         )
-        _ = handle.createFile(
+        switch handle.createFile(
             named: name,
             bytes: MailboxFormat.encodeEmptyFile(header: header),
             replacing: false,
             synchronize: options.synchronizesWrites
-        )
+        ) {
+        case .success, .failure(.fileExists): return nil
+        case .failure(let errno): return errno
+        }
     }
 
     /// What a poller of the mailbox `identifier` compares from one poll to the next: the file's header and the heads
@@ -330,16 +334,26 @@ public final class FileTransiting: Transiting {
     /// token changes with each of them; reading the heads costs the same whatever the message's size. They are read
     /// under a shared lock, so never while a writer is copying a record behind its new head; while a writer holds
     /// the lock, the token is fresh bytes, so that the listener is woken and the next poll looks again.
+    /// A file that cannot be opened for another reason than not being there (a planted link, no permission) gives
+    /// fresh bytes, so that the listener reads the mailbox and reports why.
     func changeToken(identifier: String) -> [UInt8]? {
-        guard let file = try? handle.openFile(named: Self.fileName(identifier), flags: O_RDONLY) else { return nil }
-        guard file.descriptor.tryLockShared() else { return PollingMonitor.token(UInt64.random(in: 0...UInt64.max)) }
-        defer { file.descriptor.unlock() }
-        guard case .success(var token) = file.descriptor.read(count: MailboxFormat.headerSize, at: 0) else {
+        do {
+            let file = try handle.openFile(named: Self.fileName(identifier), flags: O_RDONLY)
+            return Self.changeToken(of: file.descriptor)
+        } catch .noSuchFileOrDirectory {
             return nil
+        } catch {
+            return PollingMonitor.token(UInt64.random(in: 0...UInt64.max))
         }
+    }
+
+    private static func changeToken(of file: Descriptor) -> [UInt8]? {
+        guard file.tryLockShared() else { return PollingMonitor.token(UInt64.random(in: 0...UInt64.max)) }
+        defer { file.unlock() }
+        guard case .success(var token) = file.read(count: MailboxFormat.headerSize, at: 0) else { return nil }
         if case .success(let header) = MailboxFormat.decodeHeader(token[...]) {
             for slot in 0..<2 {
-                let head = file.descriptor.read(count: MailboxFormat.recordHeaderSize, at: header.slotOffset(slot))
+                let head = file.read(count: MailboxFormat.recordHeaderSize, at: header.slotOffset(slot))
                 if case .success(let bytes) = head { token += bytes }
             }
         }

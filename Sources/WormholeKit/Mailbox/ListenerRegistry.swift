@@ -14,6 +14,7 @@ final class ListenerRegistry: Sendable {
         transiting: any Transiting,
         notifier: any Notifier
     ) throws(WormholeError) {
+        (notifier as? any PreparesObservation)?.prepareToObserve(Wormhole.notificationName(forIdentifier: identifier))
         try subscriptions.withLock { (subscriptions) throws(WormholeError) in
             if let existing = subscriptions[identifier] {
                 existing.add(sink)

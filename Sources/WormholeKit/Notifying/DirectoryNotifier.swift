@@ -14,7 +14,7 @@ import SystemPackage
 ///
 /// On a ``DirectoryEngine`` whose mailboxes are in this notifier's directory, a pass posts nothing: the mailbox
 /// file's own write wakes its listeners, who watch that file as well as the name `mailbox.IDENTIFIER` (so a post of
-/// the name still wakes them). Suites and stores post through this notifier.
+/// the name still wakes them). Suites post through this notifier, and a shared store through one of its own.
 ///
 /// A notification name follows the identifier rules (``MessageIdentifier``) with a longer limit,
 /// ``MessageIdentifier/maximumNotificationNameLength``, so that the name of any valid identifier with its prefix

@@ -6,13 +6,14 @@ import Synchronization
 ///
 /// Each observed file (a notification file, a queue's log, a mailbox) is watched on its own (not its directory), so
 /// a write wakes only the processes that observe that file, and a process is never woken by its own writes to
-/// other files. The thread starts with
-/// the first observation. When the last one ends it lingers for ``idleTimeout`` milliseconds (listening often stops
-/// and starts again at once), then retires, closing its descriptors: listening and stopping leaves no descriptor
-/// behind, and never piles up inotify instances, of which a user may have only 128. It waits in `epoll_wait(2)` on the
-/// inotify descriptor and an eventfd that wakes it when its last observation ends. Handlers run on this thread, one
-/// at a time, and so do the callbacks they schedule with ``CallbackExecution/automatic``, after each handler returns;
-/// when such a callback blocks, ``CallbackWatchdog`` has a new thread take over the waiting and the handlers.
+/// other files. The thread starts with the first observation. When the last one ends it lingers for ``idleTimeout``
+/// milliseconds (listening often stops and starts again at once), then retires, closing its descriptors: listening
+/// and stopping leaves no descriptor behind, and never piles up inotify instances, of which a user may have only 128.
+/// It waits in `epoll_wait(2)` on the inotify descriptor and an eventfd that wakes it when its last observation ends.
+/// Handlers run on this thread, one at a time, and so do the callbacks they schedule with
+/// ``CallbackExecution/automatic``, after each handler returns; when such a callback blocks, ``CallbackWatchdog`` has
+/// a new thread take over the waiting and the handlers. A watched file that is replaced is watched again at its path;
+/// one that goes and cannot be made again is tried again every ``repairInterval`` milliseconds.
 final class InotifyMonitor: Sendable {
     static let shared = InotifyMonitor()
 
@@ -20,6 +21,8 @@ final class InotifyMonitor: Sendable {
     private let nextID = Atomic<UInt64>(1)
     /// How long an instance with no observations lingers before it retires, in milliseconds.
     static let idleTimeout: Int32 = 200
+    /// How often a watch whose file went, and could not be watched again, is tried again, in milliseconds.
+    static let repairInterval: Int32 = 50
 
     /// A test hook: with `WORMHOLE_TEST_INOTIFY_EXHAUSTED` set, inotify fails as when its limits are reached, so that
     /// tests can see the polling fallback take over in a real process.
@@ -79,12 +82,14 @@ final class InotifyMonitor: Sendable {
         private struct Watch {
             var path: String
             var create: @Sendable () -> Void
-            var inode: UInt64
             var handlers: [UInt64: @Sendable () -> Void] = [:]
         }
         private struct Registry {
             var watches: [Int32: Watch] = [:]
             var byID: [UInt64: Int32] = [:]
+            /// Watches whose file went and could not be watched again yet (it could not be made again, say): they
+            /// are tried again every ``InotifyMonitor/repairInterval`` milliseconds, outside the lock.
+            var broken: Set<Int32> = []
         }
 
         private let inotify: Inotify
@@ -109,19 +114,19 @@ final class InotifyMonitor: Sendable {
             handler: @escaping @Sendable () -> Void
         ) throws(WormholeError) {
             try registry.withLock { (registry) throws(WormholeError) in
-                let (watch, inode) = try addWatch(path, create: create)
+                let watch = try addWatch(path, create: create)
                 // Watching one file twice gives the same descriptor: the handlers share it.
-                registry.watches[watch, default: Watch(path: path, create: create, inode: inode)].handlers[id] = handler
+                registry.watches[watch, default: Watch(path: path, create: create)].handlers[id] = handler
                 registry.byID[id] = watch
             }
         }
 
-        /// Creates the file if it is missing, and watches it; returns the watch descriptor and the file's inode.
-        private func addWatch(_ path: String, create: () -> Void) throws(WormholeError) -> (Int32, UInt64) {
+        /// Creates the file if it is missing, and watches it; returns the watch descriptor.
+        private func addWatch(_ path: String, create: () -> Void) throws(WormholeError) -> Int32 {
             create()
             switch inotify.addWatch(path) {
             case .success(let watch):
-                return (watch, Inotify.inode(at: path) ?? 0)
+                return watch
             case .failure(let errno):
                 throw WormholeError(
                     .notifierUnavailable,
@@ -141,13 +146,22 @@ final class InotifyMonitor: Sendable {
                 registry.watches[watch]?.handlers[id] = nil
                 if registry.watches[watch]?.handlers.isEmpty == true {
                     registry.watches[watch] = nil
-                    inotify.removeWatch(watch)
+                    if registry.broken.remove(watch) == nil { inotify.removeWatch(watch) }
                 }
                 return registry.byID.isEmpty
             }
         }
 
         var isIdle: Bool { registry.withLock { $0.byID.isEmpty } }
+
+        /// How long the thread waits for events: forever, or until a broken watch is tried again, or until an idle
+        /// instance retires.
+        private var waitTimeout: Int32 {
+            registry.withLock { registry in
+                if registry.byID.isEmpty { return InotifyMonitor.idleTimeout }
+                return registry.broken.isEmpty ? -1 : InotifyMonitor.repairInterval
+            }
+        }
 
         func start() {
             startThread(handingOver: nil)
@@ -182,17 +196,19 @@ final class InotifyMonitor: Sendable {
             if let handedOver {
                 for scheduler in handedOver { _ = driver.enqueue(scheduler) }
                 driver.runDeferred()
-                runHandlers(wakingEveryone: true, woken: [], replaced: [:], driver: driver)
+                runHandlers(wakingEveryone: true, woken: [], replaced: [], driver: driver)
+                repairBrokenWatches(driver: driver)
             }
             while !driver.isReplaced {
-                guard let readiness = inotify.wait(timeoutMilliseconds: isIdle ? InotifyMonitor.idleTimeout : -1) else {
-                    return
-                }
+                guard let readiness = inotify.wait(timeoutMilliseconds: waitTimeout) else { return }
                 if readiness.timedOut {
-                    if InotifyMonitor.shared.retire(self) { return }
-                    continue
+                    if isIdle {
+                        if InotifyMonitor.shared.retire(self) { return }
+                        continue
+                    }
                 }
                 if readiness.hasEvents { drainEvents(buffer, driver: driver) }
+                repairBrokenWatches(driver: driver)
             }
         }
 
@@ -200,14 +216,10 @@ final class InotifyMonitor: Sendable {
         /// once, which is enough, as it reads the newest state.
         private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer, driver: CallbackDriver) {
             var woken = Set<Int32>()
-            var replaced: [Int32: Replacement] = [:]
+            var replaced = Set<Int32>()
             let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
                 woken.insert(watch)
-                if mask & UInt32(IN_IGNORED) != 0 {
-                    replaced[watch] = .watchRemoved
-                } else if mask & Inotify.replacementEvents != 0, replaced[watch] == nil {
-                    replaced[watch] = .maybe
-                }
+                if mask & Inotify.replacementEvents != 0 { replaced.insert(watch) }
             }
             // After an overflow the kernel dropped events, a file's replacement among them: wake everyone, who will
             // read the newest state, and look at every watched path again.
@@ -220,7 +232,7 @@ final class InotifyMonitor: Sendable {
         private func runHandlers(
             wakingEveryone: Bool,
             woken: Set<Int32>,
-            replaced: [Int32: Replacement],
+            replaced: Set<Int32>,
             driver: CallbackDriver
         ) {
             let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
@@ -229,14 +241,8 @@ final class InotifyMonitor: Sendable {
                 for watch in affected {
                     if let group = registry.watches[watch]?.handlers { chosen.merge(group) { first, _ in first } }
                 }
-                if wakingEveryone {
-                    for watch in Array(registry.watches.keys) {
-                        rewatchIfReplaced(watch, replacement: replaced[watch] ?? .maybe, in: &registry)
-                    }
-                } else {
-                    for (watch, replacement) in replaced {
-                        rewatchIfReplaced(watch, replacement: replacement, in: &registry)
-                    }
+                for watch in wakingEveryone ? Set(registry.watches.keys) : replaced {
+                    rewatchIfReplaced(watch, in: &registry)
                 }
                 return chosen
             }
@@ -250,30 +256,61 @@ final class InotifyMonitor: Sendable {
             }
         }
 
-        /// What an event says of a watched file's place at its path.
-        enum Replacement {
-            /// Removed, renamed or its links changed: the path may lead elsewhere now.
-            case maybe
-            /// The kernel ended the watch (`IN_IGNORED`: the file is gone): watch the path again, even when a new
-            /// file there has the old one's inode number, which a file system may give again at once.
-            case watchRemoved
+        /// The watched file was removed, renamed or had its links changed, or the kernel ended the watch: watch the
+        /// path again. `inotify_add_watch` gives back the same descriptor while the path leads to the file watched;
+        /// another descriptor means another file, which takes the handlers. No file at the path (or none that can be
+        /// watched) leaves the entry broken, to be made and watched again outside the lock.
+        private func rewatchIfReplaced(_ watch: Int32, in registry: inout Registry) {
+            guard let entry = registry.watches[watch], !registry.broken.contains(watch) else { return }
+            switch inotify.addWatch(entry.path) {
+            case .success(let newWatch) where newWatch == watch:
+                return  // the same file: its links or attributes changed, nothing more
+            case .success(let newWatch):
+                move(entry, from: watch, to: newWatch, in: &registry)
+            case .failure:
+                // Its events are gone with it; the kernel ends a watch whose file is deleted, or may still.
+                inotify.removeWatch(watch)
+                registry.broken.insert(watch)
+            }
         }
 
-        /// The watched file was removed, renamed or had its links changed: if the path now leads elsewhere (or
-        /// nowhere), or the kernel ended the watch, create the file again and watch the new one, keeping the handlers.
-        private func rewatchIfReplaced(_ watch: Int32, replacement: Replacement, in registry: inout Registry) {
-            guard let entry = registry.watches[watch] else { return }
-            if replacement == .maybe, Inotify.inode(at: entry.path) == entry.inode { return }
-            // Cannot watch it again (the watch limit is reached): keep the entry so that cancelling still works;
-            // the handlers were woken for this event and the polling fallback is for the next observation.
-            guard let (newWatch, inode) = try? addWatch(entry.path, create: entry.create) else { return }
+        private func move(_ entry: Watch, from watch: Int32, to newWatch: Int32, in registry: inout Registry) {
             registry.watches[watch] = nil
-            if newWatch != watch { inotify.removeWatch(watch) }
-            var moved = registry.watches[newWatch] ?? Watch(path: entry.path, create: entry.create, inode: inode)
-            moved.inode = inode
+            inotify.removeWatch(watch)
+            var moved = registry.watches[newWatch] ?? Watch(path: entry.path, create: entry.create)
             moved.handlers.merge(entry.handlers) { first, _ in first }
             registry.watches[newWatch] = moved
             for id in entry.handlers.keys { registry.byID[id] = newWatch }
+        }
+
+        /// Makes the files of broken watches again (outside the lock: making a file may flush it to the disk) and
+        /// watches them, then calls their handlers, which may have missed writes meanwhile. What still fails is tried
+        /// again after ``InotifyMonitor/repairInterval`` milliseconds.
+        private func repairBrokenWatches(driver: CallbackDriver) {
+            let pending = registry.withLock { registry in
+                registry.broken.compactMap { watch in registry.watches[watch].map { (watch, $0.create) } }
+            }
+            guard !pending.isEmpty else { return }
+            for (_, create) in pending { create() }
+            let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
+                var repaired: [UInt64: @Sendable () -> Void] = [:]
+                for (watch, _) in pending {
+                    guard registry.broken.contains(watch), let entry = registry.watches[watch],
+                        case .success(let newWatch) = inotify.addWatch(entry.path)
+                    else { continue }
+                    registry.broken.remove(watch)
+                    move(entry, from: watch, to: newWatch, in: &registry)
+                    repaired.merge(entry.handlers) { first, _ in first }
+                }
+                return repaired
+            }
+            for id in handlers.keys.sorted() {
+                if driver.isReplaced { return }
+                if registry.withLock({ $0.byID[id] != nil }) {
+                    handlers[id]!()
+                    driver.runDeferred()
+                }
+            }
         }
     }
 }

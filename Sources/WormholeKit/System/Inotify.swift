@@ -128,12 +128,6 @@ struct Inotify: Sendable {
         _ = Glibc_close(inotify)
         _ = Glibc_close(wakeUp)
     }
-
-    /// The inode at `path`, not following a final symbolic link; nil when there is nothing there.
-    static func inode(at path: String) -> UInt64? {
-        var status = stat()
-        return lstat(path, &status) == 0 ? UInt64(status.st_ino) : nil
-    }
 }
 
 // The C calls by names that the methods above do not shadow.

@@ -37,8 +37,9 @@ struct FileStatus: Sendable {
     var mode: UInt32
     /// The last modification, in seconds since 1970.
     var modificationTime: Double
-    /// The device and inode: which file this is.
+    /// The device that holds the file.
     var device: UInt64
+    /// The file's inode number on its device: with ``device``, which file this is.
     var inode: UInt64
 
     var isRegularFile: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFREG) }

@@ -100,6 +100,8 @@ struct MailboxWakeTests {
     }
 
     @Test("A damaged mailbox cleared (its file removed) and passed to at once, again and again, keeps waking")
+    // The listener watches the path again after each removal; where the file system gives the new file the old one's
+    // inode number, only the watch descriptor tells the files apart, which is what the monitor compares.
     func removedAndMadeAgain() async throws {
         try await offThePool {
             let wormhole = try makeWormhole()
@@ -121,6 +123,40 @@ struct MailboxWakeTests {
                 #expect(eventually { received.values.last == "round \(round)" }, "\(received.values)")
             }
             listener.cancel()
+        }
+    }
+
+    @Test("A watch whose file went and could not be made again is tried again until it can, then wakes its handler")
+    func brokenWatchIsRepaired() async throws {
+        try await offThePool {
+            let path = directory("watched")
+            let mayCreate = Locked(true)
+            let create: @Sendable () -> Void = {
+                guard mayCreate.withLock({ $0 }), !FileManager.default.fileExists(atPath: path) else { return }
+                _ = FileManager.default.createFile(atPath: path, contents: Data())
+            }
+            let calls = Collector<Int>()
+            let observation = try InotifyMonitor.shared.observe(path: path, create: create) { calls.append(1) }
+            defer { observation.cancel() }
+            #expect(FileManager.default.fileExists(atPath: path))
+            try Data("one".utf8).write(to: URL(fileURLWithPath: path))
+            #expect(eventually { calls.count >= 1 })
+            // Removed while it cannot be made again: the removal wakes the handler, and the watch is broken.
+            mayCreate.withLock { $0 = false }
+            let beforeRemoval = calls.count
+            try FileManager.default.removeItem(atPath: path)
+            #expect(eventually { calls.count > beforeRemoval })
+            usleep(300_000)
+            #expect(!FileManager.default.fileExists(atPath: path))
+            // Tried again every 50 ms: once the file can be made, it is, and watched, and the handler woken.
+            let beforeRepair = calls.count
+            mayCreate.withLock { $0 = true }
+            #expect(eventually { FileManager.default.fileExists(atPath: path) && calls.count > beforeRepair })
+            let afterRepair = calls.count
+            let handle = try #require(FileHandle(forWritingAtPath: path))
+            try handle.write(contentsOf: Data("two".utf8))
+            try handle.close()
+            #expect(eventually { calls.count > afterRepair }, "the new file's writes wake the handler")
         }
     }
 
@@ -167,7 +203,7 @@ struct MailboxWakeTests {
         }
     }
 
-    @Test("A notifier on another directory is posted to after each pass, as before")
+    @Test("A notifier on another directory is posted to after each pass")
     func notifierElsewhere() async throws {
         try await offThePool {
             let transiting = try FileTransiting(directory: directory("mailboxes"))
