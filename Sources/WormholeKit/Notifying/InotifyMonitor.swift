@@ -246,14 +246,7 @@ final class InotifyMonitor: Sendable {
                 }
                 return chosen
             }
-            for id in handlers.keys.sorted() {
-                if driver.isReplaced { return }
-                // A handler cancelled by an earlier handler (or callback) in this batch is skipped.
-                if registry.withLock({ $0.byID[id] != nil }) {
-                    handlers[id]!()
-                    driver.runDeferred()
-                }
-            }
+            call(handlers, driver: driver)
         }
 
         /// The watched file was removed, renamed or had its links changed, or the kernel ended the watch: watch the
@@ -304,8 +297,15 @@ final class InotifyMonitor: Sendable {
                 }
                 return repaired
             }
+            call(handlers, driver: driver)
+        }
+
+        /// Calls each handler once, in the order of their observations, and after each the callbacks it scheduled;
+        /// stops when the driver is replaced meanwhile, as the new thread calls every handler once.
+        private func call(_ handlers: [UInt64: @Sendable () -> Void], driver: CallbackDriver) {
             for id in handlers.keys.sorted() {
                 if driver.isReplaced { return }
+                // A handler cancelled by an earlier handler (or callback) in this batch is skipped.
                 if registry.withLock({ $0.byID[id] != nil }) {
                     handlers[id]!()
                     driver.runDeferred()
