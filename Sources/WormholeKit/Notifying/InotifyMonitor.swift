@@ -13,7 +13,8 @@ import Synchronization
 /// Handlers run on this thread, one at a time, and so do the callbacks they schedule with
 /// ``CallbackExecution/automatic``, after each handler returns; when such a callback blocks, ``CallbackWatchdog`` has
 /// a new thread take over the waiting and the handlers. A watched file that is replaced is watched again at its path;
-/// one that goes and cannot be made again is tried again every ``repairInterval`` milliseconds.
+/// one that goes and cannot be made again is tried again after each wake-up, at least every ``repairInterval``
+/// milliseconds.
 final class InotifyMonitor: Sendable {
     static let shared = InotifyMonitor()
 
@@ -260,9 +261,11 @@ final class InotifyMonitor: Sendable {
                 return  // the same file: its links or attributes changed, nothing more
             case .success(let newWatch):
                 move(entry, from: watch, to: newWatch, in: &registry)
-            case .failure:
-                // Its events are gone with it; the kernel ends a watch whose file is deleted, or may still.
-                inotify.removeWatch(watch)
+            case .failure(let errno):
+                // No file at the path: the watch's events are gone with the file (the kernel ends the watch once it
+                // is deleted, or may still). Another failure (the watch limit, memory) keeps a watch that may still
+                // work; either way the path is tried again.
+                if errno == .noSuchFileOrDirectory || errno == .notDirectory { inotify.removeWatch(watch) }
                 registry.broken.insert(watch)
             }
         }
@@ -277,9 +280,11 @@ final class InotifyMonitor: Sendable {
         }
 
         /// Makes the files of broken watches again (outside the lock: making a file may flush it to the disk) and
-        /// watches them, then calls their handlers, which may have missed writes meanwhile. What still fails is tried
-        /// again after ``InotifyMonitor/repairInterval`` milliseconds.
+        /// watches them, then calls their handlers, which may have missed writes meanwhile. It runs after each
+        /// wake-up, and the wait ends after ``InotifyMonitor/repairInterval`` milliseconds while any is broken.
         private func repairBrokenWatches(driver: CallbackDriver) {
+            // A thread taken over leaves the repairs to the new one, which calls the repaired handlers.
+            if driver.isReplaced { return }
             let pending = registry.withLock { registry in
                 registry.broken.compactMap { watch in registry.watches[watch].map { (watch, $0.create) } }
             }
@@ -292,7 +297,8 @@ final class InotifyMonitor: Sendable {
                         case .success(let newWatch) = inotify.addWatch(entry.path)
                     else { continue }
                     registry.broken.remove(watch)
-                    move(entry, from: watch, to: newWatch, in: &registry)
+                    // The same descriptor: the watch kept (its failure was not the file's) still holds.
+                    if newWatch != watch { move(entry, from: watch, to: newWatch, in: &registry) }
                     repaired.merge(entry.handlers) { first, _ in first }
                 }
                 return repaired
