@@ -107,7 +107,7 @@ public final class DirectoryEngine: WormholeEngine {
         self.transiting = transiting
         let base = (notifier as? MailboxFileNotifier)?.base ?? (notifier as? DirectoryNotifier)
         if let base, base.handle.isEntry(DirectoryNotifier.subdirectoryName, of: files.handle) {
-            self.notifier = MailboxFileNotifier(base: base, files: files, logger: logger)
+            self.notifier = MailboxFileNotifier(base: base, files: files)
         } else {
             self.notifier = base ?? notifier
         }

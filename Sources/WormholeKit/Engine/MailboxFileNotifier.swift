@@ -1,5 +1,4 @@
 import Foundation
-import Logging
 
 /// The directory engine's notifier: a mailbox's own file wakes its listeners, so that a pass writes one file.
 ///
@@ -16,13 +15,11 @@ final class MailboxFileNotifier: Notifier, PreparesObservation {
     let base: DirectoryNotifier
     /// The mailboxes whose files wake their listeners.
     let files: FileTransiting
-    private let logger: Logger
 
-    /// A notifier in front of `base`, whose mailboxes are `files`; `logger` says when inotify gives way to polling.
-    init(base: DirectoryNotifier, files: FileTransiting, logger: Logger) {
+    /// A notifier in front of `base`, whose mailboxes are `files`; `base` logs when inotify gives way to polling.
+    init(base: DirectoryNotifier, files: FileTransiting) {
         self.base = base
         self.files = files
-        self.logger = logger
     }
 
     func post(_ name: String) throws(WormholeError) {
@@ -76,25 +73,17 @@ final class MailboxFileNotifier: Notifier, PreparesObservation {
         of identifier: String,
         handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        switch base.strategy {
-        case .polling(let interval):
-            return poll(identifier, every: interval, handler: handler)
-        case .inotify:
-            return try watch(identifier, handler: handler)
-        case .automatic:
-            do {
-                return try watch(identifier, handler: handler)
-            } catch {
-                logger.warning(
-                    "inotify is unavailable; polling the mailbox file for changes instead, which adds latency",
-                    metadata: [
-                        "directory": "\(files.directory)", "identifier": "\(identifier)",
-                        "cause": "\(error.message)", "interval": "\(DirectoryNotifier.fallbackPollingInterval)",
-                    ]
+        try base.observe(
+            files.handle.filePath(FileTransiting.fileName(identifier)),
+            watching: { () throws(WormholeError) in try watch(identifier, handler: handler) },
+            polling: { [files] interval in
+                PollingMonitor.shared.observe(
+                    probe: { files.changeToken(identifier: identifier) },
+                    interval: interval,
+                    handler: handler
                 )
-                return poll(identifier, every: DirectoryNotifier.fallbackPollingInterval, handler: handler)
             }
-        }
+        )
     }
 
     private func watch(
@@ -120,17 +109,5 @@ final class MailboxFileNotifier: Notifier, PreparesObservation {
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: files.directory)
         #endif
-    }
-
-    private func poll(
-        _ identifier: String,
-        every interval: Duration,
-        handler: @escaping @Sendable () -> Void
-    ) -> NotifierObservation {
-        PollingMonitor.shared.observe(
-            probe: { [files] in files.changeToken(identifier: identifier) },
-            interval: interval,
-            handler: handler
-        )
     }
 }

@@ -343,12 +343,12 @@ public final class FileTransiting: Transiting {
         } catch .noSuchFileOrDirectory {
             return nil
         } catch {
-            return PollingMonitor.token(UInt64.random(in: 0...UInt64.max))
+            return PollingMonitor.freshToken()
         }
     }
 
     private static func changeToken(of file: Descriptor) -> [UInt8]? {
-        guard file.tryLockShared() else { return PollingMonitor.token(UInt64.random(in: 0...UInt64.max)) }
+        guard file.tryLockShared() else { return PollingMonitor.freshToken() }
         defer { file.unlock() }
         guard case .success(var token) = file.read(count: MailboxFormat.headerSize, at: 0) else { return nil }
         if case .success(let header) = MailboxFormat.decodeHeader(token[...]) {

@@ -107,28 +107,38 @@ public final class DirectoryNotifier: Notifier {
         handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
         try MessageIdentifier.validateNotificationName(name)
+        return try observe(
+            handle.filePath(name),
+            watching: { () throws(WormholeError) in try observeWithInotify(name, handler: handler) },
+            polling: { [handle] interval in
+                PollingMonitor.shared.observe(handle, name: name, interval: interval, handler: handler)
+            }
+        )
+    }
+
+    /// Observes a file by this notifier's strategy: `watching` it with inotify, or `polling` it at an interval, or
+    /// (``Strategy/automatic``) watching it, and polling it with a logged warning when inotify cannot be used.
+    func observe(
+        _ path: String,
+        watching: () throws(WormholeError) -> NotifierObservation,
+        polling: (Duration) -> NotifierObservation
+    ) throws(WormholeError) -> NotifierObservation {
         switch strategy {
         case .polling(let interval):
-            return PollingMonitor.shared.observe(handle, name: name, interval: interval, handler: handler)
+            return polling(interval)
         case .inotify:
-            return try observeWithInotify(name, handler: handler)
+            return try watching()
         case .automatic:
             do {
-                return try observeWithInotify(name, handler: handler)
+                return try watching()
             } catch {
                 logger.warning(
                     "inotify is unavailable; polling for changes instead, which adds latency",
                     metadata: [
-                        "directory": "\(handle.path)", "name": "\(name)", "cause": "\(error.message)",
-                        "interval": "\(Self.fallbackPollingInterval)",
+                        "path": "\(path)", "cause": "\(error.message)", "interval": "\(Self.fallbackPollingInterval)",
                     ]
                 )
-                return PollingMonitor.shared.observe(
-                    handle,
-                    name: name,
-                    interval: Self.fallbackPollingInterval,
-                    handler: handler
-                )
+                return polling(Self.fallbackPollingInterval)
             }
         }
     }

@@ -197,8 +197,9 @@ final class InotifyMonitor: Sendable {
             if let handedOver {
                 for scheduler in handedOver { _ = driver.enqueue(scheduler) }
                 driver.runDeferred()
-                runHandlers(wakingEveryone: true, woken: [], replaced: [], driver: driver)
-                repairBrokenWatches(driver: driver)
+                if runHandlers(wakingEveryone: true, woken: [], replaced: [], driver: driver) {
+                    repairBrokenWatches(driver: driver)
+                }
             }
             while !driver.isReplaced {
                 guard let readiness = inotify.wait(timeoutMilliseconds: waitTimeout) else { return }
@@ -207,15 +208,15 @@ final class InotifyMonitor: Sendable {
                         if InotifyMonitor.shared.retire(self) { return }
                         continue
                     }
+                    repairBrokenWatches(driver: driver)  // the wait ends early only while a watch is broken
                 }
-                if readiness.hasEvents { drainEvents(buffer, driver: driver) }
-                repairBrokenWatches(driver: driver)
+                if readiness.hasEvents, drainEvents(buffer, driver: driver) { repairBrokenWatches(driver: driver) }
             }
         }
 
         /// Reads every queued event, then calls each affected handler once: a burst of posts wakes a handler
-        /// once, which is enough, as it reads the newest state.
-        private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer, driver: CallbackDriver) {
+        /// once, which is enough, as it reads the newest state. Returns whether a watch is broken.
+        private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer, driver: CallbackDriver) -> Bool {
             var woken = Set<Int32>()
             var replaced = Set<Int32>()
             let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
@@ -224,19 +225,20 @@ final class InotifyMonitor: Sendable {
             }
             // After an overflow the kernel dropped events, a file's replacement among them: wake everyone, who will
             // read the newest state, and look at every watched path again.
-            runHandlers(wakingEveryone: overflowed, woken: woken, replaced: replaced, driver: driver)
+            return runHandlers(wakingEveryone: overflowed, woken: woken, replaced: replaced, driver: driver)
         }
 
         /// Calls the handlers of the watches woken (of every watch when `wakingEveryone`), each once, and after each
         /// the callbacks it scheduled; stops when the driver is replaced meanwhile, as the new thread calls every
-        /// handler once.
+        /// handler once. Returns whether a watch is broken (read under the same lock, so that a wake-up takes it once).
+        @discardableResult
         private func runHandlers(
             wakingEveryone: Bool,
             woken: Set<Int32>,
             replaced: Set<Int32>,
             driver: CallbackDriver
-        ) {
-            let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
+        ) -> Bool {
+            let (handlers, hasBroken) = registry.withLock { registry in
                 var chosen: [UInt64: @Sendable () -> Void] = [:]
                 let affected = wakingEveryone ? Set(registry.watches.keys) : woken
                 for watch in affected {
@@ -245,9 +247,10 @@ final class InotifyMonitor: Sendable {
                 for watch in wakingEveryone ? Set(registry.watches.keys) : replaced {
                     rewatchIfReplaced(watch, in: &registry)
                 }
-                return chosen
+                return (chosen, !registry.broken.isEmpty)
             }
             call(handlers, driver: driver)
+            return hasBroken
         }
 
         /// The watched file was removed, renamed or had its links changed, or the kernel ended the watch: watch the

@@ -27,6 +27,10 @@ final class PollingMonitor: Sendable {
     /// The 8 bytes a post writes.
     static func token(_ value: UInt64) -> [UInt8] { withUnsafeBytes(of: value.littleEndian) { Array($0) } }
 
+    /// Bytes that differ from every earlier token: a probe gives them when it cannot tell, so that the observer is
+    /// woken and reads for itself.
+    static func freshToken() -> [UInt8] { token(UInt64.random(in: 0...UInt64.max)) }
+
     static func readToken(_ directory: DirectoryHandle, _ name: String) -> [UInt8]? {
         guard let file = try? directory.openFile(named: name, flags: O_RDONLY) else { return nil }
         return try? file.descriptor.read(count: 8, at: 0).get()
