@@ -171,10 +171,18 @@ struct PowerWorkload: ParsableCommand {
         let wormhole = try Wormhole(directory: directory, configuration: PowerLossCheck.configuration(synchronizes))
         switch mode {
         case .mailbox:
-            // Two mailboxes; every fifth message is too big for the slots the first ones made, so the file is
-            // rewritten whole then.
+            // Three mailboxes; every fifth message is too big for the slots the first ones made, so the file is
+            // rewritten whole then. The file of "c" is first made empty, as a listener makes it, so that its first
+            // message replaces a file that holds none.
+            guard let files = wormhole.transiting as? FileTransiting else {
+                throw ValidationError("the power-loss workload needs a wormhole on a directory")
+            }
+            if let errno = files.createEmptyMailbox(identifier: "c") {
+                throw ValidationError("could not make the empty mailbox c: \(errno)")
+            }
+            mark("empty c")
             for index in 0..<count {
-                let identifier = index % 3 == 2 ? "b" : "a"
+                let identifier = PowerLossMessage.mailbox(for: index)
                 try wormhole.passMessageObject(PowerLossMessage(index: index), identifier: identifier)
                 mark("mailbox \(identifier) \(index)")
             }
@@ -267,6 +275,11 @@ struct PowerLossMessage: Codable, Sendable, Equatable {
 
     var isIntact: Bool { check == Self.check(for: index) }
 
+    /// The mailbox the workload passes message `index` to: "a" twice, then "b", then "c".
+    static func mailbox(for index: Int) -> String {
+        ["a", "a", "b", "c"][index % 4]
+    }
+
     /// The queue workload's payload: 100 bytes, the index then bytes derived from it.
     static func queuePayload(index: Int) -> Data {
         var bytes = [UInt8](repeating: 0, count: 100)
@@ -341,7 +354,7 @@ struct PowerLossCheck {
     private func checkMailboxes(_ wormhole: Wormhole) -> [String] {
         var problems: [String] = []
         let passed = values("mailbox")
-        for identifier in ["a", "b"] {
+        for identifier in ["a", "b", "c"] {
             let returned = passed.filter { $0[0] == identifier }.compactMap { Int($0[1]) }
             // The calls that may have been under way: up to the next one after the last that returned.
             let newestPossible = (passed.compactMap { Int($0[1]) }.max() ?? -1) + 1
@@ -349,7 +362,7 @@ struct PowerLossCheck {
                 let message = try wormhole.message(withIdentifier: identifier, as: PowerLossMessage.self)
                 if let message {
                     if !message.isIntact { problems.append("mailbox \(identifier): message \(message.index) damaged") }
-                    if message.index > newestPossible || (message.index % 3 == 2) != (identifier == "b") {
+                    if message.index > newestPossible || PowerLossMessage.mailbox(for: message.index) != identifier {
                         problems.append("mailbox \(identifier): message \(message.index) was never passed to it")
                     }
                     if synchronizes, let last = returned.last, message.index < last {

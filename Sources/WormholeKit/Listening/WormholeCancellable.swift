@@ -5,7 +5,12 @@
 /// or released. ``isCancelled`` becomes true however listening stopped, by ``cancel()`` or otherwise (for a
 /// mailbox listener, ``Wormhole/stopListeningForMessage(withIdentifier:)``).
 public protocol WormholeCancellable: AnyObject, Sendable {
-    /// Stops listening. A callback under way finishes; none starts after this returns.
+    /// Stops listening: no callback is handed over once this returns, and callbacks scheduled but not started are
+    /// skipped.
+    ///
+    /// A callback under way finishes, and so may one that another thread was starting at that very moment: only a
+    /// queue consumer (``QueueConsumer/cancel()``) waits for its handler, which it must acknowledge. The others do
+    /// not wait, so that cancelling from anywhere, a callback or a thread a callback waits for, never deadlocks.
     func cancel()
 
     /// Whether listening has stopped.

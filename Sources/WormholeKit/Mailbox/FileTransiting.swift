@@ -309,7 +309,7 @@ public final class FileTransiting: Transiting {
     /// ever meets it half written with nothing else to fall back on. A file made meanwhile by another process is
     /// kept. Returns why the file could not be made, or nil when there is one now.
     @discardableResult
-    func createEmptyMailbox(identifier: String) -> Errno? {
+    package func createEmptyMailbox(identifier: String) -> Errno? {
         let name = Self.fileName(identifier)
         if case .success = handle.status(ofEntry: name) { return nil }
         let header = MailboxFormat.Header(

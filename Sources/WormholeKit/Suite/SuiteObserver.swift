@@ -16,7 +16,8 @@ public final class SuiteObserver: WormholeCancellable {
         if isCancelled { cancel() }
     }
 
-    /// Stops observing. A change being handed over finishes; none is handed over after this returns.
+    /// Stops observing: changes scheduled but not started are skipped. A change being handed over finishes, and so
+    /// may one another thread was starting at that very moment (see ``WormholeCancellable/cancel()``).
     public func cancel() {
         cancelled.store(true, ordering: .releasing)
         let observation = self.observation.withLock { observation in

@@ -141,8 +141,8 @@ public final class WormholeSuite: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (SuiteChange) -> Void
     ) throws(WormholeError) -> SuiteObserver {
-        let start = try store.read()
-        let seen = Locked<SuiteState>(start)
+        // What this observer has reported, set once it is registered (below): nil until then.
+        let seen = Locked<SuiteState?>(nil)
         let schedule = execution.makeScheduler(label: "wormhole.suite.\(name)")
         let center = UncheckedSendableBox(notificationCenter)
         let observer = SuiteObserver(name: name)
@@ -151,45 +151,18 @@ public final class WormholeSuite: Sendable {
             // Under the lock of this observer: changes are computed and handed over in order.
             let changes: [SuiteChange]
             do throws(WormholeError) {
-                changes = try seen.withLock { (seen) throws(WormholeError) -> [SuiteChange] in
-                    let (current, logged) = try store.changes(after: seen.version)
-                    // Another lineage, or a lower version: the suite started over (its file was removed, say), and
-                    // only the difference of the values can be reported. (Lineage 0: no history yet, a suite never
-                    // written.)
-                    let restarted =
-                        (seen.lineage != 0 && current.lineage != seen.lineage) || current.version < seen.version
-                    guard current.version > seen.version || restarted else { return [] }
-                    let result: [SuiteChange]
-                    if let logged, !restarted {
-                        result = logged
-                        // The changes applied to this observer's own copy: keeping the store's copy instead would make
-                        // the store copy every key at its next update.
-                        for change in logged { seen.values.apply(change) }
-                        seen.version = current.version
-                    } else {
-                        defer { seen = current }
-                        // More changes than the store keeps came at once: report the difference, by an unknown sender.
-                        let keys = seen.values.changedKeys(comparedTo: current.values)
-                        guard !keys.isEmpty else { return [] }
-                        result = [
-                            SuiteChange(
-                                version: current.version,
-                                keys: keys,
-                                sender: "",
-                                direction: nil,
-                                timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
-                                values: SuiteValues(storage: current.values.storage.filter { keys.contains($0.key) })
-                            )
-                        ]
-                    }
-                    return result.compactMap { change in
-                        if !includingOwnChanges && change.sender == sender { return nil }
-                        if let direction, change.direction != direction { return nil }
-                        guard let keys else { return change }
-                        var filtered = change
-                        filtered.keys = change.keys.intersection(keys)
-                        return filtered.keys.isEmpty ? nil : filtered
-                    }
+                changes = try seen.withLock { (started) throws(WormholeError) -> [SuiteChange] in
+                    // Not started: the state read under this lock, after registering, holds this change.
+                    guard started != nil else { return [] }
+                    // Changed in place (`started!`): a copy would make the values copy every key.
+                    return try Self.changes(
+                        of: store,
+                        since: &started!,
+                        sender: sender,
+                        keys: keys,
+                        includingOwnChanges: includingOwnChanges,
+                        direction: direction
+                    )
                 }
             } catch {
                 schedule { [self] in report(error, to: errorHandler) }
@@ -210,8 +183,65 @@ public final class WormholeSuite: Sendable {
                 }
             }
         }
+        // Read after registering, under the observer's lock: a change made before the read is in the state read, and
+        // one made after it posts to this observer, which then finds it.
+        do throws(WormholeError) {
+            try seen.withLock { (started) throws(WormholeError) in started = try store.read() }
+        } catch {
+            observation.cancel()
+            throw error
+        }
         observer.attach(observation)
         return observer
+    }
+
+    /// The changes since `seen`, filtered for an observer, with `seen` brought up to the store's state.
+    private static func changes(
+        of store: any SuiteStore,
+        since seen: inout SuiteState,
+        sender: String,
+        keys: Set<String>?,
+        includingOwnChanges: Bool,
+        direction: String?
+    ) throws(WormholeError) -> [SuiteChange] {
+        let (current, logged) = try store.changes(after: seen.version)
+        // Another lineage, or a lower version: the suite started over (its file was removed, say), and only the
+        // difference of the values can be reported. (Lineage 0: no history yet, a suite never written.)
+        let restarted = (seen.lineage != 0 && current.lineage != seen.lineage) || current.version < seen.version
+        guard current.version > seen.version || restarted else { return [] }
+        let result: [SuiteChange]
+        if let logged, !restarted {
+            result = logged
+            // The changes applied to this observer's own copy: keeping the store's copy instead would make the store
+            // copy every key at its next update.
+            for change in logged { seen.values.apply(change) }
+            seen.version = current.version
+            // And its lineage: an observer that began before the suite had one would otherwise never see it restart.
+            seen.lineage = current.lineage
+        } else {
+            defer { seen = current }
+            // More changes than the store keeps came at once: report the difference, by an unknown sender.
+            let keys = seen.values.changedKeys(comparedTo: current.values)
+            guard !keys.isEmpty else { return [] }
+            result = [
+                SuiteChange(
+                    version: current.version,
+                    keys: keys,
+                    sender: "",
+                    direction: nil,
+                    timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+                    values: SuiteValues(storage: current.values.storage.filter { keys.contains($0.key) })
+                )
+            ]
+        }
+        return result.compactMap { change in
+            if !includingOwnChanges && change.sender == sender { return nil }
+            if let direction, change.direction != direction { return nil }
+            guard let keys else { return change }
+            var filtered = change
+            filtered.keys = change.keys.intersection(keys)
+            return filtered.keys.isEmpty ? nil : filtered
+        }
     }
 
     /// The changes to the suite, as an `AsyncSequence`; the same changes as

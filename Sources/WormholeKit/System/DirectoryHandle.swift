@@ -341,20 +341,33 @@ final class DirectoryHandle: Sendable {
 
     private func rename(_ from: String, to: String, replacing: Bool) -> Result<Void, Errno> {
         if replacing { return valueOrErrno { renameat(descriptor, from, descriptor, to) }.map { _ in } }
+        return moveEntryWithoutReplacing(from, to: self, as: to)
+    }
+
+    /// Renames the entry `name` of this directory to `newName` in `target` (which may be this directory) unless
+    /// `newName` exists there, which fails with `EEXIST`: a move that never replaces a file. Where `renameat2` is
+    /// missing, a hard link then the removal of the old name. EXDEV means another file system.
+    func moveEntryWithoutReplacing(
+        _ name: String,
+        to target: DirectoryHandle,
+        as newName: String
+    ) -> Result<Void, Errno> {
         #if os(Linux) || os(Android)
-        let result = valueOrErrno { cwormhole_rename_noreplace(descriptor, from, descriptor, to) }
+        let result = valueOrErrno { cwormhole_rename_noreplace(descriptor, name, target.descriptor, newName) }
         if case .failure(let errno) = result, errno == .invalidArgument || errno == .noFunction {
-            return linkThenUnlink(from, to: to)
+            return linkThenUnlink(name, to: target, as: newName)
         }
         return result.map { _ in }
         #else
-        return linkThenUnlink(from, to: to)
+        return linkThenUnlink(name, to: target, as: newName)
         #endif
     }
 
     /// The portable no-replace rename, for file systems without `renameat2`.
-    private func linkThenUnlink(_ from: String, to: String) -> Result<Void, Errno> {
-        valueOrErrno { linkat(descriptor, from, descriptor, to, 0) }.map { _ in _ = unlinkat(descriptor, from, 0) }
+    private func linkThenUnlink(_ name: String, to target: DirectoryHandle, as newName: String) -> Result<Void, Errno> {
+        valueOrErrno { linkat(descriptor, name, target.descriptor, newName, 0) }.map { _ in
+            _ = unlinkat(descriptor, name, 0)
+        }
     }
 
     func removeFile(named name: String) -> Result<Void, Errno> {

@@ -1,8 +1,9 @@
 import Foundation
 
 /// A transfer channel's staging area in a directory: `IDENTIFIER.files/` beside the channel's queue, holding
-/// `ID.part` while a sender copies, `ID.file` once whole, and `ID.delivered` (the destination path) while a receiver
-/// delivers. `FORMAT.md` describes the files.
+/// `ID.part` while a sender copies, `ID.file` once whole, `ID.delivered` (the destination path) while a receiver
+/// delivers, and `ID.claimed` while a receiver copies the file to another file system. `FORMAT.md` describes the
+/// files.
 final class DirectoryTransferStaging: TransferStaging {
     let staging: DirectoryHandle
     static let chunkSize = 1 << 20
@@ -22,14 +23,14 @@ final class DirectoryTransferStaging: TransferStaging {
         progress: (@Sendable (TransferProgress) -> Void)?
     ) throws(WormholeError) -> UInt64 {
         let source: OwnedDescriptor
-        switch Descriptor.open(path: path, flags: O_RDONLY) {
+        // Not blocking: opening a FIFO with no writer would wait for one for good (it is refused below).
+        switch Descriptor.open(path: path, flags: O_RDONLY | O_NONBLOCK) {
         case .success(let opened): source = opened
         case .failure(let errno): throw WormholeError.fileSystem(errno, "open the file to send", path: path)
         }
         guard case .success(let status) = source.descriptor.status(), status.isRegularFile else {
             throw WormholeError(.ioFailure, "Only regular files can be sent.", path: path)
         }
-        let size = UInt64(status.size)
         let partial = id + ".part"
         let staged: OwnedDescriptor
         do {
@@ -37,8 +38,14 @@ final class DirectoryTransferStaging: TransferStaging {
         } catch {
             throw WormholeError.fileSystem(error, "stage the file", path: staging.filePath(partial))
         }
+        let copied: UInt64
         do throws(WormholeError) {
-            try Self.copy(from: source.descriptor, to: staged.descriptor, size: size, progress: progress)
+            copied = try Self.copy(
+                from: source.descriptor,
+                to: staged.descriptor,
+                size: UInt64(status.size),
+                progress: progress
+            )
             if case .failure(let errno) = staged.descriptor.synchronize() {
                 throw WormholeError.fileSystem(errno, "flush the staged file", path: staging.filePath(partial))
             }
@@ -54,15 +61,18 @@ final class DirectoryTransferStaging: TransferStaging {
             _ = staging.removeFile(named: partial)
             throw error
         }
-        return size
+        // What was copied, which a file that grew or shrank meanwhile makes differ from its size when opened.
+        return copied
     }
 
+    /// Copies `source` from where it stands to the end, into `destination` from offset 0; returns the bytes copied.
+    @discardableResult
     static func copy(
         from source: Descriptor,
         to destination: Descriptor,
         size: UInt64,
         progress: (@Sendable (TransferProgress) -> Void)?
-    ) throws(WormholeError) {
+    ) throws(WormholeError) -> UInt64 {
         var buffer = [UInt8](repeating: 0, count: chunkSize)
         var copied: UInt64 = 0
         while true {
@@ -80,10 +90,16 @@ final class DirectoryTransferStaging: TransferStaging {
             copied += UInt64(count)
             progress?(TransferProgress(bytesCopied: copied, totalBytes: max(size, copied)))
         }
+        return copied
     }
 
     func remove(id: String) throws(WormholeError) -> Bool {
-        guard case .success = staging.removeFile(named: id + ".file") else { return false }
+        switch staging.removeFile(named: id + ".file") {
+        case .success: break
+        case .failure(.noSuchFileOrDirectory): return false  // taken by a receiver (or claimed), or never staged
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "cancel the transfer", path: staging.filePath(id + ".file"))
+        }
         if staging.synchronizes, case .failure(let errno) = staging.synchronizeEntries() {
             throw WormholeError.fileSystem(errno, "flush the cancellation", path: staging.path)
         }
@@ -96,97 +112,32 @@ final class DirectoryTransferStaging: TransferStaging {
 
     func deliver(_ transfer: FileTransfer, into destination: String) throws(WormholeError) -> ReceivedFile? {
         let target = try DirectoryHandle.open(path: destination, create: true, synchronizes: staging.synchronizes)
-        let marker = transfer.id + ".delivered"
-        let staged = transfer.id + ".file"
-        // A delivery interrupted after the move: the marker says where the file went. Interrupted between the
-        // marker and the move, the file is still staged: it is delivered again, from the start.
-        if let recorded = try? String(contentsOfFile: staging.filePath(marker), encoding: .utf8), !recorded.isEmpty {
-            if !staging.hasEntry(staged) { return ReceivedFile(transfer: transfer, path: recorded) }
-            // A copy across file systems stopped after naming the copy, before removing the staged file: the copy
-            // is whole (it was flushed before its rename).
-            if let copied = try? FileManager.default.attributesOfItem(atPath: recorded)[.size] as? UInt64,
-                copied == transfer.size
-            {
-                _ = staging.removeFile(named: staged)
-                return ReceivedFile(transfer: transfer, path: recorded)
-            }
-            _ = staging.removeFile(named: marker)
-        }
-        guard staging.hasEntry(staged) else { return nil }
-        let name = transfer.deliveryName { target.hasEntry($0) }
-        let path = target.filePath(name)
-        // Record where the file goes before it moves, so that a restart finds it there. The marker is written whole
-        // (its bytes flushed before its name appears), so that the move can never reach the disk without it.
-        let recording = staging.createFile(
-            named: marker,
-            bytes: Array(path.utf8),
-            replacing: true,
-            synchronize: staging.synchronizes
-        )
-        if case .failure(let errno) = recording {
-            throw WormholeError.fileSystem(errno, "record the delivery", path: staging.filePath(marker))
-        }
-        if case .failure(let errno) = staging.moveEntry(staged, to: target, as: name) {
-            guard errno == .improperLink else {
-                _ = staging.removeFile(named: marker)
-                if errno == .noSuchFileOrDirectory { return nil }  // cancelled meanwhile
-                throw WormholeError.fileSystem(errno, "move the received file", path: path)
-            }
-            do throws(WormholeError) {
-                try copyAcrossFileSystems(staged, to: name, in: target)
-            } catch {
-                // Nothing was delivered: the next attempt starts over instead of trusting the marker.
-                _ = staging.removeFile(named: marker)
-                throw error
-            }
-        }
-        // With synchronizesWrites, the move is on the disk before the transfer is acknowledged: both directories'
-        // entries, after the destination's own name (the receiver may have just made it).
-        if staging.synchronizes {
-            for result in [
-                target.synchronizeParentEntries(), target.synchronizeEntries(), staging.synchronizeEntries(),
-            ] {
-                if case .failure(let errno) = result {
-                    throw WormholeError.fileSystem(errno, "flush the delivery", path: target.path)
+        let delivery = DirectoryTransferDelivery(transfer: transfer, staging: staging, target: target)
+        // A delivery interrupted earlier: the marker names where the file was going.
+        if let recorded = try delivery.recordedName() {
+            if staging.hasEntry(delivery.staged) {
+                // Interrupted before the move, or (where a move is a link then an unlink) between the two.
+                if delivery.isStagedFile(named: recorded) {
+                    _ = staging.removeFile(named: delivery.staged)
+                    return try delivery.finish(as: recorded)
                 }
+            } else if staging.hasEntry(delivery.claimed) {
+                // A copy to another file system: finished and named, or to be made again from the claimed file.
+                if delivery.holdsDelivered(named: recorded) {
+                    _ = staging.removeFile(named: delivery.claimed)
+                    return try delivery.finish(as: recorded)
+                }
+                return try delivery.copyClaimed()
+            } else if delivery.holdsDelivered(named: recorded) {
+                return try delivery.finish(as: recorded)
+            } else {
+                // Cancelled before the move: nothing was delivered.
+                _ = staging.removeFile(named: delivery.marker)
+                return nil
             }
         }
-        return ReceivedFile(transfer: transfer, path: path)
-    }
-
-    private func copyAcrossFileSystems(
-        _ staged: String,
-        to name: String,
-        in target: DirectoryHandle
-    ) throws(WormholeError) {
-        let source: OwnedDescriptor
-        do { source = try staging.openFile(named: staged, flags: O_RDONLY) } catch {
-            throw WormholeError.fileSystem(error, "open the received file", path: staging.filePath(staged))
-        }
-        // Copied under a hidden name, flushed, then renamed: the receiver never finds a file cut short under the
-        // transfer's name, whatever stops the copy.
-        let partial = "." + name + ".part"
-        let destination: OwnedDescriptor
-        do { destination = try target.openFile(named: partial, flags: O_WRONLY | O_CREAT | O_TRUNC) } catch {
-            throw WormholeError.fileSystem(error, "copy the received file", path: target.filePath(partial))
-        }
-        do throws(WormholeError) {
-            try Self.copy(from: source.descriptor, to: destination.descriptor, size: 0, progress: nil)
-            if case .failure(let errno) = destination.descriptor.synchronize() {
-                throw WormholeError.fileSystem(errno, "flush the received file", path: target.filePath(partial))
-            }
-            if case .failure(let errno) = target.moveEntry(partial, to: target, as: name) {
-                throw WormholeError.fileSystem(errno, "name the received file", path: target.filePath(name))
-            }
-        } catch {
-            _ = target.removeFile(named: partial)
-            throw error
-        }
-        // The copy's name on the disk before the only other copy goes.
-        if case .failure(let errno) = target.synchronizeEntries() {
-            throw WormholeError.fileSystem(errno, "flush the received file's name", path: target.filePath(name))
-        }
-        _ = staging.removeFile(named: staged)
+        guard staging.hasEntry(delivery.staged) else { return nil }
+        return try delivery.move()
     }
 
     func finishDelivery(id: String) {
@@ -195,8 +146,10 @@ final class DirectoryTransferStaging: TransferStaging {
 
     func removeAbandonedCopies(olderThan age: Duration) throws(WormholeError) {
         let seconds = Double(age.components.seconds) + Double(age.components.attoseconds) / 1e18
-        // Partial copies of senders that stopped, and the markers of deliveries long done.
-        for name in try staging.entries() where name.hasSuffix(".part") || name.hasSuffix(".delivered") {
+        // Partial copies of senders that stopped. Never a marker: one may be all that tells a receiver, back after a
+        // long stop, that the file it moved before it was killed is its to handle (a marker goes when the delivery
+        // after it starts, so at most one a consumer stays).
+        for name in try staging.entries() where name.hasSuffix(".part") {
             if case .success(let status) = staging.status(ofEntry: name),
                 Date().timeIntervalSince1970 - status.modificationTime > seconds
             {

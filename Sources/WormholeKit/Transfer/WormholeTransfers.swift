@@ -14,8 +14,8 @@ import Foundation
 /// }
 /// ```
 ///
-/// A transfer is queued and survives restarts of either side; each receiving consumer gets each file once (it is
-/// moved, not copied, into the destination). A file of any size is streamed in chunks, never read into memory.
+/// A transfer is queued and survives restarts of either side; the channel's receiver gets each file once (it is
+/// moved, not copied, into the destination): a file goes to one receiver, so a channel has one receiving consumer. A file of any size is streamed in chunks, never read into memory.
 /// The sender may cancel a transfer until it is received. The wormhole's engine keeps the files (a
 /// ``TransferStaging``) and the queue of transfers (a ``QueueLog``).
 public final class WormholeTransfers: Sendable {
@@ -67,7 +67,11 @@ public final class WormholeTransfers: Sendable {
         return transfer
     }
 
-    /// Cancels a transfer that no receiver has taken yet. Returns false when it was already received (or unknown).
+    /// Cancels a transfer that no receiver has taken yet. Returns false when it was already taken (or unknown):
+    /// once this returns true, the file is never delivered.
+    ///
+    /// - Throws: ``WormholeError/Code/invalidIdentifier`` for a string that is not a transfer id, and the file
+    ///   system's error when the staged file is there but cannot be removed (nothing is cancelled then).
     @discardableResult
     public func cancel(_ transferID: String) throws(WormholeError) -> Bool {
         guard UUID(uuidString: transferID) != nil else {
@@ -125,7 +129,18 @@ public final class WormholeTransfers: Sendable {
                 )
                 return
             }
-            guard let file = try staging.deliver(transfer, into: destination) else {
+            let delivered: ReceivedFile?
+            do throws(WormholeError) {
+                delivered = try staging.deliver(transfer, into: destination)
+            } catch {
+                guard error.code == .untrustedFile else { throw error }
+                // A file or marker planted in the staging area: never handed over, and it cannot block the channel.
+                var reported = error
+                reported.message += " Transfer \(transfer.id) (\(transfer.name)) is passed over."
+                queue.report(reported, to: errorHandler)
+                return
+            }
+            guard let file = delivered else {
                 queue.report(
                     WormholeError(
                         .ioFailure,
@@ -162,6 +177,9 @@ public final class WormholeTransfers: Sendable {
     }
 
     /// Removes staged copies left by senders killed mid-copy, older than `age`.
+    ///
+    /// Delivery markers stay: one may be all that tells a receiver, back after a long stop, that a file it moved just
+    /// before it was killed is still its to handle. A marker goes when its receiver's next delivery starts.
     public func removeAbandonedCopies(olderThan age: Duration = .seconds(3600)) throws(WormholeError) {
         try staging.removeAbandonedCopies(olderThan: age)
     }

@@ -164,7 +164,8 @@ final class PostgresTransferStaging: TransferStaging {
             """,
             doing: what
         )
-        let partial = destination + "/." + name + ".part"
+        // Named by the transfer: two deliveries of files of one name never write into one hidden file.
+        let partial = destination + "/." + transfer.id + ".part"
         guard files.createFile(atPath: partial, contents: nil, attributes: [.posixPermissions: 0o600]),
             let output = FileHandle(forWritingAtPath: partial)
         else {
@@ -248,10 +249,12 @@ final class PostgresTransferStaging: TransferStaging {
 
     func removeAbandonedCopies(olderThan age: Duration) throws(WormholeError) {
         let seconds = age.secondsValue
+        // Never a `delivered` row: it may be all that tells a receiver, back after a long stop, that the file it put in
+        // place before it was killed is its to handle. Such a row goes when its receiver's next transfer starts.
         try engine.connections.query(
             """
             WITH old AS (DELETE FROM wormhole.transfers
-                WHERE grp = \(engine.group) AND channel = \(channel) AND state IN ('staging', 'delivered')
+                WHERE grp = \(engine.group) AND channel = \(channel) AND state = 'staging'
                     AND updated < now() - make_interval(secs => \(seconds))
                 RETURNING id)
             DELETE FROM wormhole.transfer_chunks

@@ -130,6 +130,24 @@ struct SuiteTests {
         }
     }
 
+    @Test("An observer that began before the suite existed is told the difference when the suite starts over")
+    func observerBeforeTheSuiteSeesARestart() async throws {
+        try await offThePool {
+            let changes = Collector<String>()
+            let observer = try makeSuite(sender: "widget").observe(on: .notifierThread) { change in
+                if let theme = change.values["theme", as: String.self] { changes.append(theme) }
+            }
+            let app = try makeSuite(sender: "app")
+            try app.set("dark", forKey: "theme")
+            #expect(eventually { changes.values == ["dark"] })
+            // Removed, as the error for a damaged suite says to do: the next update starts a new history at version 1.
+            try FileManager.default.removeItem(atPath: directory("wormhole/settings.suite"))
+            try app.set("light", forKey: "theme")
+            #expect(eventually { changes.values == ["dark", "light"] })
+            observer.cancel()
+        }
+    }
+
     @Test("In one process: observers skip their own changes and repost into NotificationCenter")
     func observersAndNotificationCenter() async throws {
         try await offThePool {
