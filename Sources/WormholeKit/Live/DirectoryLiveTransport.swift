@@ -80,23 +80,28 @@ final class DirectoryLiveTransport: LiveTransport {
     }
 
     func request(_ payload: Data, identifier: String, timeout: Duration) -> Result<Data, WormholeError> {
+        let start = ContinuousClock.now
+        let timedOut = WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier)
         do throws(WormholeError) {
-            guard let socket = try connectResponder(identifier: identifier) else {
-                throw LiveErrors.notReachable(identifier)
+            // The connection and the send wait at most the time-out: a responder that stopped reading fills its
+            // backlog, then its buffer.
+            guard let socket = try connectResponder(identifier: identifier, timeout: timeout, from: start) else {
+                throw start.duration(to: .now) >= timeout ? timedOut : LiveErrors.notReachable(identifier)
             }
             defer { socket.close() }
             let packet = LivePacket(kind: .request, sender: sender, payload: payload).encoded()
-            guard case .success = socket.send(packet) else {
+            switch socket.send(packet) {
+            case .success: break
+            case .failure(.resourceTemporarilyUnavailable): throw timedOut
+            case .failure:
                 throw WormholeError(
                     .remoteFailure,
                     "The responder closed the connection before taking the request.",
                     identifier: identifier
                 )
             }
-            let (seconds, attoseconds) = timeout.components
-            let milliseconds = Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000)
-            guard case .success(true) = socket.waitReadable(milliseconds: max(milliseconds, 0)) else {
-                throw WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier)
+            guard case .success(true) = PollSet.waitReadable(socket.rawValue, for: timeout, from: start) else {
+                throw timedOut
             }
             guard let reply = Self.receiveReply(socket) else {
                 throw WormholeError(
@@ -165,25 +170,36 @@ final class DirectoryLiveTransport: LiveTransport {
 
     // MARK: Plumbing
 
-    /// Connects to one responder socket of `identifier`. Removes sockets whose process is gone.
-    private func connectResponder(identifier: String) throws(WormholeError) -> PacketSocket? {
+    /// Connects to one responder socket of `identifier`, each connection and send waiting at most what is left of
+    /// `timeout` from `start`. Removes sockets whose process is gone.
+    private func connectResponder(
+        identifier: String,
+        timeout: Duration,
+        from start: ContinuousClock.Instant
+    ) throws(WormholeError) -> PacketSocket? {
         let directory = try liveDirectory()
         let prefix = LiveSocket.responderPrefix(for: identifier)
         for name in try directory.entries().filter({ $0.hasPrefix(prefix) }).shuffled() {
-            if let socket = Self.connectSocket(directory, name: name) { return socket }
+            let left = timeout - start.duration(to: .now)
+            guard left > .zero else { return nil }
+            if let socket = Self.connectSocket(directory, name: name, sendTimeout: left) { return socket }
         }
         return nil
     }
 
     /// Connects to the socket file `name`; nil when it is not a trusted socket or nobody answers (a socket whose
-    /// process is gone is removed).
-    static func connectSocket(_ directory: DirectoryHandle, name: String) -> PacketSocket? {
+    /// process is gone is removed). With a `sendTimeout`, the connection and its sends wait at most that long.
+    static func connectSocket(
+        _ directory: DirectoryHandle,
+        name: String,
+        sendTimeout: Duration? = nil
+    ) -> PacketSocket? {
         // A socket file planted by another user is not one of ours.
         guard case .success(let status) = directory.status(ofEntry: name), status.isSocket,
             directory.trustsOtherOwners || status.ownerID == ProcessFacts.effectiveUserID,
             let address = UnixSocketAddress(directory: directory, name: name)
         else { return nil }
-        switch PacketSocket.connected(to: address) {
+        switch PacketSocket.connected(to: address, sendTimeout: sendTimeout) {
         case .success(let socket): return socket
         case .failure(.connectionRefused):
             _ = directory.removeFile(named: name)  // its process is gone
@@ -192,7 +208,7 @@ final class DirectoryLiveTransport: LiveTransport {
         }
     }
 
-    /// Receives a reply that ``PacketSocket/waitReadable(milliseconds:)`` found waiting; nil when the connection
+    /// Receives a reply that ``PollSet/waitReadable(_:for:from:)`` found waiting; nil when the connection
     /// closed instead, or the packet is not one.
     private static func receiveReply(_ socket: PacketSocket) -> LivePacket? {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: LiveSocket.receiveBufferSize, alignment: 8)

@@ -168,7 +168,12 @@ final class LiveEndpoint: Sendable {
         // The serving state is touched only between the driver's runs of callbacks: the watchdog replaces the driver
         // while one runs, and a replaced thread stops at the loop's condition.
         while !driver.isReplaced && !stopped.load(ordering: .acquiring) {
-            guard case .success = serving.descriptors.wait(milliseconds: -1) else { return }
+            guard case .success = serving.descriptors.wait(milliseconds: -1) else {
+                // Out of memory for the wait (ENOMEM, the only error of poll(2) on a set it was given before): listening
+                // must not stop unseen, so it waits a moment and tries again.
+                usleep(10_000)
+                continue
+            }
             if serving.descriptors.isReady(at: Self.wakeIndex) { return }
             serving.descriptors.retain(from: Self.firstConnectionIndex) { descriptor, isReady in
                 guard isReady else { return true }
@@ -192,7 +197,17 @@ final class LiveEndpoint: Sendable {
     }
 
     private func accept(trustsOthers: Bool) -> PacketSocket? {
-        guard case .success(let connection) = listening.accept() else { return nil }
+        let connection: PacketSocket
+        switch listening.accept() {
+        case .success(let accepted): connection = accepted
+        case .failure(.tooManyOpenFiles), .failure(.tooManyOpenFilesInSystem), .failure(.noBufferSpace),
+            .failure(.noMemory):
+            // Out of descriptors or memory: the connection waits in the backlog, and the listening socket stays
+            // ready; a pause keeps this thread from spinning on it until the process frees some.
+            usleep(10_000)
+            return nil
+        case .failure: return nil
+        }
         // Another user's process is refused, as a private wormhole's files are.
         if !trustsOthers, (try? connection.peerUserID().get()) != ProcessFacts.effectiveUserID {
             connection.close()

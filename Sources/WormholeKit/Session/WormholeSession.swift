@@ -243,6 +243,17 @@ public final class WormholeSession: Sendable {
         ) { [weak self] _ in self?.receiveContext() }
         let outboxes = try observeOutboxes()
         try announce(.activated)
+        do throws(WormholeError) {
+            try startAnnounced(listeners: [probe, responder, presence, contexts] + outboxes)
+        } catch {
+            // The counterpart was told this side is activated: it is told otherwise before the failure is thrown.
+            do throws(WormholeError) { try announce(.notActivated) } catch let announcing { report(announcing) }
+            throw error
+        }
+    }
+
+    /// The rest of ``start()``, once the counterpart was told this side is activated.
+    private func startAnnounced(listeners: [any WormholeCancellable]) throws(WormholeError) {
         let timer = DispatchSource.makeTimerSource(queue: reachabilityQueue)
         let interval = Self.reachabilityCheckInterval.components
         let milliseconds = Int(interval.seconds * 1000 + interval.attoseconds / 1_000_000_000_000_000)
@@ -250,7 +261,7 @@ public final class WormholeSession: Sendable {
         timer.setEventHandler { [weak self] in self?.checkReachabilityNow() }
         // Activated in one step with what stop() undoes, so that a deactivate() finds all of it.
         running.withLock { running in
-            running.listeners = [probe, responder, presence, contexts] + outboxes
+            running.listeners = listeners
             running.timer = timer
             running.starting = false
             running.state = .activated

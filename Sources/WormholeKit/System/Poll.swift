@@ -59,6 +59,37 @@ struct PollSet {
         var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
         return valueOrErrno { poll(&entry, 1, milliseconds) }.map { $0 > 0 }
     }
+
+    /// Waits until one descriptor is readable (or hung up), for at most `timeout` from `start`; false on time-out.
+    ///
+    /// A wait a signal interrupts goes on for the time left, not the whole time-out again, so that signals that come
+    /// more often than the time-out (a profiler's, a timer's) cannot make it endless; a time-out shorter than a
+    /// millisecond waits one, and one too long for `poll` waits as long as it can, then goes on.
+    static func waitReadable(
+        _ descriptor: Int32,
+        for timeout: Duration,
+        from start: ContinuousClock.Instant = .now
+    ) -> Result<Bool, Errno> {
+        var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+        while true {
+            let left = timeout - start.duration(to: .now)
+            guard left > .zero else { return .success(false) }
+            let milliseconds = Int32(min(left.milliseconds.rounded(.up), Double(Int32.max)))
+            switch valueOrErrno(retryOnInterrupt: false, { poll(&entry, 1, milliseconds) }) {
+            case .success(let ready) where ready > 0: return .success(true)
+            case .success, .failure(.interrupted): continue  // the time left decides
+            case .failure(let errno): return .failure(errno)
+            }
+        }
+    }
+}
+
+extension Duration {
+    /// The duration in milliseconds, as a `Double`: no overflow, whatever its size.
+    var milliseconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) * 1000 + Double(attoseconds) / 1e15
+    }
 }
 
 /// Wakes a thread that waits in `poll(2)`, to stop it: an eventfd on Linux, a pipe elsewhere.

@@ -69,8 +69,16 @@ struct PacketSocket: Hashable, Sendable {
 
     /// Creates a socket and connects it to `address`; the socket is closed again when the connection fails
     /// (`connectionRefused`: a socket file whose process is gone).
-    static func connected(to address: UnixSocketAddress) -> Result<PacketSocket, Errno> {
+    ///
+    /// With a `sendTimeout`, the connection and every send on it wait at most that long (`SO_SNDTIMEO`), then fail
+    /// with `EAGAIN`: a process that stopped reading (stopped in a debugger, frozen) fills its backlog and its buffer,
+    /// and a request must not wait for it longer than its own time-out.
+    static func connected(
+        to address: UnixSocketAddress,
+        sendTimeout: Duration? = nil
+    ) -> Result<PacketSocket, Errno> {
         make().flatMap { socket in
+            if let sendTimeout { socket.setSendTimeout(sendTimeout) }
             let result = address.withSocketAddress { pointer, length in
                 valueOrErrno { system_connect(socket.rawValue, pointer, length) }
             }
@@ -81,6 +89,13 @@ struct PacketSocket: Hashable, Sendable {
                 return .failure(errno)
             }
         }
+    }
+
+    /// Bounds the wait of a blocking connection or send (at least a millisecond, at most a day).
+    private func setSendTimeout(_ timeout: Duration) {
+        let microseconds = Int64(max(1000, min(timeout.milliseconds * 1000, 86_400_000_000)))
+        var limit = timeval(tv_sec: Int(microseconds / 1_000_000), tv_usec: .init(microseconds % 1_000_000))
+        _ = setsockopt(rawValue, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
     }
 
     /// Binds the socket to `address`, creating the socket file (with the umask applied to its mode).
@@ -210,12 +225,6 @@ struct PacketSocket: Hashable, Sendable {
         var gid: gid_t = 0
         return valueOrErrno { getpeereid(rawValue, &uid, &gid) }.map { _ in UInt32(uid) }
         #endif
-    }
-
-    /// Waits until a packet (or the end of the connection) can be read, up to `milliseconds` (-1: no limit); false
-    /// on time-out.
-    func waitReadable(milliseconds: Int32) -> Result<Bool, Errno> {
-        PollSet.waitReadable(rawValue, milliseconds: milliseconds)
     }
 
     /// Closes the socket. Call it once; the value must not be used after.

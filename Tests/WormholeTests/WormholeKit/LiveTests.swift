@@ -32,6 +32,39 @@ struct LiveTests {
         responder.kill()
     }
 
+    @Test("Requests to a frozen responder time out, even once its backlog is full, and the time-out may be huge")
+    func frozenResponder() async throws {
+        let responder = try await responder(#"sed 's/"term"/"result"/'"#)
+        let wormhole = try makeWormhole()
+        // No overflow for a time-out meaning "wait as long as it takes".
+        let answer = try await wormhole.request(
+            Query(term: "a"),
+            identifier: "lookup",
+            as: Answer.self,
+            timeout: .seconds(Int64.max)
+        )
+        #expect(answer == Answer(result: "a"))
+        responder.kill(signal: SIGSTOP)
+        defer { responder.kill() }
+        // Each request leaves its connection in the stopped process's backlog (128 long): past it, connecting would
+        // wait for good without the time-out.
+        let started = ContinuousClock.now
+        for index in 0..<140 {
+            do {
+                _ = try await wormhole.request(
+                    Query(term: "\(index)"),
+                    identifier: "lookup",
+                    as: Answer.self,
+                    timeout: .milliseconds(20)
+                )
+                Issue.record("a stopped responder answered")
+            } catch {
+                #expect(error.code == .timedOut, "request \(index): \(error)")
+            }
+        }
+        #expect(ContinuousClock.now - started < .seconds(60))
+    }
+
     @Test("In one process: typed requests, and a responder's error comes back to the caller")
     func inProcess() async throws {
         let wormhole = try makeWormhole()
