@@ -193,6 +193,8 @@ final class InMemoryQueueLog: QueueLog {
 final class InMemoryQueueCursor: QueueCursor {
     let log: InMemoryQueueLog
     let consumer: String
+    /// Its calls take a lock held only for moments.
+    var callsMayWait: Bool { false }
 
     init(log: InMemoryQueueLog, consumer: String) {
         self.log = log

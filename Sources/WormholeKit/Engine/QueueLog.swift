@@ -80,9 +80,16 @@ public protocol QueueCursor: AnyObject, Sendable {
 
     /// Calls `handler` after appends to the log, until the observation is cancelled or released.
     func observeAppends(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation
+
+    /// Whether a call of this cursor may wait (for a disk flush, a server's answer): ``QueueSequence`` then makes its
+    /// calls on a thread that may block, never on Swift's cooperative pool. The default implementation says true.
+    var callsMayWait: Bool { get }
 }
 
 extension QueueCursor {
+    /// True: a cursor that does not say otherwise is called off Swift's cooperative pool from `async` code.
+    public var callsMayWait: Bool { true }
+
     /// Acknowledges through `end`, then reads from the new position: two calls.
     public func acknowledge(through end: UInt64, thenRead maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
         try acknowledge(through: end)

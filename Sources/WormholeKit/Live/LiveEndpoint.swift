@@ -54,7 +54,12 @@ final class LiveEndpoint: Sendable {
         let staging = ".b." + name
         guard let address = UnixSocketAddress(directory: directory, name: staging) else {
             socket.close()
-            throw WormholeError(.ioFailure, "The socket address is too long.", identifier: identifier)
+            throw WormholeError(
+                .ioFailure,
+                "The socket's address is longer than a Unix socket address may be (\(directory.path)/\(staging)); "
+                    + "use a wormhole directory with a shorter path for live messages.",
+                identifier: identifier
+            )
         }
         let listened = socket.bind(to: address)
             .flatMap { directory.setMode(ofEntry: staging, to: directory.filePermissions) }

@@ -12,7 +12,9 @@ extension Wormhole {
     ///
     /// On a directory, the connection to each listener is kept for the next message, so a message costs an `fstat`
     /// of the directory and one `send`. A listener that falls behind holds its messages in its socket's buffer; when
-    /// that is full, sending waits for it.
+    /// that is full, sending waits for it, and this wormhole's other live sends wait meanwhile (they share its kept
+    /// connections). A listener that stopped reading for good (a process stopped in a debugger) thus holds them until
+    /// it reads again or ends; requests are bounded by their time-out.
     ///
     /// - Returns: How many processes it reached.
     /// - Throws: ``WormholeError/Code/notReachable``, ``WormholeError/Code/messageTooLarge`` (over 64 KiB),
@@ -70,8 +72,9 @@ extension Wormhole {
     ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
     ///     serial queue of the listener's own, while another thread goes on reading), on PostgreSQL on the thread
     ///     that takes the listener's notifications, and in memory on that queue.
-    ///   - errorHandler: Kept for the vocabulary every listening call shares: bytes are never decoded, and no error
-    ///     can happen once the endpoint is listening, so it is not called today.
+    ///   - errorHandler: Kept for the vocabulary every listening call shares: bytes are never decoded, and once the
+    ///     endpoint listens it goes on (out of descriptors or memory, it pauses and tries again), so it is not called
+    ///     today.
     ///   - listener: Called with the bytes of each message.
     /// - Returns: The listener; it stops when cancelled or released.
     /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError`` when the endpoint cannot be

@@ -70,6 +70,17 @@ final class DirectoryQueueLog: QueueLog {
                 }
             }
             guard !buffer.isEmpty else { return }
+            // One write appends a batch whole; Linux writes at most 2 GiB less a page in one call, so a larger batch
+            // would be cut, its tail torn.
+            guard buffer.count <= Self.maximumBatchSize else {
+                let size = buffer.count
+                buffer = []
+                throw WormholeError(
+                    .messageTooLarge,
+                    "The batch is \(size) bytes; one append takes up to 1 GiB. Enqueue it in smaller batches.",
+                    identifier: identifier
+                )
+            }
             try append(buffer)
             if buffer.capacity > 8 << 20 { buffer = [] }  // not kept after a huge batch
         }
@@ -101,15 +112,21 @@ final class DirectoryQueueLog: QueueLog {
         }
     }
 
+    /// The most bytes of records one append writes: a batch is one `write`, which Linux cuts at 2 GiB less a page.
+    static let maximumBatchSize = 1 << 30
+
     /// Appends whole records with one write, then wakes the consumers.
     private func append(_ records: [UInt8]) throws(WormholeError) {
         try appendDescriptor.withLock { (descriptor) throws(WormholeError) in
             if descriptor < 0 {
-                descriptor = try openForAppending()
-                // The log's name, once, so that a power cut cannot take away a log whose records were flushed.
+                let opened = try openForAppending()
+                // The log's name, once, so that a power cut cannot take away a log whose records were flushed; kept
+                // open only once that is done, so that a failed flush is tried again with the next append.
                 if directory.synchronizes, case .failure(let errno) = directory.synchronizeEntries() {
+                    Descriptor(rawValue: opened).close()
                     throw WormholeError.fileSystem(errno, "flush the queue's directory", path: directory.path)
                 }
+                descriptor = opened
             }
             // One write: with O_APPEND the kernel puts it at the end, whole, whatever other processes append
             // meanwhile.
@@ -136,7 +153,15 @@ final class DirectoryQueueLog: QueueLog {
             }
         }
         if case .notifier(let notifier) = wakeSource {
-            try notifier.post("queue." + identifier)
+            do throws(WormholeError) {
+                try notifier.post("queue." + identifier)
+            } catch {
+                // The records are in the log: an error thrown now would have a caller enqueue them twice.
+                logger.warning(
+                    "Messages were appended, but the queue's consumers could not be woken; they read them when next woken",
+                    metadata: ["queue": "\(identifier)", "error": "\(error)"]
+                )
+            }
         }
     }
 
@@ -184,7 +209,8 @@ final class DirectoryQueueLog: QueueLog {
         }
         var result: [QueueStatus.Consumer] = []
         for name in try consumers.entries().sorted() where MessageIdentifier.isValid(name) {
-            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
+            // Dropped (by another process's reclaiming) or removed since the listing: not a consumer any more.
+            guard let cursor = try openConsumerFile(name) else { continue }
             let position = try cursor.read() ?? 0
             var scan = QueueReader(descriptor: reader, position: position)
             var pending = 0
@@ -197,6 +223,15 @@ final class DirectoryQueueLog: QueueLog {
         return QueueStatus(identifier: identifier, endOffset: end, consumers: result)
     }
 
+    /// The position file of consumer `name`, or nil when it went since the directory was listed.
+    private func openConsumerFile(_ name: String) throws(WormholeError) -> QueueCursorFile? {
+        do {
+            return try QueueCursorFile(directory: consumers, name: name, create: false)
+        } catch  where error.underlyingError as? Errno == .noSuchFileOrDirectory || !consumers.hasEntry(name) {
+            return nil
+        }
+    }
+
     // MARK: Reclaiming
 
     func reclaimSpace() throws(WormholeError) {
@@ -204,8 +239,12 @@ final class DirectoryQueueLog: QueueLog {
         let reading = OwnedDescriptor(taking: try openForReading())
         var minimum: UInt64?
         for name in try consumers.entries() where MessageIdentifier.isValid(name) {
-            let cursor = try QueueCursorFile(directory: consumers, name: name, create: false)
-            if let seen = cursor.lastWritten, now.timeIntervalSince(seen) > Double(retention.components.seconds) {
+            guard let cursor = try openConsumerFile(name) else { continue }
+            // Not seen within the retention, and no cursor at work on it: a consumer waiting on a quiet queue writes
+            // nothing for days, and must not be dropped while it waits.
+            if let seen = cursor.lastWritten, now.timeIntervalSince(seen) > Double(retention.components.seconds),
+                !cursor.isInUse()
+            {
                 _ = consumers.removeFile(named: name)
                 logger.warning(
                     "Dropped a queue consumer not seen within the retention",
@@ -227,12 +266,13 @@ final class DirectoryQueueLog: QueueLog {
                     position = 0
                 }
             } catch {
-                // A damaged position holds nothing back and stops nobody: the other consumers go on.
+                // A damaged position stops nobody, but holds everything back: where its consumer stood is unknown, and
+                // the messages it still needs must stay until its file is removed (as the error says).
                 logger.warning(
-                    "A queue consumer's position is damaged; reclaiming leaves it out",
+                    "A queue consumer's position is damaged; nothing is reclaimed until its file is removed",
                     metadata: ["consumer": "\(name)", "error": "\(error)"]
                 )
-                continue
+                position = 0
             }
             minimum = min(minimum ?? position, position)
         }
@@ -263,7 +303,13 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
 
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
-        file = try QueueCursorFile(directory: log.consumers, name: name, create: true)
+        // At work from here on: reclaiming does not drop a consumer whose file a cursor holds. A file dropped just
+        // before the lock was taken is made again.
+        var opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
+        for _ in 0..<3 where !opened.holdWhileInUse() {
+            opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
+        }
+        file = opened
         let synchronizes = log.directory.synchronizes
         let storedPosition = try file.readWithLastRecord()
         let stored = storedPosition?.offset
@@ -277,6 +323,9 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         let descriptor = try log.openForReading()
         var position = stored ?? 0
         if let recovered = Self.recoveredPosition(position, last: storedPosition?.last, descriptor: descriptor) {
+            // The log's descriptor is not this cursor's yet: closed if the write below fails.
+            var written = false
+            defer { if !written { Descriptor(rawValue: descriptor).close() } }
             log.logger.warning(
                 Logger.Message(
                     stringLiteral:
@@ -291,6 +340,7 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
             )
             position = recovered
             try file.write(position, synchronize: synchronizes)
+            written = true
         }
         reader = QueueReader(descriptor: descriptor, position: position)
     }
@@ -343,6 +393,10 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     }
 
     var consumer: String { file.name }
+
+    /// Only with `synchronizesWrites`, whose acknowledgements flush the log and the position; otherwise a call reads
+    /// and writes the page cache.
+    var callsMayWait: Bool { log.directory.synchronizes }
 
     var position: UInt64 { reader.position }
 

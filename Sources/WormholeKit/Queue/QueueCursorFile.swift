@@ -109,7 +109,26 @@ package final class QueueCursorFile: Sendable {
 
     deinit {
         if let mapping = writer.withLock({ $0.mapping }) { munmap(mapping, Self.fileSize) }
-        Descriptor(rawValue: descriptor).close()
+        Descriptor(rawValue: descriptor).close()  // and with it the shared lock of a consumer's cursor
+    }
+
+    // MARK: A consumer at work
+
+    /// Marks the consumer as at work for as long as this file is open: a shared `flock`, which reclaiming tests
+    /// before it drops a consumer it has not seen within the retention (``isInUse()``). Waits while a reclaiming
+    /// process decides (it holds the exclusive lock for that moment), then returns whether the file still has its
+    /// name: false when reclaiming dropped it meanwhile, and the consumer must open it again.
+    package func holdWhileInUse() -> Bool {
+        _ = Descriptor(rawValue: descriptor).lock(exclusive: false)
+        guard case .success(let status) = Descriptor(rawValue: descriptor).status() else { return true }
+        return status.linkCount > 0
+    }
+
+    /// Whether a consumer's cursor has this file open (it holds a shared lock). When not, this file's own
+    /// description takes the exclusive lock and keeps it until it is closed, so that no consumer starts on the file
+    /// while the caller drops it.
+    package func isInUse() -> Bool {
+        flock(descriptor, LOCK_EX | LOCK_NB) != 0
     }
 
     // MARK: Reading

@@ -27,6 +27,8 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
         /// The end of the last message handed out, not yet acknowledged.
         let pending = Locked<UInt64?>(nil)
         let observation: NotifierObservation?
+        /// Whether the cursor's calls may wait (``QueueCursor/callsMayWait``): then they run off the cooperative pool.
+        let callsMayWait: Bool
 
         init(
             cursor: Result<Locked<any QueueCursor>, WormholeError>,
@@ -36,6 +38,15 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
             self.cursor = cursor
             self.observation = observation
             self.decode = decode
+            callsMayWait = (try? cursor.get().withLock { $0.callsMayWait }) ?? false
+        }
+
+        /// Runs a step of the cursor's: on a thread that may block when its calls may wait, here otherwise.
+        func perform<Value: Sendable>(
+            _ step: @escaping @Sendable () throws(WormholeError) -> Value
+        ) async throws(WormholeError) -> Value {
+            guard callsMayWait else { return try step() }
+            return try await runBlocking(step)
         }
 
         deinit { observation?.cancel() }
@@ -93,12 +104,19 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
         /// unacknowledged).
         public mutating func next() async throws(WormholeError) -> QueueMessage<Message>? {
             let cursor = try feed.cursor.get()
-            try feed.acknowledgePending()
+            let feed = self.feed
+            var acknowledging = true
             while !Task.isCancelled {
-                // Reading the page cache does not wait; waiting for appends happens on the AsyncStream below.
-                let record = try cursor.withLock { (cursor) throws(WormholeError) in
-                    try cursor.read(maximumCount: 1).first
+                // The previous message acknowledged, then the next one read: off the cooperative pool when the cursor
+                // may wait (a flush, a server); waiting for appends happens on the AsyncStream below.
+                let acknowledge = acknowledging
+                let record = try await feed.perform { () throws(WormholeError) -> QueueRecord? in
+                    if acknowledge { try feed.acknowledgePending() }
+                    return try cursor.withLock { (cursor) throws(WormholeError) in
+                        try cursor.read(maximumCount: 1).first
+                    }
                 }
+                acknowledging = false
                 if let record {
                     let message = try feed.decode(record)
                     feed.pending.withLock { $0 = record.end }

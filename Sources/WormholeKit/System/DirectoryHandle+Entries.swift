@@ -27,13 +27,18 @@ extension DirectoryHandle {
     }
 
     /// Sets the mode of the entry `name` (`fchmodat`), as a socket file needs after `bind` applied the umask.
+    ///
+    /// A symbolic link is never followed (`AT_SYMLINK_NOFOLLOW`: the call fails on one): in a directory shared with a
+    /// group, another member could put a link in the entry's place between `bind` and this call, to have a file of
+    /// this user's made group-writable.
     func setMode(ofEntry name: String, to mode: mode_t) -> Result<Void, Errno> {
-        valueOrErrno { fchmodat(rawDescriptor, name, mode, 0) }.map { _ in }
+        valueOrErrno { fchmodat(rawDescriptor, name, mode, AT_SYMLINK_NOFOLLOW) }.map { _ in }
     }
 
-    /// Gives the entry `name` to `group`, keeping its owner (`fchownat`).
+    /// Gives the entry `name` to `group`, keeping its owner (`fchownat`); a symbolic link is never followed, for the
+    /// reason ``setMode(ofEntry:to:)`` gives.
     func setGroup(ofEntry name: String, to group: gid_t) -> Result<Void, Errno> {
-        valueOrErrno { fchownat(rawDescriptor, name, uid_t.max, group, 0) }.map { _ in }
+        valueOrErrno { fchownat(rawDescriptor, name, uid_t.max, group, AT_SYMLINK_NOFOLLOW) }.map { _ in }
     }
 
     /// When the directory last changed (an entry came or went), in nanoseconds since 1970 (`fstat`).

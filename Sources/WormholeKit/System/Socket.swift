@@ -12,13 +12,20 @@ import Darwin
 /// The address of a socket file in a directory, reached through `/proc/self/fd/N/NAME`: the address stays under the
 /// 108 bytes a socket path may have, however deep the directory is, and a directory renamed away is still the one
 /// meant.
+///
+/// Darwin has no `/proc`: there the address is the directory's path and the name, which must fit in the 104 bytes of
+/// its `sun_path` (an App Group container's path may not leave room, and listening then fails with a clear error).
 struct UnixSocketAddress {
     private var storage = sockaddr_un()
 
     /// Nil when the address does not fit in a `sockaddr_un` (a name of some 80 bytes or more).
     init?(directory: DirectoryHandle, name: String) {
         storage.sun_family = sa_family_t(AF_UNIX)
+        #if canImport(Darwin)
+        let path = Array("\(directory.path)/\(name)".utf8CString)
+        #else
         let path = Array("/proc/self/fd/\(directory.rawDescriptor)/\(name)".utf8CString)
+        #endif
         guard path.count <= MemoryLayout.size(ofValue: storage.sun_path) else { return nil }
         withUnsafeMutableBytes(of: &storage.sun_path) { buffer in
             path.withUnsafeBytes { buffer.copyMemory(from: $0) }

@@ -92,17 +92,29 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
     }
 
     /// The URL with its password replaced by `***`.
+    ///
+    /// A password that is not percent-encoded can make the URL parse another way: in
+    /// `postgres://app:2024/Xy@db/app` the authority ends at the first `/`, so that there is no password, a port
+    /// `2024`, and `Xy@db` in the path. An `@` that is not the one after the user name means such a password: then
+    /// everything between the scheme and the last `@` is masked, as for a URL that does not parse.
     static func redacting(_ text: String) -> String {
         if var components = URLComponents(string: text) {
             let inQuery = components.queryItems?.contains { $0.name == "password" } ?? false
-            guard components.password != nil || inQuery else { return text }
+            let atSigns = text.split(separator: "://", maxSplits: 1).last.map { $0.count { $0 == "@" } } ?? 0
+            let strayAtSign = atSigns > (components.user == nil ? 0 : 1)
+            guard components.password != nil || inQuery || strayAtSign else { return text }
+            if strayAtSign { return maskingAuthority(text) }
             if components.password != nil { components.password = "***" }
             components.queryItems = components.queryItems?.map {
                 $0.name == "password" ? URLQueryItem(name: "password", value: "***") : $0
             }
             if let redacted = components.string { return redacted }
         }
-        // Not a URL that parses: everything between the scheme and the last `@` may be a password.
+        return maskingAuthority(text)
+    }
+
+    /// `text` with everything between the scheme and the last `@`, which may hold a password, replaced by `***`.
+    private static func maskingAuthority(_ text: String) -> String {
         guard let scheme = text.range(of: "://") else { return "(a URL that does not parse)" }
         guard let at = text.range(of: "@", options: .backwards), at.lowerBound > scheme.upperBound else { return text }
         return String(text[..<scheme.upperBound]) + "***" + String(text[at.lowerBound...])

@@ -14,7 +14,8 @@ import Darwin
 /// `wormhole.transfers`.
 ///
 /// Neither side holds a whole file in memory: the sender inserts one chunk at a time, the receiver reads one chunk
-/// at a time into a hidden file in the destination, flushes it and renames it. The transfer's row records where the
+/// at a time into a hidden file in the destination, flushes it and names it (a hard link, so that it never replaces a
+/// file, then the hidden name removed). The transfer's row records where the
 /// file goes before the copy starts, so a receiver killed mid-delivery finds it there, or starts again. The file's
 /// name is flushed to the disk (the destination and its parent) before the server forgets the chunks: the server's
 /// commit is durable, so a power cut must not take away the only copy left.
@@ -64,29 +65,47 @@ final class PostgresTransferStaging: TransferStaging {
                     throw WormholeError(.ioFailure, "Reading the file to send failed: \(error).", path: path)
                 }
                 if chunk.isEmpty { break }
-                try engine.connections.query(
+                // The row's time moves with each chunk, so that a long send is not taken for an abandoned one; a row
+                // removed meanwhile (by removeAbandonedCopies) stops the send, rather than leaving chunks of nothing.
+                let stored = try engine.connections.query(
                     """
+                    WITH touched AS (UPDATE wormhole.transfers SET updated = now()
+                        WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(id) AND state = 'staging'
+                        RETURNING id)
                     INSERT INTO wormhole.transfer_chunks (grp, channel, id, index, bytes)
-                    VALUES (\(engine.group), \(channel), \(id), \(index), \(ByteBuffer(data: chunk)))
+                    SELECT \(engine.group), \(channel), id, \(index), \(ByteBuffer(data: chunk)) FROM touched
+                    RETURNING index
                     """,
                     doing: what
                 )
+                guard !stored.isEmpty else { throw Self.removedWhileSent(path) }
                 index += 1
                 copied += UInt64(chunk.count)
                 progress?(TransferProgress(bytesCopied: copied, totalBytes: max(total, copied)))
             }
-            try engine.connections.query(
+            let staged = try engine.connections.query(
                 """
                 UPDATE wormhole.transfers SET state = 'staged', size = \(Int64(copied)), updated = now()
-                WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(id)
+                WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(id) AND state = 'staging'
+                RETURNING id
                 """,
                 doing: what
             )
+            guard !staged.isEmpty else { throw Self.removedWhileSent(path) }
             return copied
         } catch {
             _ = try? remove(id: id)
             throw error
         }
+    }
+
+    private static func removedWhileSent(_ path: String) -> WormholeError {
+        WormholeError(
+            .ioFailure,
+            "The transfer's row was removed while the file was being sent (by removeAbandonedCopies, or a cancel); "
+                + "nothing was queued. Send it again.",
+            path: path
+        )
     }
 
     func remove(id: String) throws(WormholeError) -> Bool {
@@ -138,6 +157,8 @@ final class PostgresTransferStaging: TransferStaging {
         case "delivering":
             // Killed after the rename and before recording it: the file is there, whole.
             if let recorded, (try? files.attributesOfItem(atPath: recorded)[.size] as? UInt64) == transfer.size {
+                // Killed between naming the copy (a link) and removing its hidden name: that goes now.
+                unlink(destination + "/." + transfer.id + ".part")
                 try flushName(of: recorded)
                 try markDelivered(transfer, path: recorded)
                 return ReceivedFile(transfer: transfer, path: recorded)
@@ -154,16 +175,9 @@ final class PostgresTransferStaging: TransferStaging {
         } catch {
             throw WormholeError(.directoryUnavailable, "Could not create the destination: \(error).", path: destination)
         }
-        let name = transfer.deliveryName { files.fileExists(atPath: destination + "/" + $0) }
-        let path = destination + "/" + name
-        // Where the file goes, recorded before it goes there.
-        try engine.connections.query(
-            """
-            UPDATE wormhole.transfers SET state = 'delivering', path = \(path), updated = now()
-            WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(transfer.id)
-            """,
-            doing: what
-        )
+        // Where the file goes, recorded before it goes there; the same statement claims the transfer, so that a
+        // cancellation after it fails, and one before it leaves no row to claim.
+        guard var path = try record(transfer, in: destination) else { return nil }
         // Named by the transfer: two deliveries of files of one name never write into one hidden file.
         let partial = destination + "/." + transfer.id + ".part"
         guard files.createFile(atPath: partial, contents: nil, attributes: [.posixPermissions: 0o600]),
@@ -174,6 +188,7 @@ final class PostgresTransferStaging: TransferStaging {
         do throws(WormholeError) {
             defer { try? output.close() }
             var index: Int32 = 0
+            var written: UInt64 = 0
             while true {
                 let chunk = try engine.connections.query(
                     """
@@ -190,13 +205,39 @@ final class PostgresTransferStaging: TransferStaging {
                     throw WormholeError(.ioFailure, "Writing the received file failed: \(error).", path: partial)
                 }
                 index += 1
+                written += UInt64(bytes.readableBytes)
+            }
+            guard written == transfer.size else {
+                throw WormholeError(
+                    .ioFailure,
+                    "The server held \(written) of the transfer's \(transfer.size) bytes: chunks are missing, so the "
+                        + "file is not handed over. The sender may send it again.",
+                    path: path
+                )
             }
             do {
                 try output.synchronize()
-                try files.moveItem(atPath: partial, toPath: path)
             } catch {
-                throw WormholeError(.ioFailure, "Could not name the received file: \(error).", path: path)
+                throw WormholeError(.ioFailure, "Could not flush the received file: \(error).", path: partial)
             }
+            // Never over another file: a name taken since it was picked means another one, recorded first.
+            var attempts = 0
+            while link(partial, path) != 0 {
+                let failure = errno
+                attempts += 1
+                guard failure == EEXIST, attempts < 100 else {
+                    throw WormholeError(
+                        .ioFailure,
+                        "Could not name the received file: \(String(cString: strerror(failure))).",
+                        path: path
+                    )
+                }
+                guard let next = try record(transfer, in: destination) else {
+                    throw WormholeError(.ioFailure, "The transfer's row went while it was received.", path: path)
+                }
+                path = next
+            }
+            unlink(partial)
             try flushName(of: path)
         } catch {
             try? files.removeItem(atPath: partial)
@@ -204,6 +245,23 @@ final class PostgresTransferStaging: TransferStaging {
         }
         try markDelivered(transfer, path: path)
         return ReceivedFile(transfer: transfer, path: path)
+    }
+
+    /// Picks a free name in `destination` and records it in the transfer's row, claiming the transfer (`delivering`);
+    /// nil when there is no row to claim (cancelled).
+    private func record(_ transfer: FileTransfer, in destination: String) throws(WormholeError) -> String? {
+        let name = transfer.deliveryName { FileManager.default.fileExists(atPath: destination + "/" + $0) }
+        let path = destination + "/" + name
+        let claimed = try engine.connections.query(
+            """
+            UPDATE wormhole.transfers SET state = 'delivering', path = \(path), updated = now()
+            WHERE grp = \(engine.group) AND channel = \(channel) AND id = \(transfer.id)
+                AND state IN ('staged', 'delivering')
+            RETURNING id
+            """,
+            doing: "receiving \(transfer.name)"
+        )
+        return claimed.isEmpty ? nil : path
     }
 
     /// Flushes a received file's name to the disk before the server deletes the chunks (and its directory's own

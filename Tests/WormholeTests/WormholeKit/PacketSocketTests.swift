@@ -121,3 +121,31 @@ struct PacketSocketTests {
         }
     }
 }
+
+/// The mode and group a live endpoint gives its socket file are never set through a link that a member of a shared
+/// group could put in the file's place between `bind` and the call (a review found them followed).
+@Suite("Socket file modes through a planted link", .limit(minutes: 1))
+struct SocketFileModeTests {
+    let directory = TemporaryDirectory()
+
+    @Test("setMode and setGroup of an entry never reach through a symbolic link to its target")
+    func linksAreNotFollowed() throws {
+        let handle = try DirectoryHandle.open(path: directory("shared"), create: true)
+        let target = directory("private-file")
+        try Data("mine".utf8).write(to: URL(fileURLWithPath: target))
+        #expect(chmod(target, 0o600) == 0)
+        try FileManager.default.createSymbolicLink(atPath: directory("shared/.b.socket"), withDestinationPath: target)
+        var before = stat()
+        #expect(stat(target, &before) == 0)
+        guard case .failure = handle.setMode(ofEntry: ".b.socket", to: 0o666) else {
+            Issue.record("the mode was set through a link")
+            return
+        }
+        // The link itself may take the group (as lchown does); its target never does.
+        _ = handle.setGroup(ofEntry: ".b.socket", to: before.st_gid == 0 ? 1 : 0)
+        var after = stat()
+        #expect(stat(target, &after) == 0)
+        #expect(after.st_mode & 0o777 == 0o600)
+        #expect(after.st_gid == before.st_gid)
+    }
+}

@@ -57,7 +57,7 @@ struct ReviewFindingsTests {
         }
     }
 
-    @Test("One damaged consumer position stops neither reclaiming nor the other consumers")
+    @Test("One damaged consumer position stops neither a reclaiming call nor the other consumers; it holds space back")
     func damagedPositionDoesNotBlockReclaiming() async throws {
         try await offThePool {
             let wormhole = try Wormhole(directory: path)
@@ -71,6 +71,10 @@ struct ReviewFindingsTests {
             worker.cancel()
             try Data("damaged".utf8).write(to: URL(fileURLWithPath: path + "/jobs.consumers/broken"))
             try queue.reclaimSpace()
+            // Where the damaged consumer stood is unknown: nothing is punched under it (a hole reads as zeros).
+            let log = try FileHandle(forReadingFrom: URL(fileURLWithPath: path + "/jobs.queue"))
+            #expect(try log.read(upToCount: 4) != Data(count: 4))
+            try log.close()
             // The worker goes on from where it was: it gets the new messages only.
             try queue.enqueueData(Data(repeating: 1, count: 7))
             let again = try queue.consumeData(consumer: "worker", on: .notifierThread) {
@@ -79,6 +83,34 @@ struct ReviewFindingsTests {
             #expect(eventually { handled.count == 101 })
             again.cancel()
             #expect(handled.values.last == 7)
+        }
+    }
+
+    @Test("A consumer at work on a quiet queue is not dropped by reclaiming, however long since it wrote its position")
+    func consumerAtWorkIsNotDropped() async throws {
+        try await offThePool {
+            let queue = try Wormhole(directory: path).queue("jobs")
+            let handled = Collector<Int>()
+            var waiting: QueueConsumer? = try queue.consumeData(consumer: "waiting", on: .notifierThread) {
+                handled.append($0.payload.count)
+            }
+            // Its file last written 8 days ago, beyond the 7 days' retention: a week with nothing to consume.
+            let file = path + "/jobs.consumers/waiting"
+            let weekAgo = Date().addingTimeInterval(-8 * 24 * 3600)
+            try FileManager.default.setAttributes([.modificationDate: weekAgo], ofItemAtPath: file)
+            try queue.reclaimSpace()
+            #expect(FileManager.default.fileExists(atPath: file))
+            try queue.enqueueData(Data(count: 5))
+            #expect(eventually { handled.values == [5] })
+            waiting?.cancel()
+            waiting = nil
+            // Gone, and as old: now it is dropped.
+            try FileManager.default.setAttributes([.modificationDate: weekAgo], ofItemAtPath: file)
+            #expect(
+                eventually {
+                    (try? queue.reclaimSpace()) != nil && !FileManager.default.fileExists(atPath: file)
+                }
+            )
         }
     }
 

@@ -47,16 +47,26 @@ struct TransferDeliveryTests {
         try Data(path.utf8).write(to: URL(fileURLWithPath: staging + "/\(id).delivered"))
     }
 
+    /// A file `name` of `size` bytes sent, and what a receiver killed right after it recorded the delivery leaves: the
+    /// inbox, and the marker naming the file in it.
+    func interruptedDelivery(
+        of name: String,
+        size: Int
+    ) throws -> (transfers: WormholeTransfers, transfer: FileTransfer, data: Data, inbox: String) {
+        let transfers = try makeTransfers()
+        let (path, data) = try makeFile(name, size: size)
+        let transfer = try transfers.send(file: path)
+        let inbox = directory("inbox")
+        try FileManager.default.createDirectory(atPath: inbox, withIntermediateDirectories: true)
+        try writeMarker(transfer.id, recording: inbox + "/" + name)
+        return (transfers, transfer, data, inbox)
+    }
+
     @Test("A transfer claimed for a copy to another file system cannot be cancelled, and its receiver delivers it")
     func claimedTransferIsNotCancelled() async throws {
         try await offThePool {
-            let transfers = try makeTransfers()
-            let (path, data) = try makeFile("report.bin", size: 200_000)
-            let transfer = try transfers.send(file: path)
             // What a receiver killed in the middle of its copy leaves: the marker, and the file claimed.
-            let inbox = directory("inbox")
-            try FileManager.default.createDirectory(atPath: inbox, withIntermediateDirectories: true)
-            try writeMarker(transfer.id, recording: inbox + "/report.bin")
+            let (transfers, transfer, data, inbox) = try interruptedDelivery(of: "report.bin", size: 200_000)
             try FileManager.default.moveItem(
                 atPath: staging + "/\(transfer.id).file",
                 toPath: staging + "/\(transfer.id).claimed"
@@ -134,13 +144,8 @@ struct TransferDeliveryTests {
     @Test("A file that took the recorded name meanwhile is never replaced: the delivery takes another name")
     func deliveryNeverReplacesAFile() async throws {
         try await offThePool {
-            let transfers = try makeTransfers()
-            let (path, data) = try makeFile("notes.txt", size: 300)
-            let transfer = try transfers.send(file: path)
-            let inbox = directory("inbox")
-            try FileManager.default.createDirectory(atPath: inbox, withIntermediateDirectories: true)
             // The receiver recorded the name, then was killed; the user saved a file of the same name since.
-            try writeMarker(transfer.id, recording: inbox + "/notes.txt")
+            let (transfers, _, data, inbox) = try interruptedDelivery(of: "notes.txt", size: 300)
             try Data("the user's own".utf8).write(to: URL(fileURLWithPath: inbox + "/notes.txt"))
             let (paths, errors) = try receive(transfers, into: inbox, count: 1)
             #expect(errors.isEmpty)
@@ -207,13 +212,8 @@ struct TransferDeliveryTests {
     @Test("Removing abandoned copies keeps delivery markers, so a receiver back after a long stop gets its file")
     func abandonedCopiesKeepMarkers() async throws {
         try await offThePool {
-            let transfers = try makeTransfers()
-            let (path, data) = try makeFile("photo.jpg", size: 1000)
-            let transfer = try transfers.send(file: path)
             // A receiver that moved the file and was killed before handling it.
-            let inbox = directory("inbox")
-            try FileManager.default.createDirectory(atPath: inbox, withIntermediateDirectories: true)
-            try writeMarker(transfer.id, recording: inbox + "/photo.jpg")
+            let (transfers, transfer, data, inbox) = try interruptedDelivery(of: "photo.jpg", size: 1000)
             try FileManager.default.moveItem(atPath: staging + "/\(transfer.id).file", toPath: inbox + "/photo.jpg")
             try Data("partial".utf8).write(to: URL(fileURLWithPath: staging + "/abandoned.part"))
             try transfers.removeAbandonedCopies(olderThan: .zero)

@@ -305,6 +305,27 @@ struct PostgresSecurityTests {
         }
     }
 
+    @Test(
+        "A password that makes the URL parse another way (a port, then a path) is not echoed",
+        arguments: [
+            "postgres://2024/Xy5ecret@127.0.0.1:1/wormhole", "postgres://app:2024/Xy5ecret@127.0.0.1:1/wormhole",
+        ]
+    )
+    func passwordParsedAsAPath(url: String) async throws {
+        try await offThePool {
+            // Either the URL is refused, or it is taken apart so that the password lands in the port and the path.
+            let location: PostgresLocation
+            do {
+                location = try PostgresLocation(url: url)
+            } catch {
+                #expect(!"\(error)".contains("Xy5ecret"), "\(error)")
+                return
+            }
+            #expect(!location.description.contains("Xy5ecret"), "\(location)")
+            #expect(!location.description.contains("2024"), "\(location)")
+        }
+    }
+
     @Test("A password given as libpq's query item `password` is not echoed in the description nor in errors")
     func passwordQueryItem() async throws { try await offThePool { try passwordQueryItemBody() } }
 
