@@ -27,28 +27,32 @@ final class DirectoryLiveTransport: LiveTransport {
     func send(_ payload: Data, identifier: String) throws(WormholeError) -> Int {
         let directory = try liveDirectory()
         let head = messageHead
-        let reached = try connections.withLock { (cache) throws(WormholeError) -> Int in
+        // The listeners and their kept connections are looked up under the lock; the sends are made outside it, so
+        // that a listener whose buffer is full (a process stopped in a debugger) holds up only the sends to it.
+        // (Both are taken as they are, the cache's arrays shared, not copied: nothing is allocated per message.)
+        let (listeners, kept) = try connections.withLock {
+            (cache) throws(WormholeError) -> ([String], [String: LiveConnection]) in
             try cache.refresh(directory)
-            var reached = 0
-            for name in cache.listeners(of: identifier) {
-                // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
-                // then finds the socket dead and removes it.
-                if let socket = cache.sockets[name] {
-                    if case .success = Self.transmit(head, payload, on: socket) {
-                        reached += 1
-                        continue
-                    }
-                    cache.drop(name)
-                }
-                guard let socket = Self.connectSocket(directory, name: name) else { continue }
-                if case .success = Self.transmit(head, payload, on: socket) {
+            return (cache.listeners(of: identifier), cache.sockets)
+        }
+        var reached = 0
+        for name in listeners {
+            // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
+            // then finds the socket dead and removes it.
+            if let kept = kept[name] {
+                if case .success = Self.transmit(head, payload, on: kept.socket) {
                     reached += 1
-                    cache.sockets[name] = socket
-                } else {
-                    socket.close()
+                    continue
                 }
+                connections.withLock { cache in if cache.sockets[name] === kept { cache.drop(name) } }
             }
-            return reached
+            guard let socket = Self.connectSocket(directory, name: name) else { continue }
+            let connection = LiveConnection(socket)
+            if case .success = Self.transmit(head, payload, on: connection.socket) {
+                reached += 1
+                // Kept for the next message (one another thread kept meanwhile closes once unused).
+                connections.withLock { $0.sockets[name] = connection }
+            }
         }
         guard reached > 0 else { throw LiveErrors.notReachable(identifier) }
         return reached

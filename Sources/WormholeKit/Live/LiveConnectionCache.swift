@@ -1,11 +1,24 @@
+/// A kept connection to a live listener, closed when the last sender using it lets go: a send under way on one thread
+/// never meets a descriptor that another thread closed (and that the system may have given to another file).
+final class LiveConnection: Sendable {
+    let socket: PacketSocket
+
+    init(_ socket: PacketSocket) { self.socket = socket }
+
+    deinit { socket.close() }
+}
+
 /// The connections ``Wormhole/sendMessageData(_:identifier:)`` keeps to live listeners, and the `.live` directory's
 /// names as last read: a message costs an `fstat` and one `send` per listener, and the directory is read again only
 /// when it may have changed.
+///
+/// Used under a lock held only to look things up and to keep or drop a connection: sends happen outside it, so that
+/// a listener that stopped reading holds up only the sends to it.
 final class LiveConnectionCache {
     /// The socket files of `.live` as last read.
     private(set) var names: [String] = []
     /// Connected sockets by socket file name.
-    var sockets: [String: PacketSocket] = [:]
+    var sockets: [String: LiveConnection] = [:]
     /// The directory's modification time when it was last read, in nanoseconds since 1970.
     private var modified: Int64?
     /// The socket files of each identifier's listeners among ``names``, found on the first send after a read.
@@ -44,9 +57,8 @@ final class LiveConnectionCache {
         return found
     }
 
+    /// Forgets the connection to `name` (closed once no send uses it).
     func drop(_ name: String) {
-        if let socket = sockets.removeValue(forKey: name) { socket.close() }
+        sockets[name] = nil
     }
-
-    deinit { for socket in sockets.values { socket.close() } }
 }

@@ -12,9 +12,8 @@ extension Wormhole {
     ///
     /// On a directory, the connection to each listener is kept for the next message, so a message costs an `fstat`
     /// of the directory and one `send`. A listener that falls behind holds its messages in its socket's buffer; when
-    /// that is full, sending waits for it, and this wormhole's other live sends wait meanwhile (they share its kept
-    /// connections). A listener that stopped reading for good (a process stopped in a debugger) thus holds them until
-    /// it reads again or ends; requests are bounded by their time-out.
+    /// that is full, sending to it waits until it reads again or ends (a process stopped in a debugger holds the
+    /// sends to it that long); sends to other listeners do not wait for it. Requests are bounded by their time-out.
     ///
     /// - Returns: How many processes it reached.
     /// - Throws: ``WormholeError/Code/notReachable``, ``WormholeError/Code/messageTooLarge`` (over 64 KiB),

@@ -117,6 +117,43 @@ struct LiveTests {
         }
     }
 
+    @Test("A listener that stopped reading holds up only the sends to it, not this wormhole's other live sends")
+    func stoppedListenerHoldsUpOnlyItsSends() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let stopped = try RunningTool(
+                ["live-listen"] + location + ["frozen", "--count", "100000", "--timeout", "60"]
+            )
+            #expect(stopped.waitForError(containing: "listening"))
+            let received = Collector<Int>()
+            let here = try wormhole.listenForLiveMessages(withIdentifier: "other", as: Int.self, on: .notifierThread) {
+                received.append($0)
+            }
+            stopped.kill(signal: SIGSTOP)
+            // A thread that sends until the stopped listener's buffer is full, and then waits in `send`.
+            let big = Data(count: 60_000)
+            let filling = DispatchSemaphore(value: 0)
+            Thread {
+                for _ in 0..<100 { _ = try? wormhole.sendMessageData(big, identifier: "frozen") }
+                filling.signal()
+            }.start()
+            #expect(filling.wait(timeout: .now() + 0.5) == .timedOut, "the buffer should fill and the sender wait")
+            // Meanwhile another identifier's message goes at once.
+            let other = DispatchSemaphore(value: 0)
+            Thread {
+                _ = try? wormhole.sendMessage(7, identifier: "other")
+                other.signal()
+            }.start()
+            #expect(other.wait(timeout: .now() + 10) == .success, "a send to another listener was held up")
+            #expect(eventually { received.values == [7] })
+            // The stopped one killed: its connection fails, and the waiting sender goes on.
+            stopped.kill()
+            _ = stopped.finish()
+            #expect(filling.wait(timeout: .now() + 30) == .success)
+            here.cancel()
+        }
+    }
+
     @Test("Nobody listening: not reachable, at once")
     func notReachable() async throws {
         let wormhole = try makeWormhole()
