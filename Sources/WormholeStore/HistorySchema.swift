@@ -43,36 +43,87 @@ enum HistorySchema {
         return lowered.hasPrefix("sqlite_") || lowered.hasPrefix("wormhole_") || lowered.hasPrefix("grdb_")
     }
 
-    /// Creates the missing triggers of every tracked table, and drops those of untracked ones.
+    /// Creates the missing triggers of every tracked table, and drops every other trigger of the history: those of
+    /// untracked tables, and those a table took with it when it was renamed (their bodies name the old table).
+    ///
+    /// A trigger whose text is not the one this version makes is made again, so that a store opened by a newer
+    /// version records what the newer version records.
     static func installTriggers(_ db: Database, untracked: Set<String>) throws {
-        let tables = try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table'")
-        for table in tables where !isInternal(table) {
-            if untracked.contains(table) {
-                for operation in ["insert", "update", "delete"] {
-                    let drop: String = "DROP TRIGGER IF EXISTS \(quoted(triggerName(table, operation)))"
-                    try db.execute(sql: drop)
-                }
-                continue
-            }
-            let columns = try db.primaryKey(table).columns
-            for (operation, event, row) in [
-                ("insert", "INSERT", "NEW"), ("update", "UPDATE", "NEW"), ("delete", "DELETE", "OLD"),
-            ] {
-                let key: String = columns.map { (column: String) -> String in
-                    // json_object refuses BLOBs: record them as hexadecimal text, so that no write ever fails here.
-                    let value = "\(row).\(quoted(column))"
-                    return "\(literal(column)), CASE typeof(\(value)) WHEN 'blob' THEN hex(\(value)) ELSE \(value) END"
-                }.joined(separator: ", ")
-                let trigger: String = """
-                    CREATE TRIGGER IF NOT EXISTS \(quoted(triggerName(table, operation)))
-                    AFTER \(event) ON \(quoted(table)) BEGIN
-                        INSERT INTO wormhole_history(operation, table_name, primary_key)
-                        VALUES ('\(operation)', \(literal(table)), json_object(\(key)));
-                    END
-                    """
-                try db.execute(sql: trigger)
+        var wanted: [String: (table: String, sql: String)] = [:]
+        for table in try trackableTables(db) where !isInternal(table) && !untracked.contains(table) {
+            for (operation, sql) in try triggers(db, table: table) {
+                wanted[triggerName(table, operation)] = (table, sql)
             }
         }
+        let existing = try Row.fetchAll(
+            db,
+            sql: "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'wormhole_history_%'"
+        )
+        var kept = Set<String>()
+        for row in existing {
+            let name: String = row["name"]
+            if let want = wanted[name], want.table == row["tbl_name"], want.sql == row["sql"] {
+                kept.insert(name)
+            } else {
+                try db.execute(sql: "DROP TRIGGER IF EXISTS \(quoted(name))")
+            }
+        }
+        for (name, want) in wanted where !kept.contains(name) { try db.execute(sql: want.sql) }
+    }
+
+    /// The tables whose changes can be recorded: ordinary tables, not virtual ones (on which SQLite refuses
+    /// triggers) nor the shadow tables that hold a virtual table's data.
+    private static func trackableTables(_ db: Database) throws -> [String] {
+        do {
+            return try String.fetchAll(db, sql: "SELECT name FROM pragma_table_list WHERE schema = 'main' AND type = 'table'")
+        } catch {
+            // SQLite before 3.37 has no table_list: virtual tables are told by their statement; their shadow tables
+            // are then recorded too, which costs history rows and loses nothing.
+            return try String.fetchAll(
+                db,
+                sql: "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL TABLE%'"
+            )
+        }
+    }
+
+    /// The statements that make the three triggers of `table`, by operation.
+    ///
+    /// An update that changes a row's primary key is recorded as the old key deleted and the new one inserted, as
+    /// PostgreSQL's store records it, so that a consumer that merges by key drops the old row.
+    private static func triggers(_ db: Database, table: String) throws -> [(String, String)] {
+        let columns = try db.primaryKey(table).columns
+        func key(_ row: String) -> String {
+            columns.map { (column: String) -> String in
+                // json_object refuses BLOBs: record them as hexadecimal text, so that no write ever fails here.
+                let value = "\(row).\(quoted(column))"
+                return "\(literal(column)), CASE typeof(\(value)) WHEN 'blob' THEN hex(\(value)) ELSE \(value) END"
+            }.joined(separator: ", ")
+        }
+        let keyChanged = columns.map { "OLD.\(quoted($0)) IS NOT NEW.\(quoted($0))" }.joined(separator: " OR ")
+        func trigger(_ operation: String, _ event: String, body: String) -> (String, String) {
+            (
+                operation,
+                """
+                CREATE TRIGGER \(quoted(triggerName(table, operation))) AFTER \(event) ON \(quoted(table)) BEGIN
+                \(body)
+                END
+                """
+            )
+        }
+        let insert = "INSERT INTO wormhole_history(operation, table_name, primary_key)"
+        return [
+            trigger("insert", "INSERT", body: "\(insert) VALUES ('insert', \(literal(table)), json_object(\(key("NEW"))));"),
+            trigger(
+                "update",
+                "UPDATE",
+                body: """
+                    \(insert) SELECT 'delete', \(literal(table)), json_object(\(key("OLD"))) WHERE \(keyChanged);
+                    \(insert) SELECT CASE WHEN \(keyChanged) THEN 'insert' ELSE 'update' END, \(literal(table)),
+                        json_object(\(key("NEW")));
+                    """
+            ),
+            trigger("delete", "DELETE", body: "\(insert) VALUES ('delete', \(literal(table)), json_object(\(key("OLD"))));"),
+        ]
     }
 
     static func triggerName(_ table: String, _ operation: String) -> String { "wormhole_history_\(table)_\(operation)" }
@@ -85,17 +136,18 @@ enum HistorySchema {
     /// An SQL string literal.
     static func literal(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "''") + "'" }
 
-    /// The id of the last history row, after closing changes that other tools left into an `external` transaction.
-    static func beginWrite(_ db: Database) throws -> Int64 {
+    /// The id of the last history row, after closing changes that other tools left into an `external` transaction;
+    /// and whether there were such changes (their transaction must be announced even if this write records nothing).
+    static func beginWrite(_ db: Database) throws -> (last: Int64, closedExternal: Bool) {
         // Cached statements: these run in every write, and compiling them would cost more than running them.
         guard
             let last = try Row.fetchOne(
                 db.cachedStatement(sql: "SELECT id, operation FROM wormhole_history ORDER BY id DESC LIMIT 1")
             )
-        else { return 0 }
+        else { return (0, false) }
         let operation: String = last["operation"]
-        if operation == commitOperation { return last["id"] }
-        return try appendCommit(db, author: externalAuthor)
+        if operation == commitOperation { return (last["id"], false) }
+        return (try appendCommit(db, author: externalAuthor), true)
     }
 
     /// Closes the changes appended since `lastID` into a transaction of `author`; returns its token, or nil when the

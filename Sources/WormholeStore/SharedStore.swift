@@ -140,11 +140,21 @@ public final class SharedStore: Sendable {
         grdb.busyMode = .timeout(configuration.busyTimeout.seconds)
         grdb.journalMode = .wal
         let pool: DatabasePool
-        let lock = try SetupLock(path: path + ".wormhole-lock")
+        let lock = try SetupLock(path: path + ".wormhole-lock", timeout: configuration.busyTimeout)
         do {
             defer { lock.unlock() }
             // Made here with mode 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
             _ = Descriptor.open(path: path, flags: O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, permissions: 0o600)
+            // SQLite follows a link: one planted at the database's path is refused, never opened.
+            var entry = stat()
+            if lstat(path, &entry) == 0, entry.st_mode & S_IFMT != S_IFREG {
+                throw StoreError(
+                    .unavailable,
+                    "The database's path is not a regular file (a symbolic link, say), which a store never opens: "
+                        + "remove it.",
+                    path: path
+                )
+            }
             do {
                 pool = try DatabasePool(path: path, configuration: grdb)
             } catch {
@@ -198,9 +208,10 @@ public final class SharedStore: Sendable {
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try databasePool.write { db in
-                let last = try prepareWrite(db)
+                let (last, closedExternal) = try prepareWrite(db)
                 let value = try updates(db)
-                return (value, try HistorySchema.endWrite(db, since: last, author: author))
+                // Another tool's changes, closed above, are announced even when `updates` changed nothing tracked.
+                return (value, try HistorySchema.endWrite(db, since: last, author: author) ?? (closedExternal ? last : nil))
             }
         } catch {
             throw Self.storeError(error, "write", path: path)
@@ -218,9 +229,9 @@ public final class SharedStore: Sendable {
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try await databasePool.write { [self] db in
-                let last = try prepareWrite(db)
+                let (last, closedExternal) = try prepareWrite(db)
                 let value = try updates(db)
-                return (value, try HistorySchema.endWrite(db, since: last, author: author))
+                return (value, try HistorySchema.endWrite(db, since: last, author: author) ?? (closedExternal ? last : nil))
             }
         } catch {
             throw Self.storeError(error, "write", path: path)
@@ -229,9 +240,10 @@ public final class SharedStore: Sendable {
         return value
     }
 
-    /// Closes what other tools wrote, and tracks tables created since the last write; returns the last history id.
-    private func prepareWrite(_ db: Database) throws -> Int64 {
-        let last = try HistorySchema.beginWrite(db)
+    /// Closes what other tools wrote, and tracks tables created since the last write; returns the last history id,
+    /// and whether it closed other tools' changes into a transaction of their own.
+    private func prepareWrite(_ db: Database) throws -> (last: Int64, closedExternal: Bool) {
+        let (last, closedExternal) = try HistorySchema.beginWrite(db)
         // GRDB runs the same cheap pragma before its reads; here it finds tables created since the last write.
         let version = Int(try db.schemaVersion())
         if schemaVersion.withLock({ $0 }) != version {
@@ -239,7 +251,7 @@ public final class SharedStore: Sendable {
             let installed = Int(try db.schemaVersion())
             schemaVersion.withLock { $0 = installed }
         }
-        return last
+        return (last, closedExternal)
     }
 
     private func notifyOtherProcesses() {
@@ -302,15 +314,14 @@ public final class SharedStore: Sendable {
         do {
             return try databasePool.write { db in
                 try db.execute(sql: "DELETE FROM wormhole_consumer WHERE seen_at < ?", arguments: [cutoff])
-                // What every consumer has merged, and what is older than the cutoff, whichever reaches further; but
-                // not the last `mergedHistoryGrace`, even when merged: passing consumers, which no table lists,
-                // read it.
+                // What every consumer still registered (seen within the cutoff) has merged, but not the last
+                // `mergedHistoryGrace`, even when merged: passing consumers, which no table lists, read it. Never
+                // what one of them has not merged, however old: it would skip it. With none registered, what is
+                // older than the cutoff.
                 let registered = try Int64.fetchOne(db, sql: "SELECT MIN(token) FROM wormhole_consumer")
                 let settledBefore = Date().timeIntervalSince1970 - Self.mergedHistoryGrace.seconds
                 let settled = try HistorySchema.lastCommit(db, before: settledBefore)
-                let merged = registered.map { min($0, settled) }
-                let old = try HistorySchema.lastCommit(db, before: cutoff)
-                let through = max(merged ?? 0, old)
+                let through = try registered.map { min($0, settled) } ?? HistorySchema.lastCommit(db, before: cutoff)
                 let transactions =
                     try Int.fetchOne(
                         db,
@@ -389,11 +400,13 @@ public final class SharedStore: Sendable {
                 }
                 last = token
             }
-            bridgedThrough.withLock { $0 = last }
-            guard !tables.isEmpty else { return }
-            try databasePool.write { db in
-                for table in tables { try db.notifyChanges(in: Table(table)) }
+            if !tables.isEmpty {
+                try databasePool.write { db in
+                    for table in tables { try db.notifyChanges(in: Table(table)) }
+                }
             }
+            // Only once the observers were told: a failed notification is tried again at the next wake-up.
+            bridgedThrough.withLock { $0 = last }
         } catch {
             logger.error("Could not pass other processes' changes to GRDB observers", metadata: ["error": "\(error)"])
         }
@@ -426,15 +439,33 @@ public final class SharedStore: Sendable {
 struct SetupLock: ~Copyable {
     private let file: OwnedDescriptor
 
-    init(path: String) throws(StoreError) {
+    /// Takes the lock, waiting at most `timeout` for a process that holds it (one stopped in a debugger in the middle
+    /// of a migration would otherwise hold every other one for good).
+    init(path: String, timeout: Duration) throws(StoreError) {
         let opened = try Self.open(path)
-        if case .failure(let errno) = opened.descriptor.lock(exclusive: true) {
-            throw StoreError(
-                .unavailable,
-                "Could not take the set-up lock: \(errno).",
-                path: path,
-                underlyingError: errno
-            )
+        let start = ContinuousClock.now
+        while true {
+            let taken: Bool
+            switch opened.descriptor.tryLockExclusive() {
+            case .success(let value): taken = value
+            case .failure(let errno):
+                throw StoreError(
+                    .unavailable,
+                    "Could not take the set-up lock: \(errno).",
+                    path: path,
+                    underlyingError: errno
+                )
+            }
+            if taken { break }
+            guard start.duration(to: .now) < timeout else {
+                throw StoreError(
+                    .busy,
+                    "Another process has been setting the store up (migrating it) for longer than the busy time-out, "
+                        + "holding this lock; try again once it is done.",
+                    path: path
+                )
+            }
+            usleep(10_000)
         }
         file = opened
     }

@@ -195,8 +195,10 @@ public final class RemoteChangeObserver: WormholeCancellable {
 /// The transactions other processes commit to a shared store, as an `AsyncSequence`.
 ///
 /// Made by `SharedStore.remoteChanges` (SQLite, one host) and `PostgresStore.remoteChanges` (across hosts). Iterate
-/// it once. Asking for the next transaction acknowledges the previous one. The database work runs on threads that
-/// may block, never on the cooperative thread pool.
+/// it once. Asking for the next transaction acknowledges the previous one. The iteration's database work runs on
+/// threads that may block, never on the cooperative thread pool; making the sequence registers a durable consumer
+/// on the caller's thread (one short write, which waits for the database's lock at most the store's busy time-out),
+/// so that nothing committed after it returns is missed.
 public struct RemoteChangeSequence: AsyncSequence, Sendable {
     public typealias Element = StoreTransaction
     public typealias Failure = StoreError

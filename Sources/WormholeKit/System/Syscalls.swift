@@ -205,6 +205,13 @@ package struct Descriptor {
     package func unlock() {
         _ = flock(rawValue, LOCK_UN)
     }
+
+    /// Takes the exclusive `flock` lock if nobody holds the lock: true when taken, false when someone holds it.
+    package func tryLockExclusive() -> Result<Bool, Errno> {
+        if flock(rawValue, LOCK_EX | LOCK_NB) == 0 { return .success(true) }
+        let error = currentErrno
+        return error == .resourceTemporarilyUnavailable || error == .interrupted ? .success(false) : .failure(error)
+    }
 }
 
 /// Names the calling thread for `ps -L`, debuggers and tests (pthread names hold 15 characters).
