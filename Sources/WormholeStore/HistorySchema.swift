@@ -57,7 +57,8 @@ enum HistorySchema {
         }
         let existing = try Row.fetchAll(
             db,
-            sql: "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'wormhole_history_%'"
+            sql:
+                "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'wormhole_history_%'"
         )
         var kept = Set<String>()
         for row in existing {
@@ -75,7 +76,10 @@ enum HistorySchema {
     /// triggers) nor the shadow tables that hold a virtual table's data.
     private static func trackableTables(_ db: Database) throws -> [String] {
         do {
-            return try String.fetchAll(db, sql: "SELECT name FROM pragma_table_list WHERE schema = 'main' AND type = 'table'")
+            return try String.fetchAll(
+                db,
+                sql: "SELECT name FROM pragma_table_list WHERE schema = 'main' AND type = 'table'"
+            )
         } catch {
             // SQLite before 3.37 has no table_list: virtual tables are told by their statement; their shadow tables
             // are then recorded too, which costs history rows and loses nothing.
@@ -112,7 +116,11 @@ enum HistorySchema {
         }
         let insert = "INSERT INTO wormhole_history(operation, table_name, primary_key)"
         return [
-            trigger("insert", "INSERT", body: "\(insert) VALUES ('insert', \(literal(table)), json_object(\(key("NEW"))));"),
+            trigger(
+                "insert",
+                "INSERT",
+                body: "\(insert) VALUES ('insert', \(literal(table)), json_object(\(key("NEW"))));"
+            ),
             trigger(
                 "update",
                 "UPDATE",
@@ -122,7 +130,11 @@ enum HistorySchema {
                         json_object(\(key("NEW")));
                     """
             ),
-            trigger("delete", "DELETE", body: "\(insert) VALUES ('delete', \(literal(table)), json_object(\(key("OLD"))));"),
+            trigger(
+                "delete",
+                "DELETE",
+                body: "\(insert) VALUES ('delete', \(literal(table)), json_object(\(key("OLD"))));"
+            ),
         ]
     }
 

@@ -211,7 +211,9 @@ public final class SharedStore: Sendable {
                 let (last, closedExternal) = try prepareWrite(db)
                 let value = try updates(db)
                 // Another tool's changes, closed above, are announced even when `updates` changed nothing tracked.
-                return (value, try HistorySchema.endWrite(db, since: last, author: author) ?? (closedExternal ? last : nil))
+                return (
+                    value, try HistorySchema.endWrite(db, since: last, author: author) ?? (closedExternal ? last : nil)
+                )
             }
         } catch {
             throw Self.storeError(error, "write", path: path)
@@ -231,7 +233,9 @@ public final class SharedStore: Sendable {
             (value, recorded) = try await databasePool.write { [self] db in
                 let (last, closedExternal) = try prepareWrite(db)
                 let value = try updates(db)
-                return (value, try HistorySchema.endWrite(db, since: last, author: author) ?? (closedExternal ? last : nil))
+                return (
+                    value, try HistorySchema.endWrite(db, since: last, author: author) ?? (closedExternal ? last : nil)
+                )
             }
         } catch {
             throw Self.storeError(error, "write", path: path)
