@@ -31,9 +31,8 @@ final class DirectorySuiteStore: SuiteStore {
         var writable = false
         /// The end of the last record read; 0 before the header was read.
         var offset = 0
-        /// Where the records after the snapshot start, and the snapshot record's size.
+        /// Where the records after the snapshot start.
         var snapshotEnd = 0
-        var snapshotSize = 0
         var version: UInt64 = 0
         /// The file's generation: drawn for each new suite, kept by compaction.
         var generation: UInt64 = 0
@@ -42,6 +41,8 @@ final class DirectorySuiteStore: SuiteStore {
         var log: [SuiteChange] = []
         /// With synchronizesWrites: whether the directory was flushed since this file was opened.
         var directoryFlushed = false
+        /// After a failed compaction, the end of the file from which the next one is tried.
+        var compactionRetryOffset = 0
 
         mutating func reset() {
             let (descriptor, writable) = (self.descriptor, self.writable)
@@ -188,10 +189,23 @@ final class DirectorySuiteStore: SuiteStore {
         let change = SuiteChange(record)
         state.record(change)
         let flushFailure = flush(&state, file: file)
-        if state.offset - state.snapshotEnd > max(Self.minimumCompactionBytes, state.snapshotSize) {
-            // The update is made either way: a compaction that fails is tried again after the next update. (With
-            // synchronizesWrites, the directory is flushed anew once the new file is opened.)
-            try? replaceFile(version: state.version, values: state.values, log: state.log, generation: state.generation)
+        // Compacted once the records after the snapshot outweigh what a compaction writes (the history it keeps
+        // and the snapshot), so that its cost stays in proportion to the bytes the updates appended.
+        let rewritten = max(Self.minimumCompactionBytes, state.snapshotEnd - SuiteLogFormat.headerSize)
+        if state.offset - state.snapshotEnd > rewritten, state.offset >= state.compactionRetryOffset {
+            do throws(WormholeError) {
+                // (With synchronizesWrites, the directory is flushed anew once the new file is opened.)
+                try replaceFile(
+                    version: state.version,
+                    values: state.values,
+                    log: state.log,
+                    generation: state.generation
+                )
+            } catch {
+                // The update is made either way. A failure that lasts (a full disk, a snapshot over the limit) is
+                // tried again only once as many bytes more are appended, so that not every update pays for it.
+                state.compactionRetryOffset = state.offset + rewritten
+            }
         }
         return (change, flushFailure)
     }
@@ -504,7 +518,6 @@ final class DirectorySuiteStore: SuiteStore {
             state.values = SuiteValues(storage: storage)
             state.version = record.version
             state.snapshotEnd = end
-            state.snapshotSize = size
         case .change:
             guard record.version == state.version + 1 else {
                 throw damaged(

@@ -173,6 +173,7 @@ final class PostgresQueueCursor: QueueCursor {
     static let carriedLimit = 4_096
 
     func read(maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
+        touchIfDue()
         let fromNotifications = takeCarried(maximumCount: maximumCount)
         if !fromNotifications.isEmpty { return fromNotifications }
         return try read(acknowledgingThrough: nil, maximumCount: max(1, maximumCount))
@@ -305,6 +306,33 @@ final class PostgresQueueCursor: QueueCursor {
             }
         }
         return (position, records)
+    }
+
+    /// When this cursor last told the server that its consumer is at work.
+    private let lastTouch = Locked(ContinuousClock.now)
+
+    /// Moves the consumer's `seen` now and then while it reads (each wake-up reads, the safety poll's too): a consumer
+    /// waiting on a quiet queue acknowledges nothing for days, and reclaiming must not take it for one gone and
+    /// delete the records it has not handled. A failure is left for the next read: the consumer is not stopped.
+    private func touchIfDue() {
+        let interval = min(Duration.seconds(60), log.retention / 4)
+        let due = lastTouch.withLock { last in
+            guard ContinuousClock.now - last >= interval else { return false }
+            last = .now
+            return true
+        }
+        guard due else { return }
+        do {
+            try log.engine.connections.query(
+                """
+                UPDATE wormhole.queue_consumers SET seen = now()
+                WHERE grp = \(log.engine.group) AND queue = \(log.identifier) AND consumer = \(consumer)
+                """,
+                doing: "telling the server that consumer \(consumer) of \(log.identifier) is at work"
+            )
+        } catch {
+            log.engine.logger.debug("PostgreSQL engine: could not refresh a queue consumer's time: \(error)")
+        }
     }
 
     /// Records every consumer has passed are deleted as consumers move on, not only when someone asks.

@@ -130,6 +130,28 @@ struct SuiteTests {
         }
     }
 
+    @Test("Updates of a large value compact the file now and then, not at every update")
+    func compactionInProportion() async throws {
+        try await offThePool {
+            let suite = try makeSuite()
+            let file = directory("wormhole/settings.suite")
+            // Each compaction renames a new file into place: counted as a change of the inode (numbers are reused).
+            var inode: UInt64 = 0
+            var files = 0
+            for round in 0..<12 {
+                // 100 KB each time: before, each change outweighed the snapshot alone, and every update rewrote the
+                // file with its 64 changes of history.
+                try suite.set(String(repeating: String(round % 10), count: 100_000), forKey: "document")
+                var status = stat()
+                #expect(stat(file, &status) == 0)
+                if UInt64(status.st_ino) != inode { files += 1 }
+                inode = UInt64(status.st_ino)
+            }
+            #expect(files <= 5, "\(files) files for 12 updates")
+            #expect(try suite.value(forKey: "document", as: String.self)?.first == "1")
+        }
+    }
+
     @Test("An observer that began before the suite existed is told the difference when the suite starts over")
     func observerBeforeTheSuiteSeesARestart() async throws {
         try await offThePool {
