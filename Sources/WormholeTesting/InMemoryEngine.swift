@@ -371,9 +371,11 @@ final class InMemoryLiveTransport: LiveTransport {
                 }
             )
         }
+        // In Double nanoseconds, capped at a year: a time-out meaning "as long as it takes" (`.seconds(Int64.max)`)
+        // must not overflow.
         let (seconds, attoseconds) = timeout.components
-        let deadline =
-            DispatchTime.now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
+        let nanoseconds = min(Double(seconds) * 1e9 + Double(attoseconds) / 1e9, 365 * 86_400 * 1e9)
+        let deadline = DispatchTime.now() + .nanoseconds(Int(max(nanoseconds, 0)))
         guard answered.wait(timeout: deadline) == .success else {
             return .failure(WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier))
         }

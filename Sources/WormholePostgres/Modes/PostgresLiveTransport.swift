@@ -300,6 +300,9 @@ final class PostgresLiveTransport: LiveTransport {
     }
 
     private func requesting(_ payload: Data, identifier: String, timeout: Duration) throws(WormholeError) -> Data {
+        // The time-out counts from the call, and is compared, never added to a clock reading: `.seconds(Int64.max)`
+        // must mean "as long as it takes", not a trap.
+        let start = ContinuousClock.now
         let hub = engine.hub
         _ = try hub.listeningBackend()
         var envelope = LiveEnvelope(kind: .request, identifier: identifier)
@@ -328,9 +331,8 @@ final class PostgresLiveTransport: LiveTransport {
         )
         guard let row = rows.first else { throw notReachable(identifier, "answers") }
         let responderKey = try decode(Int64.self, row, doing: "sending a request")
-        let deadline = ContinuousClock.now + timeout
         while true {
-            let remaining = deadline - .now
+            let remaining = timeout - start.duration(to: .now)
             if remaining <= .zero {
                 throw WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier)
             }

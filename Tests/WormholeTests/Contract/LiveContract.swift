@@ -173,6 +173,22 @@ struct LiveContract {
         responder.cancel()
     }
 
+    @Test("A time-out of .seconds(Int64.max) means as long as it takes", arguments: EngineKind.allCases)
+    func hugeTimeout(kind: EngineKind) async throws {
+        let fixture = try EngineFixture(kind)
+        let responder = try fixture.wormhole("server").respondToRequests(withIdentifier: "lookup", as: Query.self) {
+            Answer(result: $0.term, doubled: $0.number * 2)
+        }
+        let answer = try await fixture.wormhole("client").request(
+            Query(term: "x", number: 2),
+            identifier: "lookup",
+            as: Answer.self,
+            timeout: .seconds(Int64.max)
+        )
+        #expect(answer == Answer(result: "x", doubled: 4))
+        responder.cancel()
+    }
+
     @Test("A request with no responder gives .notReachable", arguments: EngineKind.allCases)
     func noResponder(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
