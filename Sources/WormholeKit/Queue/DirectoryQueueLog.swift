@@ -306,8 +306,10 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         // At work from here on: reclaiming does not drop a consumer whose file a cursor holds. A file dropped just
         // before the lock was taken is made again.
         var opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
-        for _ in 0..<3 where !opened.holdWhileInUse() {
+        var attempts = 1
+        while !opened.holdWhileInUse(), attempts < 3 {
             opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
+            attempts += 1
         }
         file = opened
         let synchronizes = log.directory.synchronizes
