@@ -371,11 +371,9 @@ final class InMemoryLiveTransport: LiveTransport {
                 }
             )
         }
-        // In Double nanoseconds, capped at a year: a time-out meaning "as long as it takes" (`.seconds(Int64.max)`)
-        // must not overflow.
-        let (seconds, attoseconds) = timeout.components
-        let nanoseconds = min(Double(seconds) * 1e9 + Double(attoseconds) / 1e9, 365 * 86_400 * 1e9)
-        let deadline = DispatchTime.now() + .nanoseconds(Int(max(nanoseconds, 0)))
+        // Capped at a year: a time-out meaning "as long as it takes" (`.seconds(Int64.max)`) must not overflow.
+        let milliseconds = min(max(timeout.milliseconds, 0), 365 * 86_400_000)
+        let deadline = DispatchTime.now() + .milliseconds(Int(milliseconds.rounded(.up)))
         guard answered.wait(timeout: deadline) == .success else {
             return .failure(WormholeError(.timedOut, "No reply within \(timeout).", identifier: identifier))
         }

@@ -53,13 +53,6 @@ struct PollSet {
         }
     }
 
-    /// Waits until one descriptor is readable (or hung up), up to `milliseconds` (-1: no limit); false on time-out.
-    /// A wait a signal interrupts starts again, with the whole time-out.
-    static func waitReadable(_ descriptor: Int32, milliseconds: Int32) -> Result<Bool, Errno> {
-        var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-        return valueOrErrno { poll(&entry, 1, milliseconds) }.map { $0 > 0 }
-    }
-
     /// Waits until one descriptor is readable (or hung up), for at most `timeout` from `start`; false on time-out.
     ///
     /// A wait a signal interrupts goes on for the time left, not the whole time-out again, so that signals that come
@@ -68,7 +61,7 @@ struct PollSet {
     static func waitReadable(
         _ descriptor: Int32,
         for timeout: Duration,
-        from start: ContinuousClock.Instant = .now
+        from start: ContinuousClock.Instant
     ) -> Result<Bool, Errno> {
         var entry = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
         while true {
@@ -86,7 +79,7 @@ struct PollSet {
 
 extension Duration {
     /// The duration in milliseconds, as a `Double`: no overflow, whatever its size.
-    var milliseconds: Double {
+    package var milliseconds: Double {
         let (seconds, attoseconds) = components
         return Double(seconds) * 1000 + Double(attoseconds) / 1e15
     }
