@@ -57,13 +57,11 @@ package enum WormholeFuzzing {
                 switch QueueFormat.step(buffer, at: offset, reachesEnd: true) {
                 case .record(let record, let size):
                     precondition(size > 0)
-                    let encoded = record.payload.withUnsafeBytes {
-                        QueueFormat.encode(
-                            payload: $0,
-                            sender: record.sender,
-                            timestampNanoseconds: record.timestampNanoseconds
-                        )
-                    }
+                    let encoded = QueueFormat.encode(
+                        payload: UnsafeRawBufferPointer(rebasing: buffer[record.payload]),
+                        sender: Array(buffer[record.sender]),
+                        timestampNanoseconds: record.timestampNanoseconds
+                    )
                     precondition(encoded.count == size, "a queue record did not survive re-encoding")
                     offset += size
                 case .resume(let next):

@@ -312,6 +312,8 @@ struct BenchPeer: ParsableCommand {
         case inPlace = "in-place"
         case append
         case queueProduce = "queue-produce"
+        /// Consumes `--count` messages already in the queue, then exits: the consumer alone, for a profiler.
+        case queueDrain = "queue-drain"
         case appendProduce = "append-produce"
         case queueEcho = "queue-echo"
         case suiteEcho = "suite-echo"
@@ -352,6 +354,16 @@ struct BenchPeer: ParsableCommand {
             let queue = try Wormhole(directory: directory).queue("throughput")
             let payload = Data(repeating: 0x78, count: 64)
             for _ in 0..<count { try queue.enqueueData(payload) }
+        case .queueDrain:
+            let queue = try Wormhole(directory: directory).queue("throughput")
+            let handled = Atomic<Int>(0)
+            let done = DispatchSemaphore(value: 0)
+            let total = count
+            let consumer = try queue.consumeData(consumer: "bench", on: .notifierThread) { _ in
+                if handled.add(1, ordering: .relaxed).newValue == total { done.signal() }
+            }
+            guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the queue drain stalled") }
+            consumer.cancel()
         case .appendProduce:
             let descriptor = open(directory + "/floor.log", O_WRONLY | O_APPEND | O_CLOEXEC)
             guard descriptor >= 0 else { throw Output.fail("could not open the floor log") }

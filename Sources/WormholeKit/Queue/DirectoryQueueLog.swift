@@ -16,9 +16,11 @@ final class DirectoryQueueLog: QueueLog {
     let sender: [UInt8]
     let logger: Logger
     let wakeSource: WakeSource
-    private let appendDescriptor = Locked<Int32>(-1)
-    /// The bytes of a batch being appended, kept for the next batch.
-    private let batchBuffer = Locked<[UInt8]>([])
+    /// The descriptor appends write to (-1 until the first append), and the buffer they encode records into, kept
+    /// between appends: one lock per append, and no allocation per message.
+    private let appender = Locked<(descriptor: Int32, records: ReusableBuffer)>(
+        (-1, ReusableBuffer(capacity: 64 << 10, keepingUpTo: 8 << 20))
+    )
 
     enum WakeSource: Sendable {
         case logFile(DirectoryNotifier.Strategy)
@@ -47,42 +49,56 @@ final class DirectoryQueueLog: QueueLog {
     }
 
     deinit {
-        appendDescriptor.withLock { if $0 >= 0 { Descriptor(rawValue: $0).close() } }
+        appender.withLock { if $0.descriptor >= 0 { Descriptor(rawValue: $0.descriptor).close() } }
     }
 
     // MARK: Appending
 
     func append(contentsOf payloads: some Sequence<Data>) throws(WormholeError) {
         let timestamp = ProcessFacts.wallClockNanoseconds()
-        // One buffer, kept between calls (a fresh one would cost an allocation per message, and page faults for a
-        // large batch), one write.
-        try batchBuffer.withLock { (buffer) throws(WormholeError) in
-            buffer.removeAll(keepingCapacity: true)
+        try appender.withLock { (state) throws(WormholeError) in
+            let records = state.records
+            records.removeAll()
+            defer { records.shrinkAfterHugeBatch() }
             for payload in payloads {
                 try checkSize(payload)
-                payload.withUnsafeBytes { bytes in
-                    QueueFormat.encode(
-                        payload: bytes,
-                        sender: sender,
-                        timestampNanoseconds: timestamp,
-                        appendingTo: &buffer
+                let size = QueueFormat.recordSize(payloadSize: payload.count, senderSize: sender.count)
+                // One write appends a batch whole; Linux writes at most 2 GiB less a page in one call, so a larger
+                // batch would be cut, its tail torn.
+                guard records.count + size <= Self.maximumBatchSize else {
+                    records.removeAll()
+                    throw WormholeError(
+                        .messageTooLarge,
+                        "The batch comes to more than 1 GiB; one append takes up to 1 GiB. Enqueue it in smaller "
+                            + "batches.",
+                        identifier: identifier
                     )
                 }
+                let destination = records.append(count: size)
+                payload.withUnsafeBytes { payload in
+                    sender.withUnsafeBytes { sender in
+                        QueueFormat.encode(
+                            payload: payload,
+                            sender: sender,
+                            timestampNanoseconds: timestamp,
+                            into: destination
+                        )
+                    }
+                }
             }
-            guard !buffer.isEmpty else { return }
-            // One write appends a batch whole; Linux writes at most 2 GiB less a page in one call, so a larger batch
-            // would be cut, its tail torn.
-            guard buffer.count <= Self.maximumBatchSize else {
-                let size = buffer.count
-                buffer = []
-                throw WormholeError(
-                    .messageTooLarge,
-                    "The batch is \(size) bytes; one append takes up to 1 GiB. Enqueue it in smaller batches.",
-                    identifier: identifier
+            guard records.count > 0 else { return }
+            try write(records.bytes, descriptor: &state.descriptor)
+        }
+        if case .notifier(let notifier) = wakeSource {
+            do throws(WormholeError) {
+                try notifier.post("queue." + identifier)
+            } catch {
+                // The records are in the log: an error thrown now would have a caller enqueue them twice.
+                logger.warning(
+                    "Messages were appended, but the queue's consumers could not be woken; they read them when next woken",
+                    metadata: ["queue": "\(identifier)", "error": "\(error)"]
                 )
             }
-            try append(buffer)
-            if buffer.capacity > 8 << 20 { buffer = [] }  // not kept after a huge batch
         }
     }
 
@@ -115,53 +131,39 @@ final class DirectoryQueueLog: QueueLog {
     /// The most bytes of records one append writes: a batch is one `write`, which Linux cuts at 2 GiB less a page.
     static let maximumBatchSize = 1 << 30
 
-    /// Appends whole records with one write, then wakes the consumers.
-    private func append(_ records: [UInt8]) throws(WormholeError) {
-        try appendDescriptor.withLock { (descriptor) throws(WormholeError) in
-            if descriptor < 0 {
-                let opened = try openForAppending()
-                // The log's name, once, so that a power cut cannot take away a log whose records were flushed; kept
-                // open only once that is done, so that a failed flush is tried again with the next append.
-                if directory.synchronizes, case .failure(let errno) = directory.synchronizeEntries() {
-                    Descriptor(rawValue: opened).close()
-                    throw WormholeError.fileSystem(errno, "flush the queue's directory", path: directory.path)
-                }
-                descriptor = opened
+    /// Appends whole records with one write, opening the log on the first append.
+    private func write(_ records: UnsafeRawBufferPointer, descriptor: inout Int32) throws(WormholeError) {
+        if descriptor < 0 {
+            let opened = try openForAppending()
+            // The log's name, once, so that a power cut cannot take away a log whose records were flushed; kept
+            // open only once that is done, so that a failed flush is tried again with the next append.
+            if directory.synchronizes, case .failure(let errno) = directory.synchronizeEntries() {
+                Descriptor(rawValue: opened).close()
+                throw WormholeError.fileSystem(errno, "flush the queue's directory", path: directory.path)
             }
-            // One write: with O_APPEND the kernel puts it at the end, whole, whatever other processes append
-            // meanwhile.
-            let result = records.withUnsafeBytes { Descriptor(rawValue: descriptor).writeOnce($0) }
-            let written = (try? result.get()) ?? -1
-            guard written == records.count else {
-                let errno: Errno = if case .failure(let errno) = result { errno } else { .noSpace }
-                Descriptor(rawValue: descriptor).close()
-                descriptor = -1
-                let action =
-                    written > 0
-                    ? "append to the queue (only the first \(written) of \(records.count) bytes were written: the "
-                        + "messages before the cut are in the queue, the rest are not)"
-                    : "append to the queue"
-                throw WormholeError.fileSystem(errno, action, identifier: identifier, path: logPath)
-            }
-            if directory.synchronizes, case .failure(let errno) = Descriptor(rawValue: descriptor).synchronize() {
-                throw WormholeError.fileSystem(
-                    errno,
-                    "flush the queue (the messages are appended, but may not survive a power cut)",
-                    identifier: identifier,
-                    path: logPath
-                )
-            }
+            descriptor = opened
         }
-        if case .notifier(let notifier) = wakeSource {
-            do throws(WormholeError) {
-                try notifier.post("queue." + identifier)
-            } catch {
-                // The records are in the log: an error thrown now would have a caller enqueue them twice.
-                logger.warning(
-                    "Messages were appended, but the queue's consumers could not be woken; they read them when next woken",
-                    metadata: ["queue": "\(identifier)", "error": "\(error)"]
-                )
-            }
+        // One write: with O_APPEND the kernel puts it at the end, whole, whatever other processes append meanwhile.
+        let result = Descriptor(rawValue: descriptor).writeOnce(records)
+        let written = (try? result.get()) ?? -1
+        guard written == records.count else {
+            let errno: Errno = if case .failure(let errno) = result { errno } else { .noSpace }
+            Descriptor(rawValue: descriptor).close()
+            descriptor = -1
+            let action =
+                written > 0
+                ? "append to the queue (only the first \(written) of \(records.count) bytes were written: the "
+                    + "messages before the cut are in the queue, the rest are not)"
+                : "append to the queue"
+            throw WormholeError.fileSystem(errno, action, identifier: identifier, path: logPath)
+        }
+        if directory.synchronizes, case .failure(let errno) = Descriptor(rawValue: descriptor).synchronize() {
+            throw WormholeError.fileSystem(
+                errno,
+                "flush the queue (the messages are appended, but may not survive a power cut)",
+                identifier: identifier,
+                path: logPath
+            )
         }
     }
 
@@ -293,13 +295,17 @@ final class DirectoryQueueLog: QueueLog {
 
 /// A consumer's reader and stored position in a directory queue.
 final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
-    // Used by one reader at a time, as QueueCursor requires: its owner serialises every call.
+    // Used by one reader at a time, as QueueCursor requires: its owner serialises every call. That is also why the
+    // properties below skip the run-time exclusivity checks, which cost more than the rest of a small message's read.
     let log: DirectoryQueueLog
     let file: QueueCursorFile
-    private var reader: QueueReader
-    private var sinceReclaim: UInt64 = 0
+    @exclusivity(unchecked) private var reader: QueueReader
+    @exclusivity(unchecked) private var sinceReclaim: UInt64 = 0
     /// The records of the last batch read, in order, by their end: an acknowledgement stores the one it ends with.
-    private var lastRead: [(end: UInt64, record: QueueCursorFile.LastRecord)] = []
+    @exclusivity(unchecked) private var lastRead: [(end: UInt64, record: QueueCursorFile.LastRecord)] = []
+    /// The last sender read, as bytes and as text: a queue's records mostly come from a few senders, so a record
+    /// whose sender is the last one's takes its text with no decoding and no allocation.
+    @exclusivity(unchecked) private var lastSender: (bytes: [UInt8], text: String) = ([], "")
 
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
@@ -410,13 +416,17 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         while batch.count < maximumCount, reader.position - start < QueueReader.chunkSize,
             let item = try reader.next()
         {
+            if batch.isEmpty { batch.reserveCapacity(min(maximumCount, 64)) }
+            let (sender, payload) = reader.withParts(of: item) { sender, payload in
+                (senderText(sender), Data(payload))
+            }
             batch.append(
                 QueueRecord(
                     offset: item.offset,
                     end: item.end,
-                    sender: String(decoding: item.record.sender, as: UTF8.self),
+                    sender: sender,
                     timestampNanoseconds: item.record.timestampNanoseconds,
-                    payload: item.record.payload
+                    payload: payload
                 )
             )
             reader.advance(to: item.end)
@@ -428,6 +438,16 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
             )
         }
         return batch
+    }
+
+    /// The text of a sender's bytes, decoded only when they differ from the last sender's.
+    private func senderText(_ bytes: UnsafeRawBufferPointer) -> String {
+        let same = lastSender.bytes.withUnsafeBytes { last in
+            guard last.count == bytes.count else { return false }
+            return bytes.isEmpty || memcmp(last.baseAddress!, bytes.baseAddress!, bytes.count) == 0
+        }
+        if !same { lastSender = (Array(bytes), String(decoding: bytes, as: UTF8.self)) }
+        return lastSender.text
     }
 
     /// The record of the last batch read that ends at `end` (usually its last one).

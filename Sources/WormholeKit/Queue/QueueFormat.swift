@@ -15,14 +15,15 @@ package enum QueueFormat {
     /// Timestamp and sender length, before the sender and the payload.
     package static let bodyPrefixSize = 10
     package static let maximumBodySize = 64 << 20
-    /// Zeros for a record's header and body prefix, filled in once appended.
-    private static let zeroPrefix = [UInt8](repeating: 0, count: headerSize + bodyPrefixSize)
 
+    /// A record as parsed: where its parts lie in the bytes it was parsed from, so that parsing allocates nothing and
+    /// a reader copies out only what it hands over.
     package struct Record: Equatable {
         package var timestampNanoseconds: Int64
-        package var sender: [UInt8]
-        /// The payload, copied once out of the read buffer, as consumers hand it over.
-        package var payload: Data
+        /// The sender's UTF-8 bytes, as offsets into the bytes parsed.
+        package var sender: Range<Int>
+        /// The payload, as offsets into the bytes parsed.
+        package var payload: Range<Int>
     }
 
     package enum Parsed: Equatable {
@@ -34,36 +35,51 @@ package enum QueueFormat {
         case invalid
     }
 
-    package static func encode(payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64) -> [UInt8]
-    {
-        var bytes: [UInt8] = []
-        encode(payload: payload, sender: sender, timestampNanoseconds: timestampNanoseconds, appendingTo: &bytes)
-        return bytes
+    /// The size of a record holding `payloadSize` bytes from a sender of `senderSize` bytes.
+    package static func recordSize(payloadSize: Int, senderSize: Int) -> Int {
+        headerSize + bodyPrefixSize + senderSize + payloadSize
     }
 
-    /// Appends a record's bytes to `bytes`: a batch is encoded into one buffer, with no array per record.
+    /// Writes a record at `destination`, which holds ``recordSize(payloadSize:senderSize:)`` bytes.
+    ///
+    /// Straight into raw memory: a producer of single messages builds no array per message.
     package static func encode(
         payload: UnsafeRawBufferPointer,
-        sender: [UInt8],
+        sender: UnsafeRawBufferPointer,
         timestampNanoseconds: Int64,
-        appendingTo bytes: inout [UInt8]
+        into destination: UnsafeMutableRawPointer
     ) {
         let bodySize = bodyPrefixSize + sender.count + payload.count
-        let start = bytes.count
-        bytes.append(contentsOf: zeroPrefix)  // the header and body prefix, stored below
-        bytes.append(contentsOf: sender)
-        bytes.append(contentsOf: payload)
-        bytes.store(magic, at: start)
-        bytes.store(UInt32(bodySize), at: start + 4)
-        bytes.store(timestampNanoseconds, at: start + headerSize)
-        bytes.store(UInt16(sender.count), at: start + headerSize + 8)
-        // The checksum covers the length and the body, so a damaged length is caught as well.
-        let crc = bytes.withUnsafeBytes { buffer in
-            var crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: buffer[(start + 4)..<(start + 8)]))
-            crc = cwormholeCRC(crc, UnsafeRawBufferPointer(rebasing: buffer[(start + headerSize)...]))
-            return crc
+        destination.storeBytes(of: magic.littleEndian, toByteOffset: 0, as: UInt32.self)
+        destination.storeBytes(of: UInt32(bodySize).littleEndian, toByteOffset: 4, as: UInt32.self)
+        destination.storeBytes(of: timestampNanoseconds.littleEndian, toByteOffset: headerSize, as: Int64.self)
+        destination.storeBytes(of: UInt16(sender.count).littleEndian, toByteOffset: headerSize + 8, as: UInt16.self)
+        let senderStart = headerSize + bodyPrefixSize
+        if let base = sender.baseAddress { (destination + senderStart).copyMemory(from: base, byteCount: sender.count) }
+        if let base = payload.baseAddress {
+            (destination + senderStart + sender.count).copyMemory(from: base, byteCount: payload.count)
         }
-        bytes.store(crc, at: start + 8)
+        // The checksum covers the length and the body, so a damaged length is caught as well.
+        var crc = CRC32C.checksum(UnsafeRawBufferPointer(start: destination + 4, count: 4))
+        crc = cwormholeCRC(crc, UnsafeRawBufferPointer(start: destination + headerSize, count: bodySize))
+        destination.storeBytes(of: crc.littleEndian, toByteOffset: 8, as: UInt32.self)
+    }
+
+    /// A record's bytes, as an array: for tests and tools.
+    package static func encode(payload: UnsafeRawBufferPointer, sender: [UInt8], timestampNanoseconds: Int64) -> [UInt8]
+    {
+        let size = recordSize(payloadSize: payload.count, senderSize: sender.count)
+        return [UInt8](unsafeUninitializedCapacity: size) { buffer, initialized in
+            sender.withUnsafeBytes { sender in
+                encode(
+                    payload: payload,
+                    sender: sender,
+                    timestampNanoseconds: timestampNanoseconds,
+                    into: UnsafeMutableRawPointer(buffer.baseAddress!)
+                )
+            }
+            initialized = size
+        }
     }
 
     /// Parses the record that starts at `offset` in `bytes`.
@@ -73,11 +89,9 @@ package enum QueueFormat {
         let bodySize = Int(load(UInt32.self, bytes, offset + 4))
         guard bodySize >= bodyPrefixSize, bodySize <= maximumBodySize else { return .invalid }
         guard bytes.count - offset >= headerSize + bodySize else { return .incomplete }
-        var crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[(offset + 4)..<(offset + 8)]))
-        crc = cwormholeCRC(
-            crc,
-            UnsafeRawBufferPointer(rebasing: bytes[(offset + headerSize)..<(offset + headerSize + bodySize)])
-        )
+        let base = bytes.baseAddress!
+        var crc = CRC32C.checksum(UnsafeRawBufferPointer(start: base + offset + 4, count: 4))
+        crc = cwormholeCRC(crc, UnsafeRawBufferPointer(start: base + offset + headerSize, count: bodySize))
         guard crc == load(UInt32.self, bytes, offset + 8) else { return .invalid }
         let body = offset + headerSize
         let senderSize = Int(load(UInt16.self, bytes, body + 8))
@@ -86,8 +100,8 @@ package enum QueueFormat {
         return .record(
             Record(
                 timestampNanoseconds: load(Int64.self, bytes, body),
-                sender: Array(bytes[senderStart..<senderStart + senderSize]),
-                payload: Data(UnsafeRawBufferPointer(rebasing: bytes[(senderStart + senderSize)..<(body + bodySize)]))
+                sender: senderStart..<senderStart + senderSize,
+                payload: senderStart + senderSize..<body + bodySize
             ),
             size: headerSize + bodySize
         )

@@ -13,7 +13,9 @@ struct QueueReader {
     let descriptor: Int32
     /// The offset of the next record to read.
     private(set) var position: UInt64
-    private let buffer = ReadBuffer()
+    /// The chunk of the log read last, allocated once and reused: a fresh 256 KiB array per read would cost page
+    /// faults and zeroing on every wake-up.
+    private let buffer = ReusableBuffer(capacity: chunkSize, keepingUpTo: 4 * chunkSize)
     private var bufferStart: UInt64 = 0
     private var bufferReachedEnd = false
 
@@ -23,9 +25,22 @@ struct QueueReader {
     }
 
     struct Item {
+        /// Where the record's parts lie in the reader's buffer, until the next call of ``next()``.
         var record: QueueFormat.Record
         var offset: UInt64
         var end: UInt64
+    }
+
+    /// The sender's bytes and the payload of `item`, the last record ``next()`` returned.
+    func withParts<Result>(
+        of item: Item,
+        _ body: (_ sender: UnsafeRawBufferPointer, _ payload: UnsafeRawBufferPointer) -> Result
+    ) -> Result {
+        let bytes = buffer.bytes
+        return body(
+            UnsafeRawBufferPointer(rebasing: bytes[item.record.sender]),
+            UnsafeRawBufferPointer(rebasing: bytes[item.record.payload])
+        )
     }
 
     /// Moves past a record that was delivered (or given up on).
@@ -58,7 +73,7 @@ struct QueueReader {
                 // A stretch with no record in it, such as a reclaimed hole: jump to the next data.
                 position = nextData(after: bufferStart + UInt64(end))
                 freshlyRead = false
-                buffer.count = 0
+                buffer.removeAll()
             case .read(let count):
                 // A record longer than what was read: read it whole, or up to the end of the log.
                 try fill(from: position, count: max(count, Self.chunkSize))
@@ -85,40 +100,5 @@ struct QueueReader {
     /// The first offset at or after `offset` that holds data (holes are skipped), or `offset`.
     private func nextData(after offset: UInt64) -> UInt64 {
         Descriptor(rawValue: descriptor).nextData(from: offset) ?? offset
-    }
-}
-
-/// The reader's chunk of the log, allocated once and reused: a fresh 256 KiB array per read would cost page faults
-/// and zeroing on every wake-up.
-final class ReadBuffer {
-    private var storage: UnsafeMutableRawPointer
-    private var capacity: Int
-    /// The bytes read.
-    var count = 0
-
-    init() {
-        capacity = QueueReader.chunkSize
-        storage = .allocate(byteCount: capacity, alignment: 16)
-    }
-
-    deinit { storage.deallocate() }
-
-    var isEmpty: Bool { count == 0 }
-
-    /// Reads up to `wanted` bytes at `offset`, replacing the contents; returns how many were read.
-    func read(_ descriptor: Descriptor, count wanted: Int, at offset: UInt64) -> Result<Int, Errno> {
-        // Grow for a large record; shrink back once past it, so that one 64 MiB message is not kept for good.
-        if wanted > capacity || capacity > 4 * QueueReader.chunkSize && wanted <= QueueReader.chunkSize {
-            storage.deallocate()
-            capacity = max(wanted, QueueReader.chunkSize)
-            storage = .allocate(byteCount: capacity, alignment: 16)
-        }
-        let read = descriptor.read(into: storage, count: wanted, at: offset)
-        count = (try? read.get()) ?? 0
-        return read
-    }
-
-    func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
-        try body(UnsafeRawBufferPointer(start: storage, count: count))
     }
 }

@@ -108,8 +108,9 @@ public final class WormholeQueue: Sendable {
             batchSize: 1,
             execution: execution,
             errorHandler: errorHandler,
-            decode: decoder(for: type)
-        ) { try handler($0[0]) }
+            decode: decoder(for: type),
+            handler: .each(handler)
+        )
     }
 
     /// Calls `handler` with every message of the queue as stored bytes, without decoding; otherwise as
@@ -120,10 +121,14 @@ public final class WormholeQueue: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Data>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
-        try startConsumer(consumer, batchSize: 1, execution: execution, errorHandler: errorHandler, decode: Self.bytes)
-        {
-            try handler($0[0])
-        }
+        try startConsumer(
+            consumer,
+            batchSize: 1,
+            execution: execution,
+            errorHandler: errorHandler,
+            decode: Self.bytes,
+            handler: .each(handler)
+        )
     }
 
     /// Calls `handler` with the messages this consumer has not handled yet in batches, in order: up to
@@ -155,7 +160,7 @@ public final class WormholeQueue: Sendable {
             execution: execution,
             errorHandler: errorHandler,
             decode: decoder(for: type),
-            handler: handler
+            handler: .batches(handler)
         )
     }
 
@@ -174,7 +179,7 @@ public final class WormholeQueue: Sendable {
             execution: execution,
             errorHandler: errorHandler,
             decode: Self.bytes,
-            handler: handler
+            handler: .batches(handler)
         )
     }
 
@@ -202,13 +207,21 @@ public final class WormholeQueue: Sendable {
         }
     }
 
+    /// What a consumer's handler takes.
+    private enum MessageHandler<Value: Sendable>: Sendable {
+        /// One message at a time (batches of one): no array is made per message.
+        case each(@Sendable (QueueMessage<Value>) throws -> Void)
+        /// Batches of messages.
+        case batches(@Sendable ([QueueMessage<Value>]) throws -> Void)
+    }
+
     private func startConsumer<Value: Sendable>(
         _ consumer: String,
         batchSize: Int,
         execution: CallbackExecution,
         errorHandler: (@Sendable (WormholeError) -> Void)?,
         decode: @escaping @Sendable (QueueRecord) -> Result<QueueMessage<Value>, WormholeError>,
-        handler: @escaping @Sendable ([QueueMessage<Value>]) throws -> Void
+        handler: MessageHandler<Value>
     ) throws(WormholeError) -> QueueConsumer {
         try MessageIdentifier.validate(consumer)
         let cursor = try log.openCursor(consumer: consumer)
@@ -218,41 +231,66 @@ public final class WormholeQueue: Sendable {
             label: "wormhole.queue.\(identifier).\(consumer)",
             batchSize: batchSize
         ) { [self] records in
-            var messages: [QueueMessage<Value>] = []
-            messages.reserveCapacity(records.count)
-            for record in records {
-                switch decode(record) {
-                case .success(let decoded): messages.append(decoded)
-                case .failure(var error):
-                    // Passed over: it cannot block the queue.
-                    error.message += " It is passed over."
-                    report(error, to: errorHandler)
+            switch handler {
+            case .each(let handle):
+                // A batch of one, as read for this handler: a failure leaves it unacknowledged.
+                for record in records {
+                    switch decode(record) {
+                    case .success(let message):
+                        do {
+                            try handle(message)
+                        } catch {
+                            reportHandlerFailure(error, count: 1, from: message.offset, to: errorHandler)
+                            return false
+                        }
+                    case .failure(let error):
+                        reportPassedOver(error, to: errorHandler)
+                    }
                 }
-            }
-            guard !messages.isEmpty else { return true }
-            do {
-                try handler(messages)
                 return true
-            } catch {
-                let place =
-                    messages.count == 1
-                    ? "the message at offset \(messages[0].offset)"
-                    : "\(messages.count) messages from offset \(messages[0].offset)"
-                report(
-                    .handlerFailed(
-                        error,
-                        "on \(place); it stays unacknowledged and is offered again",
-                        identifier: identifier
-                    ),
-                    to: errorHandler
-                )
-                return false
+            case .batches(let handle):
+                var messages: [QueueMessage<Value>] = []
+                messages.reserveCapacity(records.count)
+                for record in records {
+                    switch decode(record) {
+                    case .success(let decoded): messages.append(decoded)
+                    case .failure(let error): reportPassedOver(error, to: errorHandler)
+                    }
+                }
+                guard !messages.isEmpty else { return true }
+                do {
+                    try handle(messages)
+                    return true
+                } catch {
+                    reportHandlerFailure(error, count: messages.count, from: messages[0].offset, to: errorHandler)
+                    return false
+                }
             }
         } reportError: { [self] error in
             report(error, to: errorHandler)
         }
         try core.start()
         return core
+    }
+
+    /// A message that cannot be decoded: passed over, so that it cannot block the queue.
+    private func reportPassedOver(_ error: WormholeError, to errorHandler: (@Sendable (WormholeError) -> Void)?) {
+        var error = error
+        error.message += " It is passed over."
+        report(error, to: errorHandler)
+    }
+
+    private func reportHandlerFailure(
+        _ error: any Error,
+        count: Int,
+        from offset: UInt64,
+        to errorHandler: (@Sendable (WormholeError) -> Void)?
+    ) {
+        let place = count == 1 ? "the message at offset \(offset)" : "\(count) messages from offset \(offset)"
+        report(
+            .handlerFailed(error, "on \(place); it stays unacknowledged and is offered again", identifier: identifier),
+            to: errorHandler
+        )
     }
 
     /// The messages this consumer has not handled yet, then each new one, as an `AsyncSequence`.

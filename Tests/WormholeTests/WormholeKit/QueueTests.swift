@@ -47,6 +47,37 @@ struct QueueTests {
         }
     }
 
+    @Test("Each message keeps its own sender, when senders of the same length alternate and when one is empty")
+    func sendersAlternate() async throws {
+        try await offThePool {
+            let root = directory("wormhole")
+            let producers = try ["ab", "ac", "", "ab"].map { sender in
+                var configuration = Wormhole.Configuration()
+                configuration.sender = sender
+                return try Wormhole(directory: root, configuration: configuration).queue("jobs")
+            }
+            for round in 0..<3 {
+                for (index, producer) in producers.enumerated() {
+                    try producer.enqueue(Job(writer: "p\(index)", index: round))
+                }
+            }
+            try producers[1].enqueueData(contentsOf: [Data([1]), Data([2])])
+            let received = Collector<(sender: String, writer: String?)>()
+            let consumer = try makeQueue().consumeData(consumer: "all") { message in
+                let job = try? JSONDecoder().decode(Job.self, from: message.payload)
+                received.append((message.sender, job?.writer))
+            }
+            #expect(eventually { received.count == 14 })
+            let expected = ["ab", "ac", "", "ab"]
+            for (position, item) in received.values.prefix(12).enumerated() {
+                #expect(item.sender == expected[position % 4], "message \(position)")
+                #expect(item.writer == "p\(position % 4)", "message \(position)")
+            }
+            #expect(received.values.suffix(2).map(\.sender) == ["ac", "ac"])
+            consumer.cancel()
+        }
+    }
+
     @Test("4 producer processes × 10,000 messages: all delivered, each producer's order kept, no duplicates")
     func manyProducers() async throws {
         try await offThePool {
