@@ -314,6 +314,9 @@ struct BenchPeer: ParsableCommand {
         case queueProduce = "queue-produce"
         /// Consumes `--count` messages already in the queue, then exits: the consumer alone, for a profiler.
         case queueDrain = "queue-drain"
+        /// `--count` round trips of raw mailbox messages between two listeners of this one process: a mailbox pass
+        /// and its delivery with no child process, for a profiler (`valgrind` cannot follow the peers' spawn).
+        case mailboxLoop = "mailbox-loop"
         case appendProduce = "append-produce"
         case queueEcho = "queue-echo"
         case suiteEcho = "suite-echo"
@@ -364,6 +367,29 @@ struct BenchPeer: ParsableCommand {
             }
             guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the queue drain stalled") }
             consumer.cancel()
+        case .mailboxLoop:
+            let wormhole = try Wormhole(directory: directory)
+            let done = DispatchSemaphore(value: 0)
+            let total = count
+            let echo = try wormhole.listenForEnvelopes(withIdentifier: "ping", on: .notifierThread) { envelope in
+                do { _ = try wormhole.passMessageData(envelope.payload, identifier: "pong") } catch {
+                    Output.error("\(error)")
+                }
+            }
+            let answer = try wormhole.listenForEnvelopes(withIdentifier: "pong", on: .notifierThread) { envelope in
+                let sequence = BenchCaseSender.sequence(of: envelope.payload) + 1
+                guard sequence < total else {
+                    done.signal()
+                    return
+                }
+                var next = envelope.payload
+                BenchCaseSender.setSequence(sequence, in: &next)
+                do { _ = try wormhole.passMessageData(next, identifier: "ping") } catch { Output.error("\(error)") }
+            }
+            _ = try wormhole.passMessageData(Data(repeating: 0, count: 64), identifier: "ping")
+            guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the mailbox loop stalled") }
+            echo.cancel()
+            answer.cancel()
         case .appendProduce:
             let descriptor = open(directory + "/floor.log", O_WRONLY | O_APPEND | O_CLOEXEC)
             guard descriptor >= 0 else { throw Output.fail("could not open the floor log") }

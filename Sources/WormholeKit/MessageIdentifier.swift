@@ -55,6 +55,12 @@ public enum MessageIdentifier: Sendable {
         if identifier.utf8.first == UInt8(ascii: ".") {
             return "it starts with '.', which is reserved for the wormhole's own files"
         }
+        // Printable ASCII with no '/', as nearly every identifier is: checked on its bytes, with no decoding (every
+        // pass and every read checks its identifier).
+        let printableASCII = identifier.utf8.withContiguousStorageIfAvailable { bytes in
+            bytes.allSatisfy { $0 >= 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "/") }
+        }
+        if printableASCII == true { return nil }
         for scalar in identifier.unicodeScalars {
             if scalar == "/" { return "it contains '/', which would name another directory" }
             if scalar.value == 0 { return "it contains a NUL character" }

@@ -131,7 +131,22 @@ public final class FileTransiting: Transiting {
                 identifier: identifier
             )
         }
-        return try store(identifier: identifier, sender: sender) { _ throws(WormholeError) in payload }
+        let outgoing = Outgoing(
+            timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+            isCleared: false,
+            sender: sender,
+            payload: payload
+        )
+        guard let stored = try update(identifier: identifier, createIfMissing: true, outgoing: outgoing) else {
+            fatalError("update(createIfMissing: true) always stores a record")
+        }
+        return Envelope(
+            sequence: stored.sequence,
+            generation: stored.generation,
+            sender: sender,
+            timestampNanoseconds: outgoing.timestampNanoseconds,
+            payload: payload
+        )
     }
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
@@ -140,8 +155,7 @@ public final class FileTransiting: Transiting {
     }
 
     private func readFile(name: String, identifier: String) throws(WormholeError) -> Envelope? {
-        let contents = try openFiles.entry(name).descriptor.withLock {
-            (cached) throws(WormholeError) -> MailboxFormat.Contents? in
+        try openFiles.entry(name).descriptor.withLock { (cached) throws(WormholeError) -> Envelope? in
             for _ in 0..<1000 {
                 if cached < 0 {
                     do throws(Errno) {
@@ -161,7 +175,7 @@ public final class FileTransiting: Transiting {
                         closeCached(&cached)  // replaced or removed: open the file that has the name now
                         continue
                     }
-                    return try contentsOrThrow(file, size: status.size, identifier: identifier)
+                    return try envelope(in: file, size: status.size, identifier: identifier)
                 } catch {
                     closeCached(&cached)
                     throw error
@@ -169,17 +183,9 @@ public final class FileTransiting: Transiting {
             }
             throw keptBeingReplaced(identifier)
         }
-        guard let (_, record) = contents?.newest, !record.isCleared else { return nil }
-        return Envelope(
-            sequence: record.sequence,
-            generation: contents!.header.generation,
-            sender: String(decoding: record.sender, as: UTF8.self),
-            timestampNanoseconds: record.timestampNanoseconds,
-            payload: Data(record.payload)
-        )
     }
 
-    private func readUncached(name: String, identifier: String) throws(WormholeError) -> MailboxFormat.Contents? {
+    private func readUncached(name: String, identifier: String) throws(WormholeError) -> Envelope? {
         let file: OwnedDescriptor
         do {
             file = try handle.openFile(named: name, flags: O_RDONLY)
@@ -191,22 +197,30 @@ public final class FileTransiting: Transiting {
         guard let status = try handle.trustedStatus(of: file.descriptor, name: name, identifier: identifier) else {
             return nil
         }
-        return try contentsOrThrow(file.descriptor, size: status.size, identifier: identifier)
+        return try envelope(in: file.descriptor, size: status.size, identifier: identifier)
     }
 
-    private func contentsOrThrow(
-        _ file: Descriptor,
-        size: Int,
-        identifier: String
-    ) throws(WormholeError) -> MailboxFormat.Contents {
-        switch try decode(file, size: size, identifier: identifier) {
-        case .success(let contents): return contents
-        case .failure(let problem):
-            throw MailboxFormat.error(
-                for: problem,
-                identifier: identifier,
-                path: handle.filePath(Self.fileName(identifier))
-            )
+    /// The newest message of a mailbox file, or nil when it holds none (or was cleared); throws what is wrong with
+    /// a damaged file.
+    private func envelope(in file: Descriptor, size: Int, identifier: String) throws(WormholeError) -> Envelope? {
+        try withNewestRecord(of: file, size: size, identifier: identifier) { (found) throws(WormholeError) in
+            switch found {
+            case .failure(let problem):
+                throw MailboxFormat.error(
+                    for: problem,
+                    identifier: identifier,
+                    path: handle.filePath(Self.fileName(identifier))
+                )
+            case .success(let found):
+                guard let (_, record, bytes) = found.newest, !record.isCleared else { return nil }
+                return Envelope(
+                    sequence: record.sequence,
+                    generation: found.header.generation,
+                    sender: String(decoding: bytes[record.sender], as: UTF8.self),
+                    timestampNanoseconds: record.timestampNanoseconds,
+                    payload: Data(UnsafeRawBufferPointer(rebasing: bytes[record.payload]))
+                )
+            }
         }
     }
 
@@ -223,17 +237,13 @@ public final class FileTransiting: Transiting {
     /// listener never mistakes the next message for an old one.
     public func deleteMessage(identifier: String) throws(WormholeError) {
         try MessageIdentifier.validate(identifier)
-        let timestamp = ProcessFacts.wallClockNanoseconds()
-        let sender = Array("\(ProcessFacts.processName)[\(ProcessFacts.processID)]".utf8)
-        _ = try update(identifier: identifier, createIfMissing: false) { sequence, _ in
-            MailboxFormat.Record(
-                sequence: sequence,
-                timestampNanoseconds: timestamp,
-                isCleared: true,
-                sender: sender,
-                payload: []
-            )
-        }
+        let outgoing = Outgoing(
+            timestampNanoseconds: ProcessFacts.wallClockNanoseconds(),
+            isCleared: true,
+            sender: "\(ProcessFacts.processName)[\(ProcessFacts.processID)]",
+            payload: Data()
+        )
+        _ = try update(identifier: identifier, createIfMissing: false, outgoing: outgoing)
     }
 
     public func deleteAllMessages() throws(WormholeError) {
@@ -258,37 +268,58 @@ public final class FileTransiting: Transiting {
         return result
     }
 
-    /// Stores what `makePayload` makes of the current record as the newest record of the file, under its lock. The
-    /// current record is handed over as it is, so a pass copies nothing.
-    private func store(
-        identifier: String,
-        sender: String,
-        _ makePayload: (MailboxFormat.Record?) throws(WormholeError) -> Data
-    ) throws(WormholeError) -> Envelope {
-        let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
-        let timestamp = ProcessFacts.wallClockNanoseconds()
-        var payload = Data()
-        let stored = try update(identifier: identifier, createIfMissing: true) {
-            (sequence, current) throws(WormholeError) in
-            payload = try makePayload(current)
-            return MailboxFormat.Record(
+    /// A record to store; its sequence is the mailbox's next.
+    private struct Outgoing {
+        var timestampNanoseconds: Int64
+        var isCleared: Bool
+        var sender: String
+        var payload: Data
+
+        /// The sender's UTF-8 bytes as stored: at most 65,535 of them.
+        private func withSenderBytes<Value>(_ body: (UnsafeRawBufferPointer) -> Value) -> Value {
+            var sender = sender
+            return sender.withUTF8 {
+                body(UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: $0.prefix(Int(UInt16.max)))))
+            }
+        }
+
+        var encodedSize: Int {
+            MailboxFormat.recordSize(senderSize: min(sender.utf8.count, Int(UInt16.max)), payloadSize: payload.count)
+        }
+
+        /// The record, as arrays: for a new or replaced file.
+        func record(sequence: UInt64) -> MailboxFormat.Record {
+            MailboxFormat.Record(
                 sequence: sequence,
-                timestampNanoseconds: timestamp,
-                isCleared: false,
-                sender: senderBytes,
+                timestampNanoseconds: timestampNanoseconds,
+                isCleared: isCleared,
+                sender: withSenderBytes { Array($0) },
                 payload: Array(payload)
             )
         }
-        guard let (record, generation) = stored else {
-            fatalError("update(createIfMissing: true) always stores a record")
+
+        /// The record's bytes, encoded into temporary memory: a pass in place builds no array.
+        func withEncodedBytes<Value>(
+            sequence: UInt64,
+            _ body: (UnsafeRawBufferPointer) -> Value
+        ) -> Value {
+            withSenderBytes { sender in
+                payload.withUnsafeBytes { payload in
+                    let size = MailboxFormat.recordSize(senderSize: sender.count, payloadSize: payload.count)
+                    return withUnsafeTemporaryAllocation(byteCount: size, alignment: 16) { buffer in
+                        MailboxFormat.encodeRecord(
+                            sequence: sequence,
+                            timestampNanoseconds: timestampNanoseconds,
+                            isCleared: isCleared,
+                            sender: sender,
+                            payload: payload,
+                            into: buffer.baseAddress!
+                        )
+                        return body(UnsafeRawBufferPointer(buffer))
+                    }
+                }
+            }
         }
-        return Envelope(
-            sequence: record.sequence,
-            generation: generation,
-            sender: sender,
-            timestampNanoseconds: timestamp,
-            payload: payload
-        )
     }
 
     /// The identifiers that have a mailbox file, empty or not.
@@ -362,18 +393,17 @@ public final class FileTransiting: Transiting {
 
     // MARK: Writing
 
-    /// Stores the record that `makeRecord` builds for the next sequence, under the file's exclusive lock.
+    /// Stores `outgoing` with the next sequence, under the file's exclusive lock.
     ///
-    /// Returns the stored record and the mailbox's generation, or nil when the mailbox did not exist (or was
-    /// already empty) and `createIfMissing` is false.
+    /// Returns the stored record's sequence and the mailbox's generation, or nil when the mailbox did not exist (or
+    /// was already empty) and `createIfMissing` is false.
     private func update(
         identifier: String,
         createIfMissing: Bool,
-        makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
-    ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
+        outgoing: Outgoing
+    ) throws(WormholeError) -> Stored? {
         let name = Self.fileName(identifier)
-        return try openFiles.entry(name).descriptor.withLock {
-            (cached) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? in
+        return try openFiles.entry(name).descriptor.withLock { (cached) throws(WormholeError) -> Stored? in
             // A few rounds at most: each retry means another process created or replaced the file meanwhile.
             for _ in 0..<1000 {
                 if cached < 0 {
@@ -381,7 +411,7 @@ public final class FileTransiting: Transiting {
                         cached = try handle.openFile(named: name, flags: O_RDWR).release()
                     } catch .noSuchFileOrDirectory {
                         guard createIfMissing else { return nil }
-                        if let created = try create(name: name, identifier: identifier, makeRecord: makeRecord) {
+                        if let created = try create(name: name, identifier: identifier, outgoing: outgoing) {
                             return created
                         }
                         continue  // another process created it first: write into theirs
@@ -399,7 +429,7 @@ public final class FileTransiting: Transiting {
                         path: handle.filePath(name)
                     )
                 }
-                let outcome: Result<(stored: (MailboxFormat.Record, UInt64)?, replaced: Bool)?, WormholeError>
+                let outcome: Result<(stored: Stored?, replaced: Bool)?, WormholeError>
                 do throws(WormholeError) {
                     // The file may have been replaced or removed while this process waited for the lock.
                     if let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) {
@@ -410,7 +440,7 @@ public final class FileTransiting: Transiting {
                                 name: name,
                                 identifier: identifier,
                                 createIfMissing: createIfMissing,
-                                makeRecord: makeRecord
+                                outgoing: outgoing
                             )
                         )
                     } else {
@@ -436,13 +466,12 @@ public final class FileTransiting: Transiting {
         }
     }
 
+    /// A stored record's sequence, and its mailbox's generation.
+    private typealias Stored = (sequence: UInt64, generation: UInt64)
+
     /// Creates a new mailbox holding its first record; nil when another process created it first.
-    private func create(
-        name: String,
-        identifier: String,
-        makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
-    ) throws(WormholeError) -> (MailboxFormat.Record, UInt64)? {
-        let record = try makeRecord(1, nil)
+    private func create(name: String, identifier: String, outgoing: Outgoing) throws(WormholeError) -> Stored? {
+        let record = outgoing.record(sequence: 1)
         let header = MailboxFormat.Header(
             slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
             generation: UInt64.random(in: 1...UInt64.max)
@@ -454,7 +483,7 @@ public final class FileTransiting: Transiting {
             synchronize: options.synchronizesWrites
         )
         {
-        case .success: return (record, header.generation)
+        case .success: return (record.sequence, header.generation)
         case .failure(.fileExists): return nil
         case .failure(let errno):
             throw WormholeError.fileSystem(
@@ -474,10 +503,16 @@ public final class FileTransiting: Transiting {
         name: String,
         identifier: String,
         createIfMissing: Bool,
-        makeRecord: (UInt64, MailboxFormat.Record?) throws(WormholeError) -> MailboxFormat.Record
-    ) throws(WormholeError) -> (stored: (MailboxFormat.Record, UInt64)?, replaced: Bool) {
-        let contents: MailboxFormat.Contents
-        switch try decode(file, size: size, identifier: identifier) {
+        outgoing: Outgoing
+    ) throws(WormholeError) -> (stored: Stored?, replaced: Bool) {
+        // What a writer needs of the file: its header, and the slot and sequence of its newest valid record.
+        let found = try withNewestRecord(of: file, size: size, identifier: identifier) { found in
+            found.map { found in
+                (header: found.header, newest: found.newest.map { (slot: $0.slot, record: $0.record) })
+            }
+        }
+        let contents: (header: MailboxFormat.Header, newest: (slot: Int, record: MailboxFormat.RecordView)?)
+        switch found {
         case .success(let decoded):
             contents = decoded
         case .failure(.header(.unsupportedVersion(let version))):
@@ -510,31 +545,33 @@ public final class FileTransiting: Transiting {
                 }
                 return (nil, true)
             }
-            let record = try makeRecord(1, nil)
+            let record = outgoing.record(sequence: 1)
             let header = MailboxFormat.Header(
                 slotCapacity: MailboxFormat.slotCapacity(forRecordSize: record.encodedSize),
                 generation: UInt64.random(in: 1...UInt64.max)
             )
             try replace(name: name, identifier: identifier, header: header, record: record)
-            return ((record, header.generation), true)
+            return ((record.sequence, header.generation), true)
         }
         if !createIfMissing, contents.newest == nil || contents.newest?.record.isCleared == true { return (nil, false) }
-        let record = try makeRecord((contents.newest?.record.sequence ?? 0) + 1, contents.newest?.record)
+        let sequence = (contents.newest?.record.sequence ?? 0) + 1
         let header = contents.header
-        guard record.encodedSize <= header.slotCapacity, contents.newest != nil else {
+        guard outgoing.encodedSize <= header.slotCapacity, contents.newest != nil else {
             // A new file, same generation, renamed into place: for a message that outgrew the slots (larger ones),
             // and for the first record of a file that holds none (a listener's, made empty), which must arrive whole,
             // as a new mailbox's first message does: written in place, a reader could meet it half written with no
             // other record to keep.
+            let record = outgoing.record(sequence: sequence)
             let grown = MailboxFormat.Header(
                 slotCapacity: max(header.slotCapacity, MailboxFormat.slotCapacity(forRecordSize: record.encodedSize)),
                 generation: header.generation
             )
             try replace(name: name, identifier: identifier, header: grown, record: record)
-            return ((record, header.generation), true)
+            return ((sequence, header.generation), true)
         }
         let slot = contents.newest.map { 1 - $0.slot } ?? 0
-        if case .failure(let errno) = file.write(MailboxFormat.encodeRecord(record), at: header.slotOffset(slot)) {
+        let written = outgoing.withEncodedBytes(sequence: sequence) { file.write($0, at: header.slotOffset(slot)) }
+        if case .failure(let errno) = written {
             throw WormholeError.fileSystem(
                 errno,
                 "write the message",
@@ -550,7 +587,7 @@ public final class FileTransiting: Transiting {
                 path: handle.filePath(name)
             )
         }
-        return ((record, header.generation), false)
+        return ((sequence, header.generation), false)
     }
 
     private func replace(
@@ -577,14 +614,16 @@ public final class FileTransiting: Transiting {
 
     // MARK: Reading
 
-    private func decode(
-        _ file: Descriptor,
+    /// Finds the newest valid record of a mailbox file (``MailboxFormat/withNewestRecord(size:read:_:)``).
+    private func withNewestRecord<Value>(
+        of file: Descriptor,
         size: Int,
-        identifier: String
-    ) throws(WormholeError) -> Result<MailboxFormat.Contents, MailboxFormat.FileProblem> {
-        try MailboxFormat.decodeFile(size: size) { (count, offset) throws(WormholeError) in
-            switch file.read(count: count, at: offset) {
-            case .success(let bytes): return bytes
+        identifier: String,
+        _ body: (Result<MailboxFormat.Found, MailboxFormat.FileProblem>) throws(WormholeError) -> Value
+    ) throws(WormholeError) -> Value {
+        try MailboxFormat.withNewestRecord(size: size) { (buffer, offset) throws(WormholeError) in
+            switch file.read(filling: buffer, at: offset) {
+            case .success(let count): return count
             case .failure(let errno):
                 throw WormholeError.fileSystem(
                     errno,
@@ -593,6 +632,8 @@ public final class FileTransiting: Transiting {
                     path: handle.filePath(Self.fileName(identifier))
                 )
             }
+        } _: { (found) throws(WormholeError) in
+            try body(found)
         }
     }
 

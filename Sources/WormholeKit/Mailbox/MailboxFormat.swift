@@ -85,17 +85,54 @@ package enum MailboxFormat {
     }
 
     package static func encodeRecord(_ record: Record) -> [UInt8] {
-        var bytes = [UInt8](repeating: 0, count: recordHeaderSize)
-        bytes.reserveCapacity(record.encodedSize)
-        bytes.store(record.isCleared ? Record.clearedFlag : 0, at: 4)
-        bytes.store(UInt16(record.sender.count), at: 6)
-        bytes.store(record.sequence, at: 8)
-        bytes.store(record.timestampNanoseconds, at: 16)
-        bytes.store(UInt32(record.payload.count), at: 24)
-        bytes.append(contentsOf: record.sender)
-        bytes.append(contentsOf: record.payload)
-        bytes.store(CRC32C.checksum(bytes[4...]), at: 0)
-        return bytes
+        let size = record.encodedSize
+        return [UInt8](unsafeUninitializedCapacity: size) { buffer, initialized in
+            record.sender.withUnsafeBytes { sender in
+                record.payload.withUnsafeBytes { payload in
+                    encodeRecord(
+                        sequence: record.sequence,
+                        timestampNanoseconds: record.timestampNanoseconds,
+                        isCleared: record.isCleared,
+                        sender: sender,
+                        payload: payload,
+                        into: UnsafeMutableRawPointer(buffer.baseAddress!)
+                    )
+                }
+            }
+            initialized = size
+        }
+    }
+
+    /// The size of a record of `senderSize` and `payloadSize` bytes.
+    package static func recordSize(senderSize: Int, payloadSize: Int) -> Int {
+        recordHeaderSize + senderSize + payloadSize
+    }
+
+    /// Writes a record at `destination`, which holds ``recordSize(senderSize:payloadSize:)`` bytes: a pass builds no
+    /// array for its record.
+    package static func encodeRecord(
+        sequence: UInt64,
+        timestampNanoseconds: Int64,
+        isCleared: Bool,
+        sender: UnsafeRawBufferPointer,
+        payload: UnsafeRawBufferPointer,
+        into destination: UnsafeMutableRawPointer
+    ) {
+        let size = recordSize(senderSize: sender.count, payloadSize: payload.count)
+        destination.storeBytes(of: (isCleared ? Record.clearedFlag : 0).littleEndian, toByteOffset: 4, as: UInt16.self)
+        destination.storeBytes(of: UInt16(sender.count).littleEndian, toByteOffset: 6, as: UInt16.self)
+        destination.storeBytes(of: sequence.littleEndian, toByteOffset: 8, as: UInt64.self)
+        destination.storeBytes(of: timestampNanoseconds.littleEndian, toByteOffset: 16, as: Int64.self)
+        destination.storeBytes(of: UInt32(payload.count).littleEndian, toByteOffset: 24, as: UInt32.self)
+        destination.storeBytes(of: UInt32(0), toByteOffset: 28, as: UInt32.self)
+        if let base = sender.baseAddress {
+            (destination + recordHeaderSize).copyMemory(from: base, byteCount: sender.count)
+        }
+        if let base = payload.baseAddress {
+            (destination + recordHeaderSize + sender.count).copyMemory(from: base, byteCount: payload.count)
+        }
+        let crc = CRC32C.checksum(UnsafeRawBufferPointer(start: destination + 4, count: size - 4))
+        destination.storeBytes(of: crc.littleEndian, toByteOffset: 0, as: UInt32.self)
     }
 
     /// A new file's bytes: the header, `record` in slot 0, and an empty slot 1.
@@ -114,22 +151,28 @@ package enum MailboxFormat {
     // MARK: Decoding
 
     package static func decodeHeader(_ bytes: ArraySlice<UInt8>) -> Result<Header, HeaderProblem> {
+        bytes.withUnsafeBytes { decodeHeader($0) }
+    }
+
+    package static func decodeHeader(_ bytes: UnsafeRawBufferPointer) -> Result<Header, HeaderProblem> {
         guard bytes.count >= headerSize else { return .failure(.truncated(bytes.count)) }
-        let base = bytes.startIndex
-        guard Array(bytes[base..<base + 4]) == magic else { return .failure(.badMagic) }
+        guard load(UInt32.self, bytes, 0) == magicNumber else { return .failure(.badMagic) }
         // The version comes before the checksum: a later version may lay the header out differently.
-        let version: UInt16 = bytes.load(at: 4)
+        let version = load(UInt16.self, bytes, 4)
         guard version == Envelope.formatVersion else { return .failure(.unsupportedVersion(version)) }
-        guard bytes.load(at: 60) as UInt32 == CRC32C.checksum(bytes[base..<base + 60]) else {
+        guard load(UInt32.self, bytes, 60) == CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[0..<60])) else {
             return .failure(.badChecksum)
         }
-        let declaredHeaderSize: UInt16 = bytes.load(at: 6)
-        let capacity = Int(bytes.load(at: 8) as UInt32)
+        let declaredHeaderSize = load(UInt16.self, bytes, 6)
+        let capacity = Int(load(UInt32.self, bytes, 8))
         guard declaredHeaderSize == headerSize, capacity >= minimumSlotCapacity, capacity & (capacity - 1) == 0 else {
             return .failure(.badLayout)
         }
-        return .success(Header(slotCapacity: capacity, generation: bytes.load(at: 16)))
+        return .success(Header(slotCapacity: capacity, generation: load(UInt64.self, bytes, 16)))
     }
+
+    /// ``magic`` as a little-endian integer.
+    private static let magicNumber = UInt32(0x42_4D_48_57)
 
     package enum HeaderProblem: Error, Equatable {
         case truncated(Int)
@@ -140,82 +183,232 @@ package enum MailboxFormat {
     }
 
     /// The length a slot's record claims, or nil when the claim cannot fit in the slot.
-    package static func claimedRecordSize(_ head: ArraySlice<UInt8>, capacity: Int) -> Int? {
+    package static func claimedRecordSize(_ head: UnsafeRawBufferPointer, capacity: Int) -> Int? {
         guard head.count >= recordHeaderSize else { return nil }
-        let size = recordHeaderSize + Int(head.load(at: 6) as UInt16) + Int(head.load(at: 24) as UInt32)
+        let size = recordHeaderSize + Int(load(UInt16.self, head, 6)) + Int(load(UInt32.self, head, 24))
         return size <= capacity ? size : nil
     }
 
-    package static func decodeSlot(_ bytes: ArraySlice<UInt8>, capacity: Int) -> SlotContent {
-        if bytes.count >= recordHeaderSize, bytes.prefix(recordHeaderSize).allSatisfy({ $0 == 0 }) { return .empty }
-        guard let size = claimedRecordSize(bytes, capacity: capacity), bytes.count >= size else { return .invalid }
-        let base = bytes.startIndex
-        guard bytes.load(at: 0) as UInt32 == CRC32C.checksum(bytes[(base + 4)..<(base + size)]) else {
-            return .invalid
-        }
-        let sequence: UInt64 = bytes.load(at: 8)
-        guard sequence > 0 else { return .invalid }
-        let senderLength = Int(bytes.load(at: 6) as UInt16)
-        let senderStart = base + recordHeaderSize
-        return .valid(
+    /// A valid record, as offsets into the bytes of its slot: decoding copies nothing, and a reader copies out only
+    /// what it hands over.
+    package struct RecordView: Equatable {
+        package var sequence: UInt64
+        package var timestampNanoseconds: Int64
+        package var isCleared: Bool
+        /// The sender's UTF-8 bytes, as offsets into the slot's bytes.
+        package var sender: Range<Int>
+        /// The payload, as offsets into the slot's bytes.
+        package var payload: Range<Int>
+
+        /// The record, copied out of `slot`, the bytes it was decoded from.
+        package func record(in slot: UnsafeRawBufferPointer) -> Record {
             Record(
                 sequence: sequence,
-                timestampNanoseconds: bytes.load(at: 16),
-                isCleared: (bytes.load(at: 4) as UInt16) & Record.clearedFlag != 0,
-                sender: Array(bytes[senderStart..<senderStart + senderLength]),
-                payload: Array(bytes[(senderStart + senderLength)..<(base + size)])
+                timestampNanoseconds: timestampNanoseconds,
+                isCleared: isCleared,
+                sender: Array(slot[sender]),
+                payload: Array(slot[payload])
+            )
+        }
+    }
+
+    /// What a slot was found to hold, as offsets into its bytes.
+    package enum SlotView: Equatable {
+        case empty
+        case valid(RecordView)
+        /// A record whose checksum or lengths do not match: being written right now, or damaged.
+        case invalid
+    }
+
+    package static func decodeSlot(_ bytes: ArraySlice<UInt8>, capacity: Int) -> SlotContent {
+        bytes.withUnsafeBytes { slot in
+            switch decodeSlot(slot, capacity: capacity) {
+            case .empty: .empty
+            case .invalid: .invalid
+            case .valid(let view): .valid(view.record(in: slot))
+            }
+        }
+    }
+
+    package static func decodeSlot(_ bytes: UnsafeRawBufferPointer, capacity: Int) -> SlotView {
+        if bytes.count >= recordHeaderSize, isZero(UnsafeRawBufferPointer(rebasing: bytes[0..<recordHeaderSize])) {
+            return .empty
+        }
+        guard let size = claimedRecordSize(bytes, capacity: capacity), bytes.count >= size else { return .invalid }
+        guard load(UInt32.self, bytes, 0) == CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[4..<size])) else {
+            return .invalid
+        }
+        let sequence = load(UInt64.self, bytes, 8)
+        guard sequence > 0 else { return .invalid }
+        let senderEnd = recordHeaderSize + Int(load(UInt16.self, bytes, 6))
+        return .valid(
+            RecordView(
+                sequence: sequence,
+                timestampNanoseconds: load(Int64.self, bytes, 16),
+                isCleared: load(UInt16.self, bytes, 4) & Record.clearedFlag != 0,
+                sender: recordHeaderSize..<senderEnd,
+                payload: senderEnd..<size
             )
         )
     }
 
-    /// Reads a mailbox file through `read(count, offset)` and finds its newest valid record.
-    ///
-    /// Small files are read with one call. Of a large file, the slot heads are read first, then only the record
-    /// that is newest; if that one turns out torn, the other.
+    /// A mailbox file's header and its newest valid record, which `bytes` holds (valid only for the call that gets
+    /// it).
+    package struct Found {
+        package var header: Header
+        package var newest: (slot: Int, record: RecordView, bytes: UnsafeRawBufferPointer)?
+    }
+
+    /// Reads a mailbox file through `read(count, offset)` and finds its newest valid record, copied into arrays.
     package static func decodeFile(
         size: Int,
         read: (_ count: Int, _ offset: Int) throws(WormholeError) -> [UInt8]
     ) throws(WormholeError) -> Result<Contents, FileProblem> {
-        let whole = size <= wholeReadLimit ? try read(size, 0) : nil
-        let headerBytes: ArraySlice<UInt8>
-        if let whole {
-            headerBytes = whole[0..<min(whole.count, headerSize)]
-        } else {
-            headerBytes = try read(headerSize, 0)[...]
+        try withNewestRecord(size: size) { (buffer, offset) throws(WormholeError) in
+            let bytes = try read(buffer.count, offset)
+            let count = min(bytes.count, buffer.count)
+            bytes.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+            return count
+        } _: { found in
+            found.map { found in
+                Contents(
+                    header: found.header,
+                    newest: found.newest.map { ($0.slot, $0.record.record(in: $0.bytes)) }
+                )
+            }
         }
-        let header: Header
-        switch decodeHeader(headerBytes) {
-        case .success(let decoded): header = decoded
-        case .failure(let problem): return .failure(.header(problem))
-        }
-        guard size >= header.fileSize else { return .failure(.truncated(size: size, expected: header.fileSize)) }
+    }
 
-        func slotBytes(_ slot: Int, count: Int) throws(WormholeError) -> ArraySlice<UInt8> {
-            let offset = header.slotOffset(slot)
-            if let whole { return whole[offset..<min(whole.count, offset + count)] }
-            return try read(count, offset)[...]
+    /// Reads a mailbox file through `read`, which fills the buffer it is given from an offset and returns how many
+    /// bytes it read, and hands its newest valid record to `body`.
+    ///
+    /// Small files are read with one call into memory on the stack. Of a large file, the slot heads are read first,
+    /// then only the record that is newest; if that one turns out torn, the other.
+    package static func withNewestRecord<Value>(
+        size: Int,
+        read: (_ buffer: UnsafeMutableRawBufferPointer, _ offset: Int) throws(WormholeError) -> Int,
+        _ body: (Result<Found, FileProblem>) throws(WormholeError) -> Value
+    ) throws(WormholeError) -> Value {
+        guard size <= wholeReadLimit else { return try withNewestRecordOfLargeFile(size: size, read: read, body) }
+        return try withUnsafeTemporaryAllocation(byteCount: max(size, 1), alignment: 16) {
+            (buffer) throws(WormholeError) -> Value in
+            let count = try read(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), 0)
+            let whole = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
+            let header: Header
+            switch decodeHeader(UnsafeRawBufferPointer(rebasing: whole[0..<min(count, headerSize)])) {
+            case .success(let decoded): header = decoded
+            case .failure(let problem): return try body(.failure(.header(problem)))
+            }
+            guard size >= header.fileSize else {
+                return try body(.failure(.truncated(size: size, expected: header.fileSize)))
+            }
+            func slotBytes(_ slot: Int, count: Int) -> UnsafeRawBufferPointer {
+                let start = min(whole.count, header.slotOffset(slot))
+                return UnsafeRawBufferPointer(rebasing: whole[start..<min(whole.count, start + count)])
+            }
+            let claims = claimedSlots(header: header) { slotBytes($0, count: recordHeaderSize) }
+            var sawDamage = claims.sawDamage
+            for slot in [claims.newest, claims.older] {
+                guard let slot,
+                    let recordSize = claimedRecordSize(
+                        slotBytes(slot, count: recordHeaderSize),
+                        capacity: header.slotCapacity
+                    )
+                else { continue }
+                let bytes = slotBytes(slot, count: recordSize)
+                switch decodeSlot(bytes, capacity: header.slotCapacity) {
+                case .valid(let record): return try body(.success(Found(header: header, newest: (slot, record, bytes))))
+                case .empty, .invalid: sawDamage = true
+                }
+            }
+            return try body(sawDamage ? .failure(.noValidRecord) : .success(Found(header: header, newest: nil)))
         }
-        // Order the slots by the sequence their heads claim; verify the newest first.
-        var candidates: [(slot: Int, sequence: UInt64)] = []
-        var sawDamage = false
+    }
+
+    /// ``withNewestRecord(size:read:_:)`` for a file too large to read whole: the header and the slot heads, then
+    /// one record at a time.
+    private static func withNewestRecordOfLargeFile<Value>(
+        size: Int,
+        read: (_ buffer: UnsafeMutableRawBufferPointer, _ offset: Int) throws(WormholeError) -> Int,
+        _ body: (Result<Found, FileProblem>) throws(WormholeError) -> Value
+    ) throws(WormholeError) -> Value {
+        // The header, then the two slot heads.
+        let small = UnsafeMutableRawBufferPointer.allocate(byteCount: headerSize + 2 * recordHeaderSize, alignment: 16)
+        defer { small.deallocate() }
+        let headerCount = try read(UnsafeMutableRawBufferPointer(rebasing: small[0..<headerSize]), 0)
+        let header: Header
+        switch decodeHeader(UnsafeRawBufferPointer(rebasing: small[0..<headerCount])) {
+        case .success(let decoded): header = decoded
+        case .failure(let problem): return try body(.failure(.header(problem)))
+        }
+        guard size >= header.fileSize else {
+            return try body(.failure(.truncated(size: size, expected: header.fileSize)))
+        }
+        var heads: [UnsafeRawBufferPointer] = []
         for slot in 0..<2 {
-            let head = try slotBytes(slot, count: recordHeaderSize)
-            if head.count == recordHeaderSize, head.allSatisfy({ $0 == 0 }) { continue }
-            guard claimedRecordSize(head, capacity: header.slotCapacity) != nil else {
-                sawDamage = true
+            let start = headerSize + slot * recordHeaderSize
+            let target = UnsafeMutableRawBufferPointer(rebasing: small[start..<start + recordHeaderSize])
+            let count = try read(target, header.slotOffset(slot))
+            heads.append(UnsafeRawBufferPointer(rebasing: small[start..<start + count]))
+        }
+        let claims = claimedSlots(header: header) { heads[$0] }
+        var sawDamage = claims.sawDamage
+        for slot in [claims.newest, claims.older] {
+            guard let slot, let recordSize = claimedRecordSize(heads[slot], capacity: header.slotCapacity) else {
                 continue
             }
-            candidates.append((slot, head.load(at: 8)))
-        }
-        for candidate in candidates.sorted(by: { $0.sequence > $1.sequence }) {
-            let head = try slotBytes(candidate.slot, count: recordHeaderSize)
-            guard let recordSize = claimedRecordSize(head, capacity: header.slotCapacity) else { continue }
-            switch decodeSlot(try slotBytes(candidate.slot, count: recordSize), capacity: header.slotCapacity) {
-            case .valid(let record): return .success(Contents(header: header, newest: (candidate.slot, record)))
+            let record = UnsafeMutableRawBufferPointer.allocate(byteCount: recordSize, alignment: 16)
+            defer { record.deallocate() }
+            let count = try read(record, header.slotOffset(slot))
+            let bytes = UnsafeRawBufferPointer(rebasing: record[0..<count])
+            switch decodeSlot(bytes, capacity: header.slotCapacity) {
+            case .valid(let view): return try body(.success(Found(header: header, newest: (slot, view, bytes))))
             case .empty, .invalid: sawDamage = true
             }
         }
-        return sawDamage ? .failure(.noValidRecord) : .success(Contents(header: header, newest: nil))
+        return try body(sawDamage ? .failure(.noValidRecord) : .success(Found(header: header, newest: nil)))
+    }
+
+    /// The slots whose heads claim a record that fits, the higher sequence first; and whether a head was damaged.
+    private static func claimedSlots(
+        header: Header,
+        head: (Int) -> UnsafeRawBufferPointer
+    ) -> (newest: Int?, older: Int?, sawDamage: Bool) {
+        var claims: (first: (slot: Int, sequence: UInt64)?, second: (slot: Int, sequence: UInt64)?) = (nil, nil)
+        var sawDamage = false
+        for slot in 0..<2 {
+            let bytes = head(slot)
+            if bytes.count == recordHeaderSize, isZero(bytes) { continue }
+            guard claimedRecordSize(bytes, capacity: header.slotCapacity) != nil else {
+                sawDamage = true
+                continue
+            }
+            let claim = (slot: slot, sequence: load(UInt64.self, bytes, 8))
+            if claims.first == nil { claims.first = claim } else { claims.second = claim }
+        }
+        if let first = claims.first, let second = claims.second, second.sequence > first.sequence {
+            return (second.slot, first.slot, sawDamage)
+        }
+        return (claims.first?.slot, claims.second?.slot, sawDamage)
+    }
+
+    private static func isZero(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var index = 0
+        while index + 8 <= bytes.count {
+            if bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self) != 0 { return false }
+            index += 8
+        }
+        while index < bytes.count {
+            if bytes[index] != 0 { return false }
+            index += 1
+        }
+        return true
+    }
+
+    /// A little-endian integer at `offset` of `bytes`.
+    package static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: UnsafeRawBufferPointer, _ offset: Int) -> T
+    {
+        T(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: T.self))
     }
 
     package enum FileProblem: Error, Equatable {

@@ -217,11 +217,12 @@ final class InotifyMonitor: Sendable {
         /// Reads every queued event, then calls each affected handler once: a burst of posts wakes a handler
         /// once, which is enough, as it reads the newest state. Returns whether a watch is broken.
         private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer, driver: CallbackDriver) -> Bool {
-            var woken = Set<Int32>()
-            var replaced = Set<Int32>()
+            // A wake-up concerns a watch or two: arrays searched in line cost less than sets hashed.
+            var woken: [Int32] = []
+            var replaced: [Int32] = []
             let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
-                woken.insert(watch)
-                if mask & Inotify.replacementEvents != 0 { replaced.insert(watch) }
+                if !woken.contains(watch) { woken.append(watch) }
+                if mask & Inotify.replacementEvents != 0, !replaced.contains(watch) { replaced.append(watch) }
             }
             // After an overflow the kernel dropped events, a file's replacement among them: wake everyone, who will
             // read the newest state, and look at every watched path again.
@@ -234,17 +235,19 @@ final class InotifyMonitor: Sendable {
         @discardableResult
         private func runHandlers(
             wakingEveryone: Bool,
-            woken: Set<Int32>,
-            replaced: Set<Int32>,
+            woken: [Int32],
+            replaced: [Int32],
             driver: CallbackDriver
         ) -> Bool {
             let (handlers, hasBroken) = registry.withLock { registry in
-                var chosen: [UInt64: @Sendable () -> Void] = [:]
-                let affected = wakingEveryone ? Set(registry.watches.keys) : woken
+                // A handler belongs to one watch (`byID`), so the groups never share one: no merging, only an order.
+                var chosen: [(id: UInt64, handler: @Sendable () -> Void)] = []
+                let affected = wakingEveryone ? Array(registry.watches.keys) : woken
                 for watch in affected {
-                    if let group = registry.watches[watch]?.handlers { chosen.merge(group) { first, _ in first } }
+                    for (id, handler) in registry.watches[watch]?.handlers ?? [:] { chosen.append((id, handler)) }
                 }
-                for watch in wakingEveryone ? Set(registry.watches.keys) : replaced {
+                if chosen.count > 1 { chosen.sort { $0.id < $1.id } }
+                for watch in wakingEveryone ? Array(registry.watches.keys) : replaced {
                     rewatchIfReplaced(watch, in: &registry)
                 }
                 return (chosen, !registry.broken.isEmpty)
@@ -306,17 +309,18 @@ final class InotifyMonitor: Sendable {
                 }
                 return repaired
             }
-            call(handlers, driver: driver)
+            call(handlers.sorted { $0.key < $1.key }.map { (id: $0.key, handler: $0.value) }, driver: driver)
         }
 
-        /// Calls each handler once, in the order of their observations, and after each the callbacks it scheduled;
-        /// stops when the driver is replaced meanwhile, as the new thread calls every handler once.
-        private func call(_ handlers: [UInt64: @Sendable () -> Void], driver: CallbackDriver) {
-            for id in handlers.keys.sorted() {
+        /// Calls each handler once, in the order given (their observations', as callers sort them by id), and after
+        /// each the callbacks it scheduled; stops when the driver is replaced meanwhile, as the new thread calls every
+        /// handler once.
+        private func call(_ handlers: [(id: UInt64, handler: @Sendable () -> Void)], driver: CallbackDriver) {
+            for (id, handler) in handlers {
                 if driver.isReplaced { return }
                 // A handler cancelled by an earlier handler (or callback) in this batch is skipped.
                 if registry.withLock({ $0.byID[id] != nil }) {
-                    handlers[id]!()
+                    handler()
                     driver.runDeferred()
                 }
             }

@@ -93,39 +93,48 @@ package struct Descriptor {
     func read(count: Int, at offset: Int) -> Result<[UInt8], Errno> {
         var failure: Errno?
         let buffer = [UInt8](unsafeUninitializedCapacity: count) { bytes, initialized in
-            var done = 0
-            while done < count {
-                let rest = UnsafeMutableRawBufferPointer(UnsafeMutableBufferPointer(rebasing: bytes[done...]))
-                switch errnoResult({ try file.read(fromAbsoluteOffset: Int64(offset + done), into: rest) }) {
-                case .success(0):
-                    initialized = done
-                    return
-                case .success(let n): done += n
-                case .failure(let error):
-                    failure = error
-                    initialized = 0
-                    return
-                }
+            switch read(filling: UnsafeMutableRawBufferPointer(bytes), at: offset) {
+            case .success(let done): initialized = done
+            case .failure(let error):
+                failure = error
+                initialized = 0
             }
-            initialized = done
         }
         if let failure { return .failure(failure) }
         return .success(buffer)
     }
 
+    /// Reads into `buffer` from `offset`, looping over short reads; returns how many bytes were read, fewer than
+    /// `buffer.count` only at the end of the file.
+    func read(filling buffer: UnsafeMutableRawBufferPointer, at offset: Int) -> Result<Int, Errno> {
+        var done = 0
+        while done < buffer.count {
+            let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[done...])
+            switch errnoResult({ try file.read(fromAbsoluteOffset: Int64(offset + done), into: rest) }) {
+            case .success(0): return .success(done)
+            case .success(let n): done += n
+            case .failure(let error): return .failure(error)
+            }
+        }
+        return .success(done)
+    }
+
     /// Writes all of `bytes` at `offset`, looping over short writes.
     func write(_ bytes: [UInt8], at offset: Int) -> Result<Void, Errno> {
-        bytes.withUnsafeBytes { buffer in
-            var done = 0
-            while done < buffer.count {
-                let rest = UnsafeRawBufferPointer(rebasing: buffer[done...])
-                switch errnoResult({ try file.write(toAbsoluteOffset: Int64(offset + done), rest) }) {
-                case .success(let n): done += n
-                case .failure(let error): return .failure(error)
-                }
+        bytes.withUnsafeBytes { write($0, at: offset) }
+    }
+
+    /// Writes all of `bytes` at `offset`, looping over short writes.
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Result<Void, Errno> {
+        var done = 0
+        while done < bytes.count {
+            let rest = UnsafeRawBufferPointer(rebasing: bytes[done...])
+            switch errnoResult({ try file.write(toAbsoluteOffset: Int64(offset + done), rest) }) {
+            case .success(let n): done += n
+            case .failure(let error): return .failure(error)
             }
-            return .success(())
         }
+        return .success(())
     }
 
     /// Opens a file by path (close-on-exec), for a file outside any wormhole directory, such as one to send; a file
