@@ -102,7 +102,8 @@ public final class FileTransiting: Transiting {
     /// The options it was made with.
     public let options: Options
     let handle: DirectoryHandle
-    private let openFiles = OpenFileCache()
+    /// Mailbox files kept open, by identifier.
+    private let openFiles = OpenFileCache(fileName: FileTransiting.fileName)
 
     /// Opens (and by default creates, mode 0700) a directory of mailboxes.
     ///
@@ -151,11 +152,13 @@ public final class FileTransiting: Transiting {
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
-        return try readFile(name: Self.fileName(identifier), identifier: identifier)
+        return try readFile(identifier: identifier)
     }
 
-    private func readFile(name: String, identifier: String) throws(WormholeError) -> Envelope? {
-        try openFiles.entry(name).descriptor.withLock { (cached) throws(WormholeError) -> Envelope? in
+    private func readFile(identifier: String) throws(WormholeError) -> Envelope? {
+        let entry = openFiles.entry(identifier)
+        let name = entry.name
+        return try entry.descriptor.withLock { (cached) throws(WormholeError) -> Envelope? in
             for _ in 0..<1000 {
                 if cached < 0 {
                     do throws(Errno) {
@@ -402,8 +405,9 @@ public final class FileTransiting: Transiting {
         createIfMissing: Bool,
         outgoing: Outgoing
     ) throws(WormholeError) -> Stored? {
-        let name = Self.fileName(identifier)
-        return try openFiles.entry(name).descriptor.withLock { (cached) throws(WormholeError) -> Stored? in
+        let entry = openFiles.entry(identifier)
+        let name = entry.name
+        return try entry.descriptor.withLock { (cached) throws(WormholeError) -> Stored? in
             // A few rounds at most: each retry means another process created or replaced the file meanwhile.
             for _ in 0..<1000 {
                 if cached < 0 {

@@ -164,8 +164,11 @@ package enum MailboxFormat {
             return .failure(.badChecksum)
         }
         let declaredHeaderSize = load(UInt16.self, bytes, 6)
-        let capacity = Int(load(UInt32.self, bytes, 8))
-        guard declaredHeaderSize == headerSize, capacity >= minimumSlotCapacity, capacity & (capacity - 1) == 0 else {
+        // Clamped, and bounded so that the file's size is an Int: no trap where Int has 32 bits.
+        let capacity = Int(clamping: load(UInt32.self, bytes, 8))
+        guard declaredHeaderSize == headerSize, capacity >= minimumSlotCapacity, capacity & (capacity - 1) == 0,
+            capacity <= Int.max / 4
+        else {
             return .failure(.badLayout)
         }
         return .success(Header(slotCapacity: capacity, generation: load(UInt64.self, bytes, 16)))
@@ -185,7 +188,9 @@ package enum MailboxFormat {
     /// The length a slot's record claims, or nil when the claim cannot fit in the slot.
     package static func claimedRecordSize(_ head: UnsafeRawBufferPointer, capacity: Int) -> Int? {
         guard head.count >= recordHeaderSize else { return nil }
-        let size = recordHeaderSize + Int(load(UInt16.self, head, 6)) + Int(load(UInt32.self, head, 24))
+        let payloadSize = Int(clamping: load(UInt32.self, head, 24))  // no trap where Int has 32 bits
+        guard payloadSize <= capacity else { return nil }
+        let size = recordHeaderSize + Int(load(UInt16.self, head, 6)) + payloadSize
         return size <= capacity ? size : nil
     }
 

@@ -86,7 +86,7 @@ package enum QueueFormat {
     package static func parse(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> Parsed {
         guard bytes.count - offset >= headerSize else { return .incomplete }
         guard load(UInt32.self, bytes, offset) == magic else { return .invalid }
-        let bodySize = Int(load(UInt32.self, bytes, offset + 4))
+        let bodySize = Int(clamping: load(UInt32.self, bytes, offset + 4))  // no trap where Int has 32 bits
         guard bodySize >= bodyPrefixSize, bodySize <= maximumBodySize else { return .invalid }
         guard bytes.count - offset >= headerSize + bodySize else { return .incomplete }
         let base = bytes.baseAddress!
@@ -133,7 +133,7 @@ package enum QueueFormat {
         case .incomplete:
             if !reachesEnd {
                 // A header cut short by the end of the bytes read may be no header at all: trust no length then.
-                let claimed = bytes.count - offset >= 8 ? Int(load(UInt32.self, bytes, offset + 4)) : 0
+                let claimed = bytes.count - offset >= 8 ? Int(clamping: load(UInt32.self, bytes, offset + 4)) : 0
                 return .read(count: headerSize + (claimed <= maximumBodySize ? claimed : 0))
             }
             // Only a whole record proves this one torn: the start of one that is not whole yet may be this

@@ -155,7 +155,7 @@ package enum SuiteLogFormat {
         guard bytes.endIndex - start >= recordHeaderSize else { return .incomplete }
         let head = bytes[start...]
         guard head.load(at: 0) as UInt32 == recordMagic else { return .invalid }
-        let bodySize = Int(head.load(at: 4) as UInt32)
+        let bodySize = Int(clamping: head.load(at: 4) as UInt32)  // no trap where Int has 32 bits
         guard bodySize >= bodyPrefixSize, bodySize <= maximumBodySize else { return .invalid }
         guard bytes.endIndex - start >= recordHeaderSize + bodySize else { return .incomplete }
         let body = bytes[(start + recordHeaderSize)..<(start + recordHeaderSize + bodySize)]
@@ -171,7 +171,7 @@ package enum SuiteLogFormat {
         let hasDirection = body[body.startIndex + 1] & 1 != 0
         let senderLength = Int(body.load(at: 2) as UInt16)
         let directionLength = Int(body.load(at: 4) as UInt16)
-        let count = Int(body.load(at: 24) as UInt32)
+        let count = Int(clamping: body.load(at: 24) as UInt32)
         var cursor = body.startIndex + bodyPrefixSize
         guard body.endIndex - cursor >= senderLength + directionLength else { return nil }
         let sender = String(decoding: body[cursor..<cursor + senderLength], as: UTF8.self)
@@ -217,7 +217,7 @@ package enum SuiteLogFormat {
         // last record claims an end past the bytes, and nothing follows it.
         if bytes.count - offset >= recordHeaderSize {
             let head = bytes[(bytes.startIndex + offset)...]
-            let claimed = Int(head.load(at: 4) as UInt32)
+            let claimed = Int(clamping: head.load(at: 4) as UInt32)
             if head.load(at: 0) as UInt32 == recordMagic, claimed >= bodyPrefixSize, claimed <= maximumBodySize {
                 candidate = offset + recordHeaderSize + claimed
             }
@@ -229,7 +229,7 @@ package enum SuiteLogFormat {
             if bytes[start] == magic[0], bytes[start + 1] == magic[1], bytes[start + 2] == magic[2],
                 bytes[start + 3] == magic[3]
             {
-                let claimed = Int(bytes[start...].load(at: 4) as UInt32)
+                let claimed = Int(clamping: bytes[start...].load(at: 4) as UInt32)
                 if claimed <= bytes.count - candidate - recordHeaderSize {
                     budget -= claimed
                     if budget < 0 { return true }

@@ -44,6 +44,33 @@ struct MailboxFormatTests {
         #expect(try decode(file).get().newest?.record == record)
     }
 
+    @Test("A file over 64 KiB, read head by head and record by record, follows the same rules")
+    func largeFile() throws {
+        let large = MailboxFormat.Header(slotCapacity: 64 * 1024, generation: 42)
+        var file = MailboxFormat.encodeFile(header: large, record: record)
+        #expect(file.count > MailboxFormat.wholeReadLimit)
+        #expect(try decode(file).get().newest?.record == record)
+        var newer = record
+        newer.sequence = 8
+        newer.payload = Array(repeating: 0x42, count: 40_000)
+        let encoded = MailboxFormat.encodeRecord(newer)
+        file.replaceSubrange(large.slotOffset(1)..<large.slotOffset(1) + encoded.count, with: encoded)
+        let found = try decode(file).get().newest
+        #expect(found?.slot == 1)
+        #expect(found?.record == newer)
+        // A torn newer record falls back to the older one; with both torn, there is no message to read.
+        file[large.slotOffset(1) + encoded.count - 1] ^= 0xFF
+        #expect(try decode(file).get().newest?.record == record)
+        file[large.slotOffset(0) + 40] ^= 0xFF
+        #expect(try decode(file).failureValue == .noValidRecord)
+        // Cut short of its slots; and a file whose slots are both empty.
+        let cut = try decode(Array(MailboxFormat.encodeFile(header: large, record: record).dropLast()))
+        #expect(cut.failureValue == .truncated(size: large.fileSize - 1, expected: large.fileSize))
+        let empty = try decode(MailboxFormat.encodeEmptyFile(header: large)).get()
+        #expect(empty.header == large)
+        #expect(empty.newest == nil)
+    }
+
     @Test("A file truncated at any byte is reported as truncated, never read wrong")
     func truncatedAtEveryByte() throws {
         let file = MailboxFormat.encodeFile(header: header, record: record)
