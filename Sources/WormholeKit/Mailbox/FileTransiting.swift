@@ -116,6 +116,8 @@ public final class FileTransiting: Transiting {
     public init(directory: String, options: Options = Options(), createDirectory: Bool = true) throws(WormholeError) {
         self.options = options
         self.handle = try DirectoryHandle.open(path: directory, create: createDirectory, options: options)
+        // Mailbox and suite files made or replaced by a process killed before its rename.
+        handle.removeAbandonedTemporaryFiles()
     }
 
     static func fileName(_ identifier: String) -> String { identifier + MailboxFormat.fileSuffix }

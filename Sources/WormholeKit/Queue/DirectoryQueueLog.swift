@@ -56,7 +56,7 @@ final class DirectoryQueueLog: QueueLog {
 
     func append(contentsOf payloads: some Sequence<Data>) throws(WormholeError) {
         let timestamp = ProcessFacts.wallClockNanoseconds()
-        try appender.withLock { (state) throws(WormholeError) in
+        let appended = try appender.withLock { (state) throws(WormholeError) -> Bool in
             let records = state.records
             records.removeAll()
             defer { records.shrinkAfterHugeBatch() }
@@ -86,10 +86,12 @@ final class DirectoryQueueLog: QueueLog {
                     }
                 }
             }
-            guard records.count > 0 else { return }
+            guard records.count > 0 else { return false }
             try write(records.bytes, descriptor: &state.descriptor)
+            return true
         }
-        if case .notifier(let notifier) = wakeSource {
+        // An empty batch appends nothing, and wakes nobody.
+        if appended, case .notifier(let notifier) = wakeSource {
             do throws(WormholeError) {
                 try notifier.post("queue." + identifier)
             } catch {

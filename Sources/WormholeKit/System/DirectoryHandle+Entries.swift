@@ -41,6 +41,30 @@ extension DirectoryHandle {
         valueOrErrno { fchownat(rawDescriptor, name, uid_t.max, group, AT_SYMLINK_NOFOLLOW) }.map { _ in }
     }
 
+    /// Removes the hidden files that ``createFile(named:bytes:replacing:synchronize:)`` left behind in a process that
+    /// was killed before its rename (`.tmp-PID-RANDOM`): those of a process that is gone and last written more than
+    /// `minimumAge` seconds ago. Returns how many it removed.
+    ///
+    /// Both conditions, because a directory shared between containers may hold the file of a live process whose
+    /// process id means nothing here, and a process id may be taken again by a new process: a file being written is
+    /// written within milliseconds, so an old file of a process that is not there is abandoned. The user's own files
+    /// only: another user's cannot be told apart from a planted one, and are left alone.
+    @discardableResult
+    func removeAbandonedTemporaryFiles(minimumAge: Double = 60) -> Int {
+        guard let names = try? entries() else { return 0 }
+        var removed = 0
+        let now = Double(ProcessFacts.wallClockNanoseconds()) / 1e9
+        for name in names where name.hasPrefix(Self.temporaryPrefix) {
+            let pid = name.dropFirst(Self.temporaryPrefix.count).prefix { $0 != "-" }
+            guard let pid = pid_t(pid), pid > 0, kill(pid, 0) == -1, errno == ESRCH,
+                case .success(let status) = status(ofEntry: name), status.isRegularFile,
+                status.ownerID == ProcessFacts.effectiveUserID, now - status.modificationTime > minimumAge
+            else { continue }
+            if unlinkat(rawDescriptor, name, 0) == 0 { removed += 1 }
+        }
+        return removed
+    }
+
     /// When the directory last changed (an entry came or went), in nanoseconds since 1970 (`fstat`).
     func modificationTime() -> Result<Int64, Errno> {
         var raw = stat()

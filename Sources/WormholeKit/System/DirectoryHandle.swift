@@ -306,6 +306,10 @@ final class DirectoryHandle: Sendable {
         return status
     }
 
+    /// The start of the hidden files ``createFile(named:bytes:replacing:synchronize:)`` writes, followed by the process
+    /// id and a random number.
+    static let temporaryPrefix = ".tmp-"
+
     /// Writes `bytes` to a new hidden file and renames it to `name`: readers see the old file or the new one.
     ///
     /// The file's bytes are flushed before the rename, whatever `synchronize` says: otherwise a power cut could
@@ -321,7 +325,7 @@ final class DirectoryHandle: Sendable {
         replacing: Bool,
         synchronize: Bool
     ) -> Result<Void, Errno> {
-        let temporary = ".tmp-\(ProcessFacts.processID)-\(UInt64.random(in: 0...UInt64.max))"
+        let temporary = "\(Self.temporaryPrefix)\(ProcessFacts.processID)-\(UInt64.random(in: 0...UInt64.max))"
         let file: OwnedDescriptor
         do { file = try openFile(named: temporary, flags: O_WRONLY | O_CREAT | O_EXCL) } catch {
             return .failure(error)

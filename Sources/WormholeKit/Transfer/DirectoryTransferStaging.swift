@@ -15,6 +15,8 @@ final class DirectoryTransferStaging: TransferStaging {
         if case .failure(let errno) = directory.synchronizeEntries() {
             throw WormholeError.fileSystem(errno, "flush the directory of the staging area", path: directory.path)
         }
+        // Delivery markers made by a process killed before their rename.
+        staging.removeAbandonedTemporaryFiles()
     }
 
     func stage(

@@ -36,6 +36,20 @@ struct EngineSeamTests {
         }
     }
 
+    @Test("On a notifier of the app's own, an empty batch appends nothing and wakes no queue consumer")
+    func emptyBatchWakesNobody() async throws {
+        try await offThePool {
+            let notifier = ManualNotifier()
+            let wormhole = Wormhole(transiting: try FileTransiting(directory: directory("manual")), notifier: notifier)
+            let queue = try wormhole.queue("jobs")
+            try queue.enqueueData(contentsOf: [])
+            #expect(notifier.postedNames.isEmpty)
+            #expect(try queue.status().endOffset == 0)
+            try queue.enqueue("a job")
+            #expect(notifier.postedNames == ["queue.jobs"])
+        }
+    }
+
     @Test("A wormhole made from an in-memory transiting has mailboxes, and says what it cannot do")
     func partsWithoutADirectory() async throws {
         try await offThePool {

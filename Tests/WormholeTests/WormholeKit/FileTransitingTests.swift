@@ -34,6 +34,35 @@ struct FileTransitingTests {
         }
     }
 
+    @Test("Hidden files left by a process killed before its rename are removed on opening, and no others")
+    func abandonedTemporaryFiles() async throws {
+        try await offThePool {
+            let files = try transiting()
+            let root = files.directory
+            // A process that ran and is gone: its id names no process now.
+            let child = Process()
+            child.executableURL = URL(fileURLWithPath: "/bin/true")
+            try child.run()
+            child.waitUntilExit()
+            let gone = child.processIdentifier
+            let old = Date(timeIntervalSinceNow: -3600)
+            let abandoned = ".tmp-\(gone)-1"
+            let recent = ".tmp-\(gone)-2"  // a minute has not passed: it may be a file being written
+            let living = ".tmp-\(getpid())-3"  // its process is there
+            for name in [abandoned, recent, living] {
+                #expect(FileManager.default.createFile(atPath: root + "/" + name, contents: Data("x".utf8)))
+            }
+            for name in [abandoned, living] {
+                try FileManager.default.setAttributes([.modificationDate: old], ofItemAtPath: root + "/" + name)
+            }
+            _ = try FileTransiting(directory: root)
+            let left = try FileManager.default.contentsOfDirectory(atPath: root)
+            #expect(!left.contains(abandoned))
+            #expect(left.contains(recent))
+            #expect(left.contains(living))
+        }
+    }
+
     @Test("Directories are created 0700 and files 0600")
     func permissionsArePrivate() async throws {
         try await offThePool {
@@ -55,6 +84,25 @@ struct FileTransitingTests {
             #expect(try files.readMessage(identifier: "a")?.payload == large)
             let after = try files.writeMessage(Data("2".utf8), sender: "test", identifier: "a")
             #expect(try files.readMessage(identifier: "a") == after)
+        }
+    }
+
+    @Test("A sender over 65,535 bytes is stored cut to 65,535, in a new file, in place and in a grown one")
+    func longSender() async throws {
+        try await offThePool {
+            let files = try transiting()
+            let sender = String(repeating: "s", count: 70_000)
+            let stored = String(repeating: "s", count: Int(UInt16.max))
+            let first = try files.writeMessage(Data("1".utf8), sender: sender, identifier: "a")  // a new file
+            #expect(first.sender == sender)
+            #expect(try files.readMessage(identifier: "a")?.sender == stored)
+            _ = try files.writeMessage(Data("2".utf8), sender: sender, identifier: "a")  // in place
+            #expect(try files.readMessage(identifier: "a")?.sender == stored)
+            let large = Data(repeating: 0x41, count: 200_000)
+            _ = try files.writeMessage(large, sender: sender, identifier: "a")  // a grown file
+            let read = try files.readMessage(identifier: "a")
+            #expect(read?.sender == stored)
+            #expect(read?.payload == large)
         }
     }
 

@@ -71,6 +71,35 @@ struct MailboxFormatTests {
         #expect(empty.newest == nil)
     }
 
+    @Test("Two whole records of one sequence: slot 0's is read")
+    func equalSequences() throws {
+        var file = MailboxFormat.encodeFile(header: header, record: record)
+        var twin = record
+        twin.payload = Array("twin".utf8)
+        let encoded = MailboxFormat.encodeRecord(twin)
+        file.replaceSubrange(header.slotOffset(1)..<header.slotOffset(1) + encoded.count, with: encoded)
+        #expect(try decode(file).get().newest?.slot == 0)
+    }
+
+    @Test("A file that shrinks between its size and its read gives an error, small or large")
+    func shrinksWhileRead() throws {
+        for capacity in [512, 64 * 1024] {
+            let header = MailboxFormat.Header(slotCapacity: capacity, generation: 42)
+            let file = MailboxFormat.encodeFile(header: header, record: record)
+            // The size says whole; the read ends inside slot 0's record, or before slot 1.
+            for kept in [MailboxFormat.headerSize + 20, header.slotOffset(1) - 1] {
+                let result = try MailboxFormat.decodeFile(size: file.count) { (count, offset) throws(WormholeError) in
+                    Array(file.prefix(kept)[min(offset, kept)..<min(offset + count, kept)])
+                }
+                if kept < MailboxFormat.headerSize + 50 {
+                    #expect(result.failureValue == .noValidRecord, "capacity \(capacity), \(kept) bytes")
+                } else {
+                    #expect((try? result.get())?.newest?.record == record, "capacity \(capacity), \(kept) bytes")
+                }
+            }
+        }
+    }
+
     @Test("A file truncated at any byte is reported as truncated, never read wrong")
     func truncatedAtEveryByte() throws {
         let file = MailboxFormat.encodeFile(header: header, record: record)
