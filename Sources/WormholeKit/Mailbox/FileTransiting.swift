@@ -48,7 +48,8 @@ public final class FileTransiting: Transiting {
         /// Whether files and directories of other users are accepted: set it, with group-readable permissions,
         /// only for a directory shared on purpose between users of one Unix group.
         public var trustsOtherOwners: Bool
-        /// The largest payload accepted, in bytes; 16 MiB by default. Mailboxes are for small messages.
+        /// The largest payload accepted, in bytes; 16 MiB by default, and at most 1 GiB whatever it says. Mailboxes
+        /// are for small messages.
         public var maximumMessageSize: Int
         /// The Unix group given to the files and directories the wormhole creates; nil (the default) leaves them
         /// the creating user's group. See ``shared(withGroup:synchronizesWrites:)``.
@@ -122,6 +123,10 @@ public final class FileTransiting: Transiting {
 
     static func fileName(_ identifier: String) -> String { identifier + MailboxFormat.fileSuffix }
 
+    /// The largest payload a mailbox file holds, whatever ``Options/maximumMessageSize`` says: its slots' capacity is
+    /// stored in 32 bits, and a power of two at least as large as the record.
+    static let largestMessageSize = 1 << 30
+
     // MARK: Transiting
 
     public func writeMessage(_ payload: Data, sender: String, identifier: String) throws(WormholeError) -> Envelope {
@@ -131,6 +136,14 @@ public final class FileTransiting: Transiting {
                 .messageTooLarge,
                 "The message is \(payload.count) bytes; this wormhole accepts up to \(options.maximumMessageSize). "
                     + "Raise FileTransiting.Options.maximumMessageSize, or pass a path to a file instead.",
+                identifier: identifier
+            )
+        }
+        guard payload.count <= Self.largestMessageSize else {
+            throw WormholeError(
+                .messageTooLarge,
+                "The message is \(payload.count) bytes; a mailbox file holds up to 1 GiB, whatever "
+                    + "FileTransiting.Options.maximumMessageSize says. Send a file instead (Wormhole.transfers).",
                 identifier: identifier
             )
         }

@@ -185,8 +185,11 @@ package enum SuiteLogFormat {
             let keyLength = Int(body[cursor...].load(at: 0) as UInt16)
             let valueLength = body[cursor...].load(at: 2) as UInt32
             cursor += 6
-            let valueSize = valueLength == removedLength ? 0 : Int(valueLength)
-            guard body.endIndex - cursor >= keyLength + valueSize else { return nil }
+            // Clamped and compared without a sum: no trap where Int has 32 bits, whatever the length claims.
+            let valueSize = valueLength == removedLength ? 0 : Int(clamping: valueLength)
+            guard keyLength <= body.endIndex - cursor, valueSize <= body.endIndex - cursor - keyLength else {
+                return nil
+            }
             let key = String(decoding: body[cursor..<cursor + keyLength], as: UTF8.self)
             cursor += keyLength
             let value = valueLength == removedLength ? nil : Data(body[cursor..<cursor + valueSize])

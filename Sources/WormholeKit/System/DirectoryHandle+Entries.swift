@@ -42,27 +42,42 @@ extension DirectoryHandle {
     }
 
     /// Removes the hidden files that ``createFile(named:bytes:replacing:synchronize:)`` left behind in a process that
-    /// was killed before its rename (`.tmp-PID-RANDOM`): those of a process that is gone and last written more than
-    /// `minimumAge` seconds ago. Returns how many it removed.
+    /// was killed before its rename (`.tmp-PID-RANDOM`, named exactly so): those of a process that is gone and last
+    /// written more than `minimumAge` seconds ago. Returns how many it removed.
     ///
     /// Both conditions, because a directory shared between containers may hold the file of a live process whose
-    /// process id means nothing here, and a process id may be taken again by a new process: a file being written is
-    /// written within milliseconds, so an old file of a process that is not there is abandoned. The user's own files
-    /// only: another user's cannot be told apart from a planted one, and are left alone.
+    /// process id means nothing here, and a process id may be taken again by a new process. A file is written and
+    /// renamed within milliseconds; an hour leaves room for a writer paused or stuck in `fsync` on slow storage (one
+    /// paused longer would find its file gone, and its call would fail with a file-system error, nothing damaged).
+    /// The user's own regular files only: another user's cannot be told apart from a planted one.
     @discardableResult
-    func removeAbandonedTemporaryFiles(minimumAge: Double = 60) -> Int {
+    func removeAbandonedTemporaryFiles(minimumAge: Double = 3600) -> Int {
         guard let names = try? entries() else { return 0 }
         var removed = 0
         let now = Double(ProcessFacts.wallClockNanoseconds()) / 1e9
-        for name in names where name.hasPrefix(Self.temporaryPrefix) {
-            let pid = name.dropFirst(Self.temporaryPrefix.count).prefix { $0 != "-" }
-            guard let pid = pid_t(pid), pid > 0, kill(pid, 0) == -1, errno == ESRCH,
+        for name in names {
+            guard let pid = Self.processOfTemporaryFile(name), kill(pid, 0) == -1, errno == ESRCH,
                 case .success(let status) = status(ofEntry: name), status.isRegularFile,
                 status.ownerID == ProcessFacts.effectiveUserID, now - status.modificationTime > minimumAge
             else { continue }
             if unlinkat(rawDescriptor, name, 0) == 0 { removed += 1 }
         }
         return removed
+    }
+
+    /// The process id in the name of a hidden file that ``createFile(named:bytes:replacing:synchronize:)`` writes
+    /// (`.tmp-` then the id and a random `UInt64` in decimal, joined by `-`); nil for any other name.
+    static func processOfTemporaryFile(_ name: String) -> pid_t? {
+        guard name.hasPrefix(temporaryPrefix) else { return nil }
+        let parts = name.dropFirst(temporaryPrefix.count).split(separator: "-", omittingEmptySubsequences: false)
+        func isDecimal(_ part: Substring, maximumLength: Int) -> Bool {
+            !part.isEmpty && part.count <= maximumLength && part.utf8.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+                && (part.count == 1 || part.first != "0")
+        }
+        guard parts.count == 2, isDecimal(parts[0], maximumLength: 10), isDecimal(parts[1], maximumLength: 20),
+            UInt64(parts[1]) != nil, let pid = pid_t(parts[0]), pid > 0
+        else { return nil }
+        return pid
     }
 
     /// When the directory last changed (an entry came or went), in nanoseconds since 1970 (`fstat`).

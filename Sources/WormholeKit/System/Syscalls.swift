@@ -49,7 +49,12 @@ struct FileStatus: Sendable {
         linkCount = Int(raw.st_nlink)
         ownerID = UInt32(raw.st_uid)
         mode = UInt32(raw.st_mode)
-        modificationTime = Double(raw.st_mtim.tv_sec) + Double(raw.st_mtim.tv_nsec) / 1e9
+        #if canImport(Darwin)
+        let time = raw.st_mtimespec
+        #else
+        let time = raw.st_mtim
+        #endif
+        modificationTime = Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
         device = UInt64(raw.st_dev)
         inode = UInt64(raw.st_ino)
     }

@@ -45,14 +45,15 @@ struct FileTransitingTests {
             try child.run()
             child.waitUntilExit()
             let gone = child.processIdentifier
-            let old = Date(timeIntervalSinceNow: -3600)
+            let old = Date(timeIntervalSinceNow: -7200)
             let abandoned = ".tmp-\(gone)-1"
-            let recent = ".tmp-\(gone)-2"  // a minute has not passed: it may be a file being written
+            let recent = ".tmp-\(gone)-2"  // an hour has not passed: its writer may be paused
             let living = ".tmp-\(getpid())-3"  // its process is there
-            for name in [abandoned, recent, living] {
+            let notOurs = ".tmp-\(gone)-notes"  // not a name the wormhole writes
+            for name in [abandoned, recent, living, notOurs] {
                 #expect(FileManager.default.createFile(atPath: root + "/" + name, contents: Data("x".utf8)))
             }
-            for name in [abandoned, living] {
+            for name in [abandoned, living, notOurs] {
                 try FileManager.default.setAttributes([.modificationDate: old], ofItemAtPath: root + "/" + name)
             }
             _ = try FileTransiting(directory: root)
@@ -60,6 +61,13 @@ struct FileTransitingTests {
             #expect(!left.contains(abandoned))
             #expect(left.contains(recent))
             #expect(left.contains(living))
+            #expect(left.contains(notOurs))
+            #expect(DirectoryHandle.processOfTemporaryFile(".tmp-42-18446744073709551615") == 42)
+            for name in [
+                ".tmp-0-1", ".tmp--5-1", ".tmp-+5-1", ".tmp-05-1", ".tmp-5-", ".tmp-5-1-2", ".tmp-5", "tmp-5-1",
+            ] {
+                #expect(DirectoryHandle.processOfTemporaryFile(name) == nil, "\(name)")
+            }
         }
     }
 
@@ -103,6 +111,20 @@ struct FileTransitingTests {
             let read = try files.readMessage(identifier: "a")
             #expect(read?.sender == stored)
             #expect(read?.payload == large)
+        }
+    }
+
+    @Test("A limit raised past 1 GiB still refuses a message a mailbox file cannot hold")
+    func formatLimit() async throws {
+        try await offThePool {
+            let files = try transiting(FileTransiting.Options(maximumMessageSize: Int.max))
+            let huge = Data(count: FileTransiting.largestMessageSize + 1)  // zero pages, never touched
+            let error = #expect(throws: WormholeError.self) {
+                try files.writeMessage(huge, sender: "test", identifier: "a")
+            }
+            #expect(error?.code == .messageTooLarge)
+            #expect(error?.message.contains("1 GiB") == true)
+            #expect(try files.readMessage(identifier: "a") == nil)
         }
     }
 
