@@ -64,6 +64,10 @@ final class NotificationHub: Sendable {
         var wake: DispatchSemaphore?
         /// How many times the hub has (re)started listening.
         var connections = 0
+        /// Whether an observer was registered while no listening connection could be made (its wait for one timed
+        /// out): the first connection then wakes every observer, as a reconnection does, for what was posted before
+        /// it listened.
+        var observedWithoutListening = false
     }
 
     let connections: Connections
@@ -347,6 +351,9 @@ final class NotificationHub: Sendable {
         _ = listening.wait(until: Date().addingTimeInterval(10)) { [state] in
             state.withLock { $0.connections > 0 || $0.closed }
         }
+        state.withLock { state in
+            if state.connections == 0, !state.closed { state.observedWithoutListening = true }
+        }
     }
 
     private func run() {
@@ -423,20 +430,22 @@ final class NotificationHub: Sendable {
             doing: "sweeping live endpoints of processes gone"
         )
         try writeEndpointRowsAgain(on: connection, pid: pid, key: key)
-        let first = state.withLock { state in
+        let (first, observedWithoutListening) = state.withLock { state in
             state.backendPID = pid
             state.aliveKey = key
             state.connection = connection
             state.wake = wake
             state.connections += 1
-            return state.connections == 1
+            defer { state.observedWithoutListening = false }
+            return (state.connections == 1, state.observedWithoutListening)
         }
         listening.broadcast()
         resetBackOff()
-        if !first {
-            logger.info("PostgreSQL engine: listening again on \(connections.server)")
-            // Whatever was posted while no one listened: every observer reads again. (Not on the first connection:
-            // every observer then was registered while it was being made, and promised only later posts.)
+        if !first { logger.info("PostgreSQL engine: listening again on \(connections.server)") }
+        if !first || observedWithoutListening {
+            // Whatever was posted while no one listened: every observer reads again. (Not on a first connection that
+            // every observer waited for: each was registered while it was being made, and promised only later posts;
+            // one that stopped waiting, with the server away, was promised what came after it.)
             wakeEveryObserver()
         }
         var lastPoll = ContinuousClock.now

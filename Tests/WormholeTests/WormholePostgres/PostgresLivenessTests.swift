@@ -107,6 +107,39 @@ struct PostgresCommitTests {
         }
     }
 
+    @Test("A listener registered while the server was away is woken when its connection is made, not 10 s later")
+    func listenerRegisteredDuringOutage() async throws {
+        try await offThePool { try listenerRegisteredDuringOutageBody() }
+    }
+
+    func listenerRegisteredDuringOutageBody() throws {
+        // A server of its own, stopped while a listener registers: its notifications start only once the listening
+        // connection is made, and a message passed before that reaches it only if that connection wakes it.
+        let server = try LocalPostgresServer()
+        defer { server.close() }
+        let group = uniqueGroup("outage")
+        let listening = try PostgresEngine(url: server.url, group: group)
+        defer { listening.close() }
+        let passing = try PostgresEngine(url: server.url, group: group)
+        defer { passing.close() }
+        server.stop()
+        let received = Collector<Int>()
+        // Waits up to 10 s for a listening connection, then registers all the same.
+        let listener = try Wormhole(engine: listening, sender: "listener").listenForMessage(
+            withIdentifier: "news",
+            as: Int.self,
+            on: .notifierThread
+        ) { received.append($0) }
+        defer { listener.cancel() }
+        try server.start()
+        // Passed as soon as the server takes it, most likely before the listening connection is made again (its
+        // back-off reaches 2 s while the server is away).
+        let wormhole = Wormhole(engine: passing, sender: "passer")
+        #expect(eventually { (try? wormhole.passMessageObject(7, identifier: "news")) != nil })
+        // The safety poll would deliver it 10 s after the connection; the connection's own wake-up, within seconds.
+        #expect(eventually(timeout: 6) { received.values == [7] }, "\(received.values)")
+    }
+
     @Test("An enqueue, a mailbox write and an acknowledgement return after their slow commit, seen by others at once")
     func writesWaitForTheirCommit() async throws { try await offThePool { try writesWaitForTheirCommitBody() } }
 
