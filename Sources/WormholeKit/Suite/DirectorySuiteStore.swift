@@ -99,13 +99,20 @@ final class DirectorySuiteStore: SuiteStore {
         direction: String?,
         _ body: (inout SuiteValues) throws(WormholeError) -> Void
     ) throws(WormholeError) -> SuiteChange? {
-        let (change, flushFailure) = try state.withLock {
-            (state) throws(WormholeError) -> (SuiteChange?, WormholeError?) in
-            try refresh(&state, forWriting: true)
-            let file = Descriptor(rawValue: state.descriptor)
-            defer { file.unlock() }
-            return try append(to: &state, file: file, sender: sender, direction: direction, body)
+        var outcome: (change: SuiteChange?, flushFailure: WormholeError?)?
+        while outcome == nil {
+            // The file's lock is taken without waiting under this process's lock: while another process holds it,
+            // the wait happens outside, on a copy of the descriptor, so that this process's reads go on meanwhile.
+            let busy = try state.withLock { (state) throws(WormholeError) -> Int32? in
+                guard try refresh(&state, forWriting: true) else { return dup(state.descriptor) }
+                let file = Descriptor(rawValue: state.descriptor)
+                defer { file.unlock() }
+                outcome = try append(to: &state, file: file, sender: sender, direction: direction, body)
+                return nil
+            }
+            if let busy { try waitForLock(busy) }
         }
+        let (change, flushFailure) = outcome!
         if change != nil {
             do throws(WormholeError) {
                 try notifier.post(notificationName)
@@ -127,6 +134,24 @@ final class DirectorySuiteStore: SuiteStore {
 
     func observe(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
         try notifier.observe(notificationName, handler: handler)
+    }
+
+    /// Waits, holding no lock of this process, until the process that holds the suite file's lock lets it go; `copy`
+    /// (a duplicate of the cached descriptor, closed here) shares its open file, so the lock taken here is the one
+    /// the next try under this process's lock finds held (a file replaced meanwhile is locked afresh then).
+    private func waitForLock(_ copy: Int32) throws(WormholeError) {
+        guard copy >= 0 else {
+            throw WormholeError.fileSystem(currentErrno, "duplicate the suite's descriptor", identifier: name, path: path)
+        }
+        defer { _ = close(copy) }
+        while true {
+            switch Descriptor(rawValue: copy).lock(exclusive: true) {
+            case .success: return
+            case .failure(.interrupted): continue
+            case .failure(let errno):
+                throw WormholeError.fileSystem(errno, "lock the suite", identifier: name, path: path)
+            }
+        }
     }
 
     // MARK: Writing
@@ -342,8 +367,10 @@ final class DirectorySuiteStore: SuiteStore {
 
     /// Brings `state` up to the end of the file that has the suite's name now. With `forWriting`, creates the file
     /// when missing, and returns with it locked (the caller unlocks), a version 1 file rewritten as a log and a tail
-    /// torn by a writer that died (or by a power cut) cut off.
-    private func refresh(_ state: inout LogState, forWriting: Bool) throws(WormholeError) {
+    /// torn by a writer that died (or by a power cut) cut off; or returns false, having waited for nothing, when
+    /// another process holds the lock (the caller waits for it without holding `state`, then tries again).
+    @discardableResult
+    private func refresh(_ state: inout LogState, forWriting: Bool) throws(WormholeError) -> Bool {
         // A few rounds at most: each retry means another process created or replaced the file meanwhile.
         for _ in 0..<1000 {
             if state.descriptor < 0 || (forWriting && !state.writable) {
@@ -354,13 +381,18 @@ final class DirectorySuiteStore: SuiteStore {
                         _ = try createEmptyFile()
                         continue
                     }
-                    return  // no file: an empty suite at version 0
+                    return true  // no file: an empty suite at version 0
                 }
             }
             let file = Descriptor(rawValue: state.descriptor)
-            if forWriting, case .failure(let errno) = file.lock(exclusive: true) {
-                closeCached(&state.descriptor)
-                throw WormholeError.fileSystem(errno, "lock the suite", identifier: name, path: path)
+            if forWriting {
+                switch file.tryLockExclusive() {
+                case .success(true): break
+                case .success(false): return false
+                case .failure(let errno):
+                    closeCached(&state.descriptor)
+                    throw WormholeError.fileSystem(errno, "lock the suite", identifier: name, path: path)
+                }
             }
             do throws(WormholeError) {
                 guard let status = try handle.trustedStatus(of: file, name: fileName, identifier: name) else {
@@ -369,7 +401,7 @@ final class DirectorySuiteStore: SuiteStore {
                     closeCached(&state.descriptor)
                     continue
                 }
-                if try readRecords(&state, file: file, size: status.size, forWriting: forWriting) { return }
+                if try readRecords(&state, file: file, size: status.size, forWriting: forWriting) { return true }
                 // A version 1 file, rewritten as a log under its lock: read the new file.
                 file.unlock()
                 closeCached(&state.descriptor)

@@ -68,6 +68,44 @@ struct SuiteTests {
         }
     }
 
+    @Test("An update waiting for another process's lock holds up no read of its own process")
+    func updateWaitsWithoutBlockingReads() async throws {
+        try await offThePool {
+            let suite = try makeSuite()
+            try suite.set(1, forKey: "count")
+            // Another process holds the suite file's lock (util-linux's flock(1), as a writer would).
+            let path = directory("wormhole") + "/settings.suite"
+            let holder = Process()
+            holder.executableURL = URL(fileURLWithPath: "/usr/bin/flock")
+            holder.arguments = ["--exclusive", "--close", path, "sleep", "3"]
+            try holder.run()
+            defer { holder.terminate() }
+            let probe = open(path, O_RDONLY | O_CLOEXEC)
+            defer { close(probe) }
+            let held = eventually {
+                guard flock(probe, LOCK_EX | LOCK_NB) == 0 else { return true }
+                flock(probe, LOCK_UN)  // not taken yet: let go, and look again
+                return false
+            }
+            #expect(held, "the other process holds the lock")
+            let updated = Flag()
+            let thread = Thread {
+                try? suite.set(2, forKey: "count")
+                _ = updated.set()
+            }
+            thread.start()
+            usleep(200_000)  // the update is waiting for the lock by now
+            #expect(!updated.isSet)
+            let started = Date()
+            #expect(try suite.value(forKey: "count", as: Int.self) == 1)
+            #expect(Date().timeIntervalSince(started) < 1, "the read did not wait for the update")
+            #expect(!updated.isSet)
+            holder.terminate()
+            #expect(eventually { updated.isSet })
+            #expect(try suite.value(forKey: "count", as: Int.self) == 2)
+        }
+    }
+
     @Test("4 processes × 250 read-modify-write updates: none lost")
     func concurrentUpdates() async throws {
         try await offThePool {
