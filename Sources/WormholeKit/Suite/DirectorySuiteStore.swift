@@ -141,7 +141,12 @@ final class DirectorySuiteStore: SuiteStore {
     /// the next try under this process's lock finds held (a file replaced meanwhile is locked afresh then).
     private func waitForLock(_ copy: Int32) throws(WormholeError) {
         guard copy >= 0 else {
-            throw WormholeError.fileSystem(currentErrno, "duplicate the suite's descriptor", identifier: name, path: path)
+            throw WormholeError.fileSystem(
+                currentErrno,
+                "duplicate the suite's descriptor",
+                identifier: name,
+                path: path
+            )
         }
         defer { _ = close(copy) }
         while true {
