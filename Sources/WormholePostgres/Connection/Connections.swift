@@ -190,7 +190,7 @@ final class Connections: Sendable {
         let (connection, lease) = try ClientLease.borrow(
             from: client,
             on: leaseExecutor,
-            within: timeout,
+            within: waitLimit,
             server: server,
             doing: what
         )
@@ -558,6 +558,18 @@ final class Connections: Sendable {
         }
     }
 
+    /// The time-out of a call that waits on the server within this scope (a live request's), and when it started:
+    /// every wait below it, connecting and statements alike, ends by then even when the engine's ``timeout`` is
+    /// longer. Bound with `Connections.$callTimeLimit.withValue(…)` around the call.
+    @TaskLocal static var callTimeLimit: (start: ContinuousClock.Instant, timeout: Duration)?
+
+    /// The longest the next wait may take: the engine's ``timeout``, or the time left of the call's own.
+    var waitLimit: Duration {
+        // Subtracted, never added to a clock reading: a call's time-out of `.seconds(Int64.max)` must not trap.
+        guard let limit = Self.callTimeLimit else { return timeout }
+        return max(.zero, min(timeout, limit.timeout - limit.start.duration(to: .now)))
+    }
+
     /// Waits for `future` on this thread, at most ``timeout``; on time-out, `connection` is closed.
     func wait<Value: Sendable>(
         for future: EventLoopFuture<Value>,
@@ -583,11 +595,12 @@ final class Connections: Sendable {
             completed.withLock { $0 = result }
             done.signal()
         }
-        if done.wait(timeout: .now() + timeout.dispatchInterval) == .timedOut {
+        let limit = waitLimit
+        if done.wait(timeout: .now() + limit.dispatchInterval) == .timedOut {
             connection?.closeQuietly()
             throw WormholeError(
                 .serverUnavailable,
-                "The PostgreSQL server \(server) did not answer within \(timeout) while \(what()); the connection "
+                "The PostgreSQL server \(server) did not answer within \(limit) while \(what()); the connection "
                     + "was closed. A write may or may not have happened."
             )
         }

@@ -292,17 +292,36 @@ final class PostgresLiveTransport: LiveTransport {
     }
 
     func request(_ payload: Data, identifier: String, timeout: Duration) -> Result<Data, WormholeError> {
-        do {
-            return .success(try requesting(payload, identifier: identifier, timeout: timeout))
-        } catch {
-            return .failure(error)
+        // Every wait on the server within the request ends with its time-out, not the engine's (30 s by default).
+        let start = ContinuousClock.now
+        let result = Connections.$callTimeLimit.withValue((start, timeout)) { () -> Result<Data, WormholeError> in
+            do throws(WormholeError) {
+                return .success(try requesting(payload, identifier: identifier, timeout: timeout, start: start))
+            } catch {
+                return .failure(error)
+            }
         }
+        if case .failure(let error) = result, error.code == .serverUnavailable, start.duration(to: .now) >= timeout {
+            return .failure(
+                WormholeError(
+                    .timedOut,
+                    "No reply within \(timeout): the server did not answer in time (\(error.message))",
+                    identifier: identifier,
+                    underlyingError: error
+                )
+            )
+        }
+        return result
     }
 
-    private func requesting(_ payload: Data, identifier: String, timeout: Duration) throws(WormholeError) -> Data {
+    private func requesting(
+        _ payload: Data,
+        identifier: String,
+        timeout: Duration,
+        start: ContinuousClock.Instant
+    ) throws(WormholeError) -> Data {
         // The time-out counts from the call, and is compared, never added to a clock reading: `.seconds(Int64.max)`
         // must mean "as long as it takes", not a trap.
-        let start = ContinuousClock.now
         let hub = engine.hub
         _ = try hub.listeningBackend()
         var envelope = LiveEnvelope(kind: .request, identifier: identifier)

@@ -140,6 +140,45 @@ struct PostgresCommitTests {
         #expect(eventually(timeout: 6) { received.values == [7] }, "\(received.values)")
     }
 
+    @Test("A request waits for a server that does not answer no longer than its own time-out")
+    func requestBoundedByItsTimeOut() async throws {
+        try await offThePool { try requestBoundedByItsTimeOutBody() }
+    }
+
+    func requestBoundedByItsTimeOutBody() throws {
+        // A server of its own: a table of the engine's is locked for seconds.
+        let server = try LocalPostgresServer()
+        defer { server.close() }
+        let engine = try PostgresEngine(url: server.url, group: uniqueGroup("bounded"))
+        defer { engine.close() }
+        let transport = try engine.liveTransport(sender: "client")
+        // The listening connection is made first (it sweeps the table locked below).
+        let first = transport.request(Data("x".utf8), identifier: "lookup", timeout: .seconds(10))
+        #expect(first.failureValue?.code == .notReachable)
+        // Another session holds the table a request's statement reads, for 5 s: the statement waits for it.
+        let holder = Thread {
+            _ = try? server.psql(
+                "BEGIN; LOCK TABLE wormhole.live_endpoints IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(5); COMMIT;"
+            )
+        }
+        holder.start()
+        let locked = eventually {
+            (try? server.psql(
+                """
+                SELECT count(*) FROM pg_locks WHERE relation = 'wormhole.live_endpoints'::regclass
+                    AND mode = 'AccessExclusiveLock' AND granted
+                """
+            )) == "1"
+        }
+        #expect(locked)
+        let started = Date()
+        let result = transport.request(Data("x".utf8), identifier: "lookup", timeout: .milliseconds(500))
+        let waited = Date().timeIntervalSince(started)
+        #expect(result.failureValue?.code == .timedOut, "\(result)")
+        // Its 0.5 s, where the engine's time-out (30 s) or the lock (5 s) used to bound it.
+        #expect(waited < 3, "waited \(waited) s")
+    }
+
     @Test("An enqueue, a mailbox write and an acknowledgement return after their slow commit, seen by others at once")
     func writesWaitForTheirCommit() async throws { try await offThePool { try writesWaitForTheirCommitBody() } }
 
