@@ -131,19 +131,16 @@ public final class FileTransiting: Transiting {
 
     public func writeMessage(_ payload: Data, sender: String, identifier: String) throws(WormholeError) -> Envelope {
         try MessageIdentifier.validate(identifier)
-        guard payload.count <= options.maximumMessageSize else {
+        guard payload.count <= min(options.maximumMessageSize, Self.largestMessageSize) else {
+            let limit =
+                payload.count <= options.maximumMessageSize
+                ? "a mailbox file holds up to 1 GiB, whatever FileTransiting.Options.maximumMessageSize says. Send a "
+                    + "file instead (Wormhole.transfers)."
+                : "this wormhole accepts up to \(options.maximumMessageSize). Raise "
+                    + "FileTransiting.Options.maximumMessageSize, or pass a path to a file instead."
             throw WormholeError(
                 .messageTooLarge,
-                "The message is \(payload.count) bytes; this wormhole accepts up to \(options.maximumMessageSize). "
-                    + "Raise FileTransiting.Options.maximumMessageSize, or pass a path to a file instead.",
-                identifier: identifier
-            )
-        }
-        guard payload.count <= Self.largestMessageSize else {
-            throw WormholeError(
-                .messageTooLarge,
-                "The message is \(payload.count) bytes; a mailbox file holds up to 1 GiB, whatever "
-                    + "FileTransiting.Options.maximumMessageSize says. Send a file instead (Wormhole.transfers).",
+                "The message is \(payload.count) bytes; " + limit,
                 identifier: identifier
             )
         }

@@ -6,7 +6,16 @@ import Synchronization
 /// in order so that a listener never sees an older message after a newer one, nor one message twice.
 final class ListenerSink: Sendable {
     let id: UInt64
-    private let lastSeen = Locked<Envelope?>(nil)
+    private let state = Locked(State())
+
+    private struct State {
+        /// The newest message seen (or the baseline).
+        var last: Envelope?
+        /// Whether registration read the mailbox: before, offers are held.
+        var settled = false
+        /// The last offer made while registering.
+        var held: Result<Envelope?, WormholeError>?
+    }
     private let cancelled: Flag
     private let deliver: @Sendable (Result<Envelope, WormholeError>) -> Void
     /// Run once when the sink is cancelled, however: it ends the listener's `AsyncSequence`, if any.
@@ -43,27 +52,50 @@ final class ListenerSink: Sendable {
         }
     }
 
-    /// Records the message present when listening began, so that only later ones are delivered.
-    func setBaseline(_ envelope: Envelope?) {
-        lastSeen.withLock { last in if last == nil { last = envelope } }
+    /// Ends the listener's registration with what its read of the mailbox found: with `deliveringCurrent`, that is
+    /// delivered; otherwise it is the baseline, and only later messages are. An offer that came while registering
+    /// (the notifier woke the listener before that read) was held, and is delivered now if it is newer than the
+    /// baseline, or if the read failed.
+    func settle(current: Result<Envelope?, WormholeError>, deliveringCurrent: Bool) {
+        state.withLock { state in
+            state.settled = true
+            let held = state.held
+            state.held = nil
+            guard !isCancelled else { return }
+            if deliveringCurrent {
+                hand(current, to: &state)
+            } else if case .success(let envelope) = current, state.last == nil {
+                state.last = envelope
+            }
+            if let held, case .success = held { hand(held, to: &state) }
+        }
     }
 
-    /// Hands over what a read of the mailbox found, unless the listener has seen it (or a newer one) already.
+    /// Hands over what a read of the mailbox found, unless the listener has seen it (or a newer one) already; while
+    /// the listener registers, keeps it until ``settle(current:deliveringCurrent:)``.
     func offer(_ result: Result<Envelope?, WormholeError>) {
-        lastSeen.withLock { last in
+        state.withLock { state in
             guard !isCancelled else { return }
-            switch result {
-            case .success(nil):
-                return  // emptied: nothing to deliver; the next message has a higher sequence
-            case .success(let envelope?):
-                if let previous = last, !envelope.supersedes(previous) { return }
-                last = envelope
-                // Delivering under the lock keeps the order; `deliver` only schedules (or, on the notifier
-                // thread, runs a callback that must not re-enter this listener's offers).
-                deliver(.success(envelope))
-            case .failure(let error):
-                deliver(.failure(error))
+            guard state.settled else {
+                state.held = result
+                return
             }
+            hand(result, to: &state)
+        }
+    }
+
+    private func hand(_ result: Result<Envelope?, WormholeError>, to state: inout State) {
+        switch result {
+        case .success(nil):
+            return  // emptied: nothing to deliver; the next message has a higher sequence
+        case .success(let envelope?):
+            if let previous = state.last, !envelope.supersedes(previous) { return }
+            state.last = envelope
+            // Delivering under the lock keeps the order; `deliver` only schedules (or, on the notifier thread, runs
+            // a callback that must not re-enter this listener's offers).
+            deliver(.success(envelope))
+        case .failure(let error):
+            deliver(.failure(error))
         }
     }
 }

@@ -188,13 +188,10 @@ extension Wormhole {
         let handle = MessageListener(identifier: identifier, sink: sink) { [weak registry] in
             registry?.remove(sink, identifier: identifier)
         }
-        do {
-            let current = try transiting.readMessage(identifier: identifier)
-            if deliveringCurrentMessage { sink.offer(.success(current)) } else { sink.setBaseline(current) }
-        } catch {
-            // A damaged mailbox now does not stop listening: the next good message is delivered.
-            if deliveringCurrentMessage { sink.offer(.failure(error)) }
-        }
+        // A damaged mailbox now does not stop listening (the next good message is delivered); it is reported only to
+        // a listener that asked for the current message.
+        let current = Result { () throws(WormholeError) in try transiting.readMessage(identifier: identifier) }
+        sink.settle(current: current, deliveringCurrent: deliveringCurrentMessage)
         return handle
     }
 

@@ -104,7 +104,9 @@ final class DirectorySuiteStore: SuiteStore {
             // The file's lock is taken without waiting under this process's lock: while another process holds it,
             // the wait happens outside, on a copy of the descriptor, so that this process's reads go on meanwhile.
             let busy = try state.withLock { (state) throws(WormholeError) -> Int32? in
-                guard try refresh(&state, forWriting: true) else { return dup(state.descriptor) }
+                // A copy closed on exec, as every descriptor of the package: a child that inherited it would hold
+                // the lock.
+                guard try refresh(&state, forWriting: true) else { return fcntl(state.descriptor, F_DUPFD_CLOEXEC, 0) }
                 let file = Descriptor(rawValue: state.descriptor)
                 defer { file.unlock() }
                 outcome = try append(to: &state, file: file, sender: sender, direction: direction, body)

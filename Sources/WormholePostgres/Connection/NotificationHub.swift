@@ -64,10 +64,10 @@ final class NotificationHub: Sendable {
         var wake: DispatchSemaphore?
         /// How many times the hub has (re)started listening.
         var connections = 0
-        /// Whether an observer was registered while no listening connection could be made (its wait for one timed
-        /// out): the first connection then wakes every observer, as a reconnection does, for what was posted before
-        /// it listened.
-        var observedWithoutListening = false
+        /// The observers registered while no listening connection could be made (their wait for one ran out): the
+        /// first connection wakes them, as a reconnection wakes every observer, for what was posted before it
+        /// listened. (Not the others: each waited for that connection, and was promised only what came after.)
+        var unheardObservers: [(name: String, id: UInt64)] = []
     }
 
     let connections: Connections
@@ -112,6 +112,9 @@ final class NotificationHub: Sendable {
             return state.nextID
         }
         try startListening()
+        state.withLock { state in
+            if state.connections == 0, !state.closed { state.unheardObservers.append((name, id)) }
+        }
         return NotifierObservation { [weak self] in
             observer.cancelled.store(true, ordering: .releasing)
             self?.state.withLock { _ = $0.observers[name]?.removeValue(forKey: id) }
@@ -351,9 +354,6 @@ final class NotificationHub: Sendable {
         _ = listening.wait(until: Date().addingTimeInterval(10)) { [state] in
             state.withLock { $0.connections > 0 || $0.closed }
         }
-        state.withLock { state in
-            if state.connections == 0, !state.closed { state.observedWithoutListening = true }
-        }
     }
 
     private func run() {
@@ -430,22 +430,24 @@ final class NotificationHub: Sendable {
             doing: "sweeping live endpoints of processes gone"
         )
         try writeEndpointRowsAgain(on: connection, pid: pid, key: key)
-        let (first, observedWithoutListening) = state.withLock { state in
+        let (first, unheard) = state.withLock { state in
             state.backendPID = pid
             state.aliveKey = key
             state.connection = connection
             state.wake = wake
             state.connections += 1
-            defer { state.observedWithoutListening = false }
-            return (state.connections == 1, state.observedWithoutListening)
+            defer { state.unheardObservers = [] }
+            let unheard = state.unheardObservers.compactMap { state.observers[$0.name]?[$0.id] }
+            return (state.connections == 1, unheard)
         }
         listening.broadcast()
         resetBackOff()
-        if !first { logger.info("PostgreSQL engine: listening again on \(connections.server)") }
-        if !first || observedWithoutListening {
-            // Whatever was posted while no one listened: every observer reads again. (Not on a first connection that
-            // every observer waited for: each was registered while it was being made, and promised only later posts;
-            // one that stopped waiting, with the server away, was promised what came after it.)
+        if first {
+            // Observers that stopped waiting for this connection, with the server away: what was posted since.
+            for observer in unheard { observer.wake() }
+        } else {
+            logger.info("PostgreSQL engine: listening again on \(connections.server)")
+            // Whatever was posted while no one listened: every observer reads again.
             wakeEveryObserver()
         }
         var lastPoll = ContinuousClock.now

@@ -68,7 +68,10 @@ struct SuiteTests {
         }
     }
 
-    @Test("An update waiting for another process's lock holds up no read of its own process")
+    @Test(
+        "An update waiting for another process's lock holds up no read of its own process",
+        .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/flock"), "needs util-linux's flock(1)")
+    )
     func updateWaitsWithoutBlockingReads() async throws {
         try await offThePool {
             let suite = try makeSuite()
@@ -77,9 +80,9 @@ struct SuiteTests {
             let path = directory("wormhole") + "/settings.suite"
             let holder = Process()
             holder.executableURL = URL(fileURLWithPath: "/usr/bin/flock")
-            holder.arguments = ["--exclusive", "--close", path, "sleep", "3"]
+            holder.arguments = ["--exclusive", "--close", path, "sleep", "60"]  // until terminated below
             try holder.run()
-            defer { holder.terminate() }
+            defer { killWithChildren(holder.processIdentifier) }
             let probe = open(path, O_RDONLY | O_CLOEXEC)
             defer { close(probe) }
             let held = eventually {
@@ -100,10 +103,17 @@ struct SuiteTests {
             #expect(try suite.value(forKey: "count", as: Int.self) == 1)
             #expect(Date().timeIntervalSince(started) < 1, "the read did not wait for the update")
             #expect(!updated.isSet)
-            holder.terminate()
+            killWithChildren(holder.processIdentifier)
             #expect(eventually { updated.isSet })
             #expect(try suite.value(forKey: "count", as: Int.self) == 2)
         }
+    }
+
+    /// Kills a process and its children with SIGKILL (the test runner's children may inherit SIGTERM blocked).
+    private func killWithChildren(_ process: pid_t) {
+        let children = (try? String(contentsOfFile: "/proc/\(process)/task/\(process)/children", encoding: .utf8)) ?? ""
+        for child in children.split(separator: " ").compactMap({ pid_t($0) }) { kill(child, SIGKILL) }
+        kill(process, SIGKILL)
     }
 
     @Test("4 processes × 250 read-modify-write updates: none lost")
