@@ -166,8 +166,11 @@ struct BenchCase: ParsableCommand {
         }
         receiver.cancel()
         let result = progress.withLock { $0 }
-        guard let first = result.first, result.last.time > first.time else {
-            throw Output.fail("too few messages to time")
+        guard let first = result.first, result.last.time > first.time, result.last.sequence > first.sequence else {
+            // A mailbox keeps the newest message: a short run can pass them all before its listener first reads.
+            throw Output.fail(
+                "too few messages to time: the listener saw \(result.received) of \(count); give a larger --count"
+            )
         }
         // A mailbox keeps the newest message only: its rate counts the messages passed while the listener kept up,
         // from the sequence numbers, not the callbacks (fewer when passes coalesce).

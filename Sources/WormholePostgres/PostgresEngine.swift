@@ -43,7 +43,8 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     ///   - setsUpSchema: Whether to run the schema's migrations when the database lacks them (the role must be
     ///     allowed to create the schema `wormhole`); when false, `WormholeError.Code.serverRejected` tells to run
     ///     `wormhole postgres setup`.
-    ///   - timeout: How long one statement may take before the call fails with `WormholeError.Code.serverUnavailable`.
+    ///   - timeout: How long one statement may take before the call fails with `WormholeError.Code.serverUnavailable`
+    ///     (within a live request, its own time-out, when shorter, after which it gives `timedOut`).
     ///   - logger: Where the engine logs reconnections and lost notifications; never a password.
     /// - Throws: `WormholeError` with `WormholeError.Code.serverUnavailable` when the server cannot be reached,
     ///   `WormholeError.Code.serverRejected` when it refuses the role or the group,

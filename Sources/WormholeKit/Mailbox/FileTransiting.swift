@@ -106,7 +106,8 @@ public final class FileTransiting: Transiting {
     /// Mailbox files kept open, by identifier.
     private let openFiles = OpenFileCache(fileName: FileTransiting.fileName)
 
-    /// Opens (and by default creates, mode 0700) a directory of mailboxes.
+    /// Opens (and by default creates, mode 0700) a directory of mailboxes, and removes the hidden files that a
+    /// process killed before its rename left there (`FORMAT.md` gives the rule).
     ///
     /// - Parameters:
     ///   - directory: The directory's path.

@@ -2,8 +2,9 @@ import Synchronization
 
 /// One listener's state: the newest message it has seen, and how to hand it the next.
 ///
-/// Offers come from the notifier (one at a time) and, once, from the listener's set-up; the state lock keeps them
-/// in order so that a listener never sees an older message after a newer one, nor one message twice.
+/// Offers come from the notifier (one at a time); the listener's set-up ends with ``settle(current:deliveringCurrent:)``,
+/// before which offers are held. The state lock keeps them in order so that a listener never sees an older message
+/// after a newer one, nor one message twice.
 final class ListenerSink: Sendable {
     let id: UInt64
     private let state = Locked(State())
@@ -53,9 +54,10 @@ final class ListenerSink: Sendable {
     }
 
     /// Ends the listener's registration with what its read of the mailbox found: with `deliveringCurrent`, that is
-    /// delivered; otherwise it is the baseline, and only later messages are. An offer that came while registering
-    /// (the notifier woke the listener before that read) was held, and is delivered now if it is newer than the
-    /// baseline, or if the read failed.
+    /// delivered; otherwise it is the baseline, and only later messages are. The last offer that came while
+    /// registering (the notifier woke the listener before that read) was held: a message in it is delivered now if it
+    /// is newer than the baseline, or if the read failed; an error in it is dropped, as the set-up's own is for a
+    /// listener that did not ask for the current message (the next wake-up reads again).
     func settle(current: Result<Envelope?, WormholeError>, deliveringCurrent: Bool) {
         state.withLock { state in
             state.settled = true

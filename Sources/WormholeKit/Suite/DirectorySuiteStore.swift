@@ -7,7 +7,8 @@ import SystemPackage
 ///
 /// Each store keeps the suite's values in memory and reads only what other processes appended since its last read,
 /// so that an update costs in proportion to the keys it changes: take the file's lock, read the new records, apply
-/// the update, append one record, let go. When the records after the snapshot outgrow it, the writer compacts the
+/// the update, append one record, let go. (The file's lock is tried without waiting under the store's own lock; a
+/// lock another process holds is waited for outside it, so that this process's reads go on meanwhile.) When the records after the snapshot outgrow it, the writer compacts the
 /// file (the last changes as history, then a new snapshot) and renames it into place; every process notices the
 /// rename (the old file has no link left) and reads the new file once. A version 1 file (a JSON document in the
 /// mailbox format) is read as it is and rewritten as a log by the first update.
@@ -103,10 +104,21 @@ final class DirectorySuiteStore: SuiteStore {
         while outcome == nil {
             // The file's lock is taken without waiting under this process's lock: while another process holds it,
             // the wait happens outside, on a copy of the descriptor, so that this process's reads go on meanwhile.
-            let busy = try state.withLock { (state) throws(WormholeError) -> Int32? in
-                // A copy closed on exec, as every descriptor of the package: a child that inherited it would hold
-                // the lock.
-                guard try refresh(&state, forWriting: true) else { return fcntl(state.descriptor, F_DUPFD_CLOEXEC, 0) }
+            let busy = try state.withLock { (state) throws(WormholeError) -> Descriptor? in
+                guard try refresh(&state, forWriting: true) else {
+                    // A copy closed on exec, as every descriptor of the package: a child that inherited it would hold
+                    // the lock.
+                    switch Descriptor(rawValue: state.descriptor).duplicate() {
+                    case .success(let copy): return copy
+                    case .failure(let errno):
+                        throw WormholeError.fileSystem(
+                            errno,
+                            "duplicate the suite's descriptor",
+                            identifier: name,
+                            path: path
+                        )
+                    }
+                }
                 let file = Descriptor(rawValue: state.descriptor)
                 defer { file.unlock() }
                 outcome = try append(to: &state, file: file, sender: sender, direction: direction, body)
@@ -141,18 +153,10 @@ final class DirectorySuiteStore: SuiteStore {
     /// Waits, holding no lock of this process, until the process that holds the suite file's lock lets it go; `copy`
     /// (a duplicate of the cached descriptor, closed here) shares its open file, so the lock taken here is the one
     /// the next try under this process's lock finds held (a file replaced meanwhile is locked afresh then).
-    private func waitForLock(_ copy: Int32) throws(WormholeError) {
-        guard copy >= 0 else {
-            throw WormholeError.fileSystem(
-                currentErrno,
-                "duplicate the suite's descriptor",
-                identifier: name,
-                path: path
-            )
-        }
-        defer { _ = close(copy) }
+    private func waitForLock(_ copy: Descriptor) throws(WormholeError) {
+        defer { copy.close() }
         while true {
-            switch Descriptor(rawValue: copy).lock(exclusive: true) {
+            switch copy.lock(exclusive: true) {
             case .success: return
             case .failure(.interrupted): continue
             case .failure(let errno):
@@ -375,7 +379,8 @@ final class DirectorySuiteStore: SuiteStore {
     /// Brings `state` up to the end of the file that has the suite's name now. With `forWriting`, creates the file
     /// when missing, and returns with it locked (the caller unlocks), a version 1 file rewritten as a log and a tail
     /// torn by a writer that died (or by a power cut) cut off; or returns false, having waited for nothing, when
-    /// another process holds the lock (the caller waits for it without holding `state`, then tries again).
+    /// another open file of the suite holds the lock (another process's, or another store's of this one): the caller
+    /// waits for it without holding `state`, then tries again.
     @discardableResult
     private func refresh(_ state: inout LogState, forWriting: Bool) throws(WormholeError) -> Bool {
         // A few rounds at most: each retry means another process created or replaced the file meanwhile.

@@ -220,6 +220,11 @@ package struct Descriptor {
         _ = flock(rawValue, LOCK_UN)
     }
 
+    /// A new descriptor of the same open file (sharing its offset and its `flock` lock), closed on exec.
+    package func duplicate() -> Result<Descriptor, Errno> {
+        valueOrErrno { fcntl(rawValue, F_DUPFD_CLOEXEC, 0) }.map { Descriptor(rawValue: $0) }
+    }
+
     /// Takes the exclusive `flock` lock if nobody holds the lock: true when taken, false when someone holds it.
     package func tryLockExclusive() -> Result<Bool, Errno> {
         if flock(rawValue, LOCK_EX | LOCK_NB) == 0 { return .success(true) }

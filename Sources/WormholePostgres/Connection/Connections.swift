@@ -570,7 +570,7 @@ final class Connections: Sendable {
         return max(.zero, min(timeout, limit.timeout - limit.start.duration(to: .now)))
     }
 
-    /// Waits for `future` on this thread, at most ``timeout``; on time-out, `connection` is closed.
+    /// Waits for `future` on this thread, at most ``waitLimit``; on time-out, `connection` is closed.
     func wait<Value: Sendable>(
         for future: EventLoopFuture<Value>,
         doing what: @autoclosure () -> String,
@@ -582,7 +582,7 @@ final class Connections: Sendable {
         }
     }
 
-    /// Waits for `future` on this thread, at most ``timeout``, and returns postgres-nio's outcome as it is; throws only
+    /// Waits for `future` on this thread, at most ``waitLimit``, and returns postgres-nio's outcome as it is; throws only
     /// when the time-out passes, after closing `connection`.
     private func outcome<Value: Sendable>(
         of future: EventLoopFuture<Value>,

@@ -11,7 +11,8 @@ import WormholeKit
 /// identifiers (``liveChannel(for:)``) and the replies to its requests on its own reply channel.
 ///
 /// Notifications are hints; the tables hold the data. So when the connection drops (a server restart, a network
-/// cut), the hub reconnects with back-off and then wakes every observer once, which re-reads from its position; and
+/// cut), the hub reconnects with back-off and then wakes every observer once, which re-reads from its position; the
+/// first connection wakes the observers that stopped waiting for it (the server was away when they registered); and
 /// every ``safetyPollInterval`` it wakes them all anyway, in case a notification was lost some other way.
 ///
 /// The hub runs on a thread of its own; observers run on a serial queue each, never on the event loop (they call the
@@ -103,7 +104,8 @@ final class NotificationHub: Sendable {
 
     // MARK: Observers and endpoints
 
-    /// Calls `handler` after each notification of `name`; returns once the hub listens (or is reconnecting).
+    /// Calls `handler` after each notification of `name`; returns once the hub listens (or is reconnecting), or after
+    /// 10 s with the server away, in which case the first connection wakes `handler` for what was posted meanwhile.
     func observe(_ name: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
         let observer = Observer(label: "wormhole.postgres.observer", handler: handler)
         let id = state.withLock { state in
@@ -351,7 +353,12 @@ final class NotificationHub: Sendable {
             thread.name = "wormhole.postgres.listen"
             thread.start()
         }
-        _ = listening.wait(until: Date().addingTimeInterval(10)) { [state] in
+        // Up to 10 s, or what is left of a live request's time-out (``Connections/callTimeLimit``).
+        var patience = Duration.seconds(10)
+        if let limit = Connections.callTimeLimit {
+            patience = max(.zero, min(patience, limit.timeout - limit.start.duration(to: .now)))
+        }
+        _ = listening.wait(until: Date().addingTimeInterval(patience.secondsValue)) { [state] in
             state.withLock { $0.connections > 0 || $0.closed }
         }
     }

@@ -358,6 +358,9 @@ final class PostgresLiveTransport: LiveTransport {
             if answered.wait(timeout: .now() + min(remaining, .milliseconds(500)).dispatchInterval) == .success {
                 break
             }
+            // Too little time left to ask the server anything: wait the rest out (a query would only end with the
+            // time-out, closing its connection).
+            if timeout - start.duration(to: .now) < .milliseconds(100) { continue }
             // A responder whose process went away never answers: say so instead of waiting for the time-out.
             let alive = try engine.connections.query(
                 "SELECT NOT pg_try_advisory_xact_lock_shared(\(responderKey))",

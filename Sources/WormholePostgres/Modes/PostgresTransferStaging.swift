@@ -180,11 +180,17 @@ final class PostgresTransferStaging: TransferStaging {
         guard var path = try record(transfer, in: destination) else { return nil }
         // Named by the transfer: two deliveries of files of one name never write into one hidden file.
         let partial = destination + "/." + transfer.id + ".part"
-        guard files.createFile(atPath: partial, contents: nil, attributes: [.posixPermissions: 0o600]),
-            let output = FileHandle(forWritingAtPath: partial)
-        else {
-            throw WormholeError(.ioFailure, "Could not create the received file.", path: partial)
+        // Opened in place, never through a link: `FileManager.createFile` writes a hidden `.dat.nosync…` file and
+        // renames it, which a receiver killed in between left in the destination.
+        let descriptor = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else {
+            throw WormholeError(
+                .ioFailure,
+                "Could not create the received file (errno \(errno)).",
+                path: partial
+            )
         }
+        let output = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
         do throws(WormholeError) {
             defer { try? output.close() }
             var index: Int32 = 0

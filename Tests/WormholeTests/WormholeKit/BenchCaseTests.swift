@@ -16,10 +16,13 @@ struct BenchCaseTests {
         ]
     )
     func runs(mode: String, metric: String) async throws {
+        // A mailbox keeps the newest message: 300 passes can all be made before its listener first reads, leaving
+        // one message and nothing to time.
+        let count = mode == "mailbox" && metric == "throughput" ? 20_000 : 300
         try await offThePool {
             let result = try WormholeTool.run(
                 [
-                    "bench-case", mode, metric, "--count", "300", "--warm-up", "20", "--size", "100",
+                    "bench-case", mode, metric, "--count", String(count), "--warm-up", "20", "--size", "100",
                     "--directory", directory("\(mode)-\(metric)"),
                 ],
                 timeout: 60
@@ -31,13 +34,13 @@ struct BenchCaseTests {
             #expect(figures["metric"] as? String == metric)
             #expect(figures["size"] as? Int == 100)
             if metric == "latency" {
-                #expect(figures["count"] as? Int == 300)
+                #expect(figures["count"] as? Int == count)
                 #expect((figures["percentiles_us"] as? [Double])?.count == 101)
                 #expect((figures["p50_us"] as? Double ?? 0) > 0)
             } else {
                 // Every message arrives, except on a mailbox, which keeps the newest (the last one always arrives).
                 let received = figures["received"] as? Int ?? 0
-                #expect(mode == "mailbox" ? received >= 1 : received == 300)
+                #expect(mode == "mailbox" ? received >= 2 : received == count)
                 #expect((figures["messages_per_second"] as? Double ?? 0) > 0)
             }
         }
