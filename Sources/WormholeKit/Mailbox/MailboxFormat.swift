@@ -174,8 +174,8 @@ package enum MailboxFormat {
         return .success(Header(slotCapacity: capacity, generation: load(UInt64.self, bytes, 16)))
     }
 
-    /// ``magic`` as a little-endian integer.
-    private static let magicNumber = UInt32(0x42_4D_48_57)
+    /// ``magic`` as the little-endian integer a header starts with.
+    private static let magicNumber = magic.withUnsafeBytes { $0.littleEndian(UInt32.self, at: 0) }
 
     package enum HeaderProblem: Error, Equatable {
         case truncated(Int)
@@ -299,102 +299,113 @@ package enum MailboxFormat {
             (buffer) throws(WormholeError) -> Value in
             let count = try read(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), 0)
             let whole = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
-            let header: Header
-            switch decodeHeader(UnsafeRawBufferPointer(rebasing: whole[0..<min(count, headerSize)])) {
-            case .success(let decoded): header = decoded
-            case .failure(let problem): return try body(.failure(.header(problem)))
-            }
-            guard size >= header.fileSize else {
-                return try body(.failure(.truncated(size: size, expected: header.fileSize)))
-            }
-            func slotBytes(_ slot: Int, count: Int) -> UnsafeRawBufferPointer {
-                let start = min(whole.count, header.slotOffset(slot))
+            // Every part is a slice of what was read (shorter, or empty, where the file was cut short meanwhile).
+            func part(at offset: Int, count: Int) -> UnsafeRawBufferPointer {
+                let start = min(whole.count, offset)
                 return UnsafeRawBufferPointer(rebasing: whole[start..<min(whole.count, start + count)])
             }
-            let claims = claimedSlots(header: header) { slotBytes($0, count: recordHeaderSize) }
-            var sawDamage = claims.sawDamage
-            for slot in [claims.newest, claims.older] {
-                guard let slot,
-                    let recordSize = claimedRecordSize(
-                        slotBytes(slot, count: recordHeaderSize),
-                        capacity: header.slotCapacity
-                    )
-                else { continue }
-                let bytes = slotBytes(slot, count: recordSize)
-                switch decodeSlot(bytes, capacity: header.slotCapacity) {
-                case .valid(let record): return try body(.success(Found(header: header, newest: (slot, record, bytes))))
-                case .empty, .invalid: sawDamage = true
-                }
-            }
-            return try body(sawDamage ? .failure(.noValidRecord) : .success(Found(header: header, newest: nil)))
+            return try findNewest(
+                size: size,
+                header: part(at: 0, count: headerSize),
+                head: { header, slot in part(at: header.slotOffset(slot), count: recordHeaderSize) },
+                record: { header, slot, count in part(at: header.slotOffset(slot), count: count) },
+                body
+            )
         }
     }
 
     /// ``withNewestRecord(size:read:_:)`` for a file too large to read whole: the header and the slot heads, then
-    /// one record at a time.
+    /// one record at a time, into memory allocated for the call.
     private static func withNewestRecordOfLargeFile<Value>(
         size: Int,
         read: (_ buffer: UnsafeMutableRawBufferPointer, _ offset: Int) throws(WormholeError) -> Int,
         _ body: (Result<Found, FileProblem>) throws(WormholeError) -> Value
     ) throws(WormholeError) -> Value {
-        // The header, then the two slot heads.
+        // The header, then each slot's head after it.
         let small = UnsafeMutableRawBufferPointer.allocate(byteCount: headerSize + 2 * recordHeaderSize, alignment: 16)
         defer { small.deallocate() }
-        let headerCount = try read(UnsafeMutableRawBufferPointer(rebasing: small[0..<headerSize]), 0)
+        var record = UnsafeMutableRawBufferPointer(start: nil, count: 0)
+        defer { record.deallocate() }
+        func readPart(
+            into target: UnsafeMutableRawBufferPointer,
+            at offset: Int
+        ) throws(WormholeError)
+            -> UnsafeRawBufferPointer
+        {
+            UnsafeRawBufferPointer(rebasing: target[0..<(try read(target, offset))])
+        }
+        return try findNewest(
+            size: size,
+            header: try readPart(into: UnsafeMutableRawBufferPointer(rebasing: small[0..<headerSize]), at: 0),
+            head: { (header, slot) throws(WormholeError) in
+                let start = headerSize + slot * recordHeaderSize
+                let target = UnsafeMutableRawBufferPointer(rebasing: small[start..<start + recordHeaderSize])
+                return try readPart(into: target, at: header.slotOffset(slot))
+            },
+            record: { (header, slot, count) throws(WormholeError) in
+                if record.count < count {
+                    record.deallocate()
+                    record = .allocate(byteCount: count, alignment: 16)
+                }
+                let target = UnsafeMutableRawBufferPointer(rebasing: record[0..<count])
+                return try readPart(into: target, at: header.slotOffset(slot))
+            },
+            body
+        )
+    }
+
+    /// The reader's rule, on bytes got through `head` (a slot's first ``recordHeaderSize`` bytes, each read once) and
+    /// `record` (a slot's first `count` bytes, valid until the next call): the header, the size the file must have,
+    /// then the slots whose heads claim a record that fits, the higher sequence first, and the first of them whose
+    /// checksum matches.
+    @inline(__always)  // its closures inlined: the small file's slices cost nothing
+    private static func findNewest<Value>(
+        size: Int,
+        header headerBytes: UnsafeRawBufferPointer,
+        head: (Header, Int) throws(WormholeError) -> UnsafeRawBufferPointer,
+        record: (Header, Int, Int) throws(WormholeError) -> UnsafeRawBufferPointer,
+        _ body: (Result<Found, FileProblem>) throws(WormholeError) -> Value
+    ) throws(WormholeError) -> Value {
         let header: Header
-        switch decodeHeader(UnsafeRawBufferPointer(rebasing: small[0..<headerCount])) {
+        switch decodeHeader(headerBytes) {
         case .success(let decoded): header = decoded
         case .failure(let problem): return try body(.failure(.header(problem)))
         }
         guard size >= header.fileSize else {
             return try body(.failure(.truncated(size: size, expected: header.fileSize)))
         }
-        var heads: [UnsafeRawBufferPointer] = []
+        var claims: (first: Claim?, second: Claim?) = (nil, nil)
+        var sawDamage = false
         for slot in 0..<2 {
-            let start = headerSize + slot * recordHeaderSize
-            let target = UnsafeMutableRawBufferPointer(rebasing: small[start..<start + recordHeaderSize])
-            let count = try read(target, header.slotOffset(slot))
-            heads.append(UnsafeRawBufferPointer(rebasing: small[start..<start + count]))
-        }
-        let claims = claimedSlots(header: header) { heads[$0] }
-        var sawDamage = claims.sawDamage
-        for slot in [claims.newest, claims.older] {
-            guard let slot, let recordSize = claimedRecordSize(heads[slot], capacity: header.slotCapacity) else {
+            let bytes = try head(header, slot)
+            if bytes.count == recordHeaderSize, isZero(bytes) { continue }
+            guard let size = claimedRecordSize(bytes, capacity: header.slotCapacity) else {
+                sawDamage = true
                 continue
             }
-            let record = UnsafeMutableRawBufferPointer.allocate(byteCount: recordSize, alignment: 16)
-            defer { record.deallocate() }
-            let count = try read(record, header.slotOffset(slot))
-            let bytes = UnsafeRawBufferPointer(rebasing: record[0..<count])
+            let claim = Claim(slot: slot, sequence: load(UInt64.self, bytes, 8), size: size)
+            if claims.first == nil { claims.first = claim } else { claims.second = claim }
+        }
+        // The higher sequence first; slot 0 first on a tie.
+        if let first = claims.first, let second = claims.second, second.sequence > first.sequence {
+            claims = (second, first)
+        }
+        for claim in [claims.first, claims.second] {
+            guard let claim else { continue }
+            let bytes = try record(header, claim.slot, claim.size)
             switch decodeSlot(bytes, capacity: header.slotCapacity) {
-            case .valid(let view): return try body(.success(Found(header: header, newest: (slot, view, bytes))))
+            case .valid(let view): return try body(.success(Found(header: header, newest: (claim.slot, view, bytes))))
             case .empty, .invalid: sawDamage = true
             }
         }
         return try body(sawDamage ? .failure(.noValidRecord) : .success(Found(header: header, newest: nil)))
     }
 
-    /// The slots whose heads claim a record that fits, the higher sequence first; and whether a head was damaged.
-    private static func claimedSlots(
-        header: Header,
-        head: (Int) -> UnsafeRawBufferPointer
-    ) -> (newest: Int?, older: Int?, sawDamage: Bool) {
-        var claims: (first: (slot: Int, sequence: UInt64)?, second: (slot: Int, sequence: UInt64)?) = (nil, nil)
-        var sawDamage = false
-        for slot in 0..<2 {
-            let bytes = head(slot)
-            if bytes.count == recordHeaderSize, isZero(bytes) { continue }
-            guard claimedRecordSize(bytes, capacity: header.slotCapacity) != nil else {
-                sawDamage = true
-                continue
-            }
-            let claim = (slot: slot, sequence: load(UInt64.self, bytes, 8))
-            if claims.first == nil { claims.first = claim } else { claims.second = claim }
-        }
-        if let first = claims.first, let second = claims.second, second.sequence > first.sequence {
-            return (second.slot, first.slot, sawDamage)
-        }
-        return (claims.first?.slot, claims.second?.slot, sawDamage)
+    /// A slot whose head claims a record that fits: its sequence and the record's size, as the head says.
+    private struct Claim {
+        var slot: Int
+        var sequence: UInt64
+        var size: Int
     }
 
     private static func isZero(_ bytes: UnsafeRawBufferPointer) -> Bool {
@@ -411,9 +422,9 @@ package enum MailboxFormat {
     }
 
     /// A little-endian integer at `offset` of `bytes`.
-    package static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: UnsafeRawBufferPointer, _ offset: Int) -> T
+    private static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: UnsafeRawBufferPointer, _ offset: Int) -> T
     {
-        T(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: T.self))
+        bytes.littleEndian(type, at: offset)
     }
 
     package enum FileProblem: Error, Equatable {
@@ -464,6 +475,13 @@ extension Array where Element == UInt8 {
         precondition(offset >= 0 && offset + MemoryLayout<T>.size <= count, "store past the end of the bytes")
         // In place: every record encoded on the way from pass to listener stores a few integers.
         withUnsafeMutableBytes { $0.storeBytes(of: value.littleEndian, toByteOffset: offset, as: T.self) }
+    }
+}
+
+extension UnsafeRawBufferPointer {
+    /// The little-endian integer at `offset`, wherever it is aligned: how every format here reads its fields.
+    func littleEndian<T: FixedWidthInteger>(_ type: T.Type, at offset: Int) -> T {
+        T(littleEndian: loadUnaligned(fromByteOffset: offset, as: T.self))
     }
 }
 

@@ -171,7 +171,7 @@ package enum QueueFormat {
 
     package static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: UnsafeRawBufferPointer, _ offset: Int) -> T
     {
-        T(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: T.self))
+        bytes.littleEndian(type, at: offset)
     }
 }
 
