@@ -63,7 +63,7 @@ struct QueueReader {
             }
             let offset = Int(position - bufferStart)
             let reachesEnd = bufferReachedEnd
-            switch buffer.withUnsafeBytes({ QueueFormat.step($0, at: offset, reachesEnd: reachesEnd) }) {
+            switch QueueFormat.step(buffer.bytes, at: offset, reachesEnd: reachesEnd) {
             case .record(let record, let size):
                 return Item(record: record, offset: position, end: position + UInt64(size))
             case .resume(let next):

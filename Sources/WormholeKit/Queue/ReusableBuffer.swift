@@ -31,10 +31,6 @@ final class ReusableBuffer {
     /// The bytes held.
     var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: storage, count: count) }
 
-    func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
-        try body(bytes)
-    }
-
     /// Forgets the bytes held, keeping the memory.
     func removeAll() { count = 0 }
 
