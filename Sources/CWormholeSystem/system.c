@@ -27,6 +27,7 @@ long cwormhole_send_parts(int socket, const void *head, size_t headLength, const
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/epoll.h>
+#include <errno.h>
 
 int cwormhole_punch_hole(int fd, long long offset, long long length) {
     return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
@@ -64,7 +65,7 @@ int cwormhole_peer_uid(int socket, unsigned int *uid) {
     return 0;
 }
 
-int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths) {
+static int receive_packets(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths, int flags) {
     if (count > 64) count = 64;
     struct mmsghdr messages[64];
     struct iovec parts[64];
@@ -75,11 +76,21 @@ int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned i
         messages[index].msg_hdr.msg_iov = &parts[index];
         messages[index].msg_hdr.msg_iovlen = 1;
     }
-    int received = recvmmsg(socket, messages, count, MSG_DONTWAIT, NULL);
+    int received;
+    do received = recvmmsg(socket, messages, count, flags, NULL);
+    while (received < 0 && errno == EINTR);
     // A packet cut to its slot is reported as longer than the slot, never as a shorter whole packet.
     for (int index = 0; index < received; index++) {
         lengths[index] = (messages[index].msg_hdr.msg_flags & MSG_TRUNC) ? size + 1 : messages[index].msg_len;
     }
     return received;
+}
+
+int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths) {
+    return receive_packets(socket, buffers, size, count, lengths, MSG_DONTWAIT);
+}
+
+int cwormhole_receive_packets_waiting(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths) {
+    return receive_packets(socket, buffers, size, count, lengths, MSG_WAITFORONE);
 }
 #endif

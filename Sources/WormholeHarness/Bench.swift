@@ -317,6 +317,8 @@ struct BenchPeer: ParsableCommand {
         /// `--count` round trips of raw mailbox messages between two listeners of this one process: a mailbox pass
         /// and its delivery with no child process, for a profiler (`valgrind` cannot follow the peers' spawn).
         case mailboxLoop = "mailbox-loop"
+        /// The same with live messages: a send and its delivery with no child process, for a profiler.
+        case liveLoop = "live-loop"
         case appendProduce = "append-produce"
         case queueEcho = "queue-echo"
         case suiteEcho = "suite-echo"
@@ -388,6 +390,28 @@ struct BenchPeer: ParsableCommand {
             }
             _ = try wormhole.passMessageData(Data(repeating: 0, count: 64), identifier: "ping")
             guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the mailbox loop stalled") }
+            echo.cancel()
+            answer.cancel()
+        case .liveLoop:
+            let wormhole = try Wormhole(directory: directory)
+            let done = DispatchSemaphore(value: 0)
+            let total = count
+            let echo = try wormhole.listenForLiveMessageData(withIdentifier: "ping", on: .notifierThread) { payload in
+                do { _ = try wormhole.sendMessageData(payload, identifier: "pong") } catch { Output.error("\(error)") }
+            }
+            let answer = try wormhole.listenForLiveMessageData(withIdentifier: "pong", on: .notifierThread) {
+                payload in
+                let sequence = BenchCaseSender.sequence(of: payload) + 1
+                guard sequence < total else {
+                    done.signal()
+                    return
+                }
+                var next = payload
+                BenchCaseSender.setSequence(sequence, in: &next)
+                do { _ = try wormhole.sendMessageData(next, identifier: "ping") } catch { Output.error("\(error)") }
+            }
+            _ = try wormhole.sendMessageData(Data(repeating: 0, count: 64), identifier: "ping")
+            guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the live loop stalled") }
             echo.cancel()
             answer.cancel()
         case .appendProduce:

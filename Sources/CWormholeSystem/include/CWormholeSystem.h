@@ -67,6 +67,10 @@ int cwormhole_peer_uid(int socket, unsigned int *uid);
 /// (EAGAIN: none was waiting). `count` is at most 64.
 int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths);
 
+/// As `cwormhole_receive_packets`, but waits for the first packet (`MSG_WAITFORONE`), then takes those already waiting
+/// without waiting more: a lone datagram costs one call, a burst few. Retried when a signal interrupts the wait.
+int cwormhole_receive_packets_waiting(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths);
+
 /// Names the calling thread (at most 15 characters are kept), as `ps -L` and debuggers show it.
 static inline void cwormhole_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }
 

@@ -1,11 +1,12 @@
 import Foundation
 import SystemPackage
 
-/// Live messages and requests through Unix `SOCK_SEQPACKET` sockets in a directory's `.live` subdirectory.
+/// Live messages and requests through Unix sockets in a directory's `.live` subdirectory.
 ///
-/// Each endpoint (a listener of messages or a responder to requests) is a socket served by a thread of its own
-/// (``LiveEndpoint``); responders' socket names carry an `r.` after the identifier's hash, so that a message never
-/// reaches a responder, nor a request a listener. `FORMAT.md` describes the names and packets.
+/// Each endpoint is a socket served by a thread of its own: a listener of messages a `SOCK_DGRAM` socket
+/// (``LiveMessageEndpoint``), which every sender's datagrams reach, a responder to requests a `SOCK_SEQPACKET` one
+/// (``LiveEndpoint``), with a connection per request. Their names carry `m.` or `r.` after the identifier's hash, so
+/// that a message never reaches a responder, nor a request a listener. `FORMAT.md` describes the names and packets.
 final class DirectoryLiveTransport: LiveTransport {
     let path: String
     let options: FileTransiting.Options
@@ -28,30 +29,28 @@ final class DirectoryLiveTransport: LiveTransport {
         let directory = try liveDirectory()
         let head = messageHead
         // The listeners and their kept connections are looked up under the lock; the sends are made outside it, so
-        // that a listener whose buffer is full (a process stopped in a debugger) holds up only the sends to it.
-        // (Both are taken as they are, the cache's arrays shared, not copied: nothing is allocated per message.)
-        let (listeners, kept) = try connections.withLock {
-            (cache) throws(WormholeError) -> ([String], [String: LiveConnection]) in
+        // that a listener whose queue is full (a process stopped in a debugger) holds up only the sends to it.
+        // (The targets are taken as they are, the cache's array shared, not copied: nothing is allocated per message.)
+        let targets = try connections.withLock { (cache) throws(WormholeError) -> [LiveTarget] in
             try cache.refresh(directory)
-            return (cache.listeners(of: identifier), cache.sockets)
+            return cache.targets(of: identifier)
         }
         var reached = 0
-        for name in listeners {
+        for target in targets {
             // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
             // then finds the socket dead and removes it.
-            if let kept = kept[name] {
+            if let kept = target.connection {
                 if case .success = Self.transmit(head, payload, on: kept.socket) {
                     reached += 1
                     continue
                 }
-                connections.withLock { cache in if cache.sockets[name] === kept { cache.drop(name) } }
+                connections.withLock { $0.drop(kept, to: target.name) }
             }
-            guard let socket = Self.connectSocket(directory, name: name) else { continue }
+            guard let socket = Self.connectSocket(directory, name: target.name, kind: .datagrams) else { continue }
             let connection = LiveConnection(socket)
             if case .success = Self.transmit(head, payload, on: connection.socket) {
                 reached += 1
-                // Kept for the next message (one another thread kept meanwhile closes once unused).
-                connections.withLock { $0.sockets[name] = connection }
+                connections.withLock { $0.keep(connection, to: target.name) }
             }
         }
         guard reached > 0 else { throw LiveErrors.notReachable(identifier) }
@@ -69,15 +68,7 @@ final class DirectoryLiveTransport: LiveTransport {
         identifier: String,
         handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        let endpoint = try LiveEndpoint(
-            directory: try liveDirectory(),
-            name: LiveSocket.prefix(for: identifier),
-            identifier: identifier
-        ) { packet, connection in
-            // A request sent to a listener of messages (by an older version) gets no reply: closing tells the
-            // requester at once.
-            connection?.close()
-            guard packet.kind == .message else { return }
+        let endpoint = try LiveMessageEndpoint(directory: try liveDirectory(), identifier: identifier) { packet in
             handler(LiveMessage(sender: packet.sender, payload: packet.payload))
         }
         return NotifierObservation { endpoint.stop() }
@@ -196,6 +187,7 @@ final class DirectoryLiveTransport: LiveTransport {
     static func connectSocket(
         _ directory: DirectoryHandle,
         name: String,
+        kind: PacketSocket.Kind = .sequencedPackets,
         sendTimeout: Duration? = nil
     ) -> PacketSocket? {
         // A socket file planted by another user is not one of ours.
@@ -203,7 +195,7 @@ final class DirectoryLiveTransport: LiveTransport {
             directory.trustsOtherOwners || status.ownerID == ProcessFacts.effectiveUserID,
             let address = UnixSocketAddress(directory: directory, name: name)
         else { return nil }
-        switch PacketSocket.connected(to: address, sendTimeout: sendTimeout) {
+        switch PacketSocket.connected(to: address, kind: kind, sendTimeout: sendTimeout) {
         case .success(let socket): return socket
         case .failure(.connectionRefused):
             _ = directory.removeFile(named: name)  // its process is gone

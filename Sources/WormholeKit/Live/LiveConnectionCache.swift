@@ -8,21 +8,44 @@ final class LiveConnection: Sendable {
     deinit { socket.close() }
 }
 
+/// One listener's socket as a sender finds it: its file's name, and the connection kept to it, if any.
+///
+/// Never changed once made: keeping or dropping a connection makes new targets, so that a sender may use the ones it
+/// looked up outside the cache's lock.
+final class LiveTarget: Sendable {
+    let name: String
+    let connection: LiveConnection?
+
+    init(name: String, connection: LiveConnection?) {
+        self.name = name
+        self.connection = connection
+    }
+}
+
 /// The connections ``Wormhole/sendMessageData(_:identifier:)`` keeps to live listeners, and the `.live` directory's
 /// names as last read: a message costs an `fstat` and one `send` per listener, and the directory is read again only
 /// when it may have changed.
 ///
 /// Used under a lock held only to look things up and to keep or drop a connection: sends happen outside it, so that
-/// a listener that stopped reading holds up only the sends to it.
+/// a listener that stopped reading holds up only the sends to it. A send to one of the last few identifiers looks
+/// nothing up by name (no string is hashed): the targets found for them are kept until the directory or a connection
+/// changes.
+///
+/// Its properties are checked for exclusive access at compile time only (`@exclusivity(unchecked)`): the lock that
+/// holds the cache serialises every call, and the run-time check cost more than the lookup it guarded.
 final class LiveConnectionCache {
     /// The socket files of `.live` as last read.
-    private(set) var names: [String] = []
+    @exclusivity(unchecked) private(set) var names: [String] = []
     /// Connected sockets by socket file name.
-    var sockets: [String: LiveConnection] = [:]
+    @exclusivity(unchecked) private var sockets: [String: LiveConnection] = [:]
     /// The directory's modification time when it was last read, in nanoseconds since 1970.
-    private var modified: Int64?
-    /// The socket files of each identifier's listeners among ``names``, found on the first send after a read.
-    private var listenersByIdentifier: [String: [String]] = [:]
+    @exclusivity(unchecked) private var modified: Int64?
+    /// The targets of each identifier's listeners among ``names``, found on the first send after a change.
+    @exclusivity(unchecked) private var targetsByIdentifier: [String: [LiveTarget]] = [:]
+    /// The identifiers of the last lookups and what they found, the latest last: most senders send to one identifier
+    /// or a few (a ping and a pong) over and over.
+    @exclusivity(unchecked) private var recentLookups: [(identifier: String, targets: [LiveTarget])] = []
+    private static let recentLookupsKept = 4
 
     /// Reads the directory again if it changed since it was last read (a listener came or went), and drops the
     /// connections of sockets that are gone.
@@ -40,25 +63,46 @@ final class LiveConnectionCache {
         }
         names = try directory.entries().shuffled()
         modified = stamp
-        listenersByIdentifier.removeAll(keepingCapacity: true)
+        forgetTargets()
         let present = Set(names)
-        for name in sockets.keys where !present.contains(name) { drop(name) }
+        for name in sockets.keys where !present.contains(name) { sockets[name] = nil }
     }
 
-    /// The socket files of the listeners of `identifier` (not its responders'), as last read.
-    func listeners(of identifier: String) -> [String] {
-        if let known = listenersByIdentifier[identifier] { return known }
-        let prefix = LiveSocket.prefix(for: identifier)
-        let responders = LiveSocket.responderPrefix(for: identifier)
-        let found = names.filter { $0.hasPrefix(prefix) && !$0.hasPrefix(responders) }
-        // Bounded: a process that sends to ever new identifiers keeps only the recent ones.
-        if listenersByIdentifier.count >= 1024 { listenersByIdentifier.removeAll(keepingCapacity: true) }
-        listenersByIdentifier[identifier] = found
+    /// The listeners of `identifier` (not its responders), as last read, each with its kept connection.
+    func targets(of identifier: String) -> [LiveTarget] {
+        // Equal strings of the same storage compare without reading their bytes.
+        for lookup in recentLookups where lookup.identifier == identifier { return lookup.targets }
+        let found: [LiveTarget]
+        if let known = targetsByIdentifier[identifier] {
+            found = known
+        } else {
+            let prefix = LiveSocket.listenerPrefix(for: identifier)
+            found = names.filter { $0.hasPrefix(prefix) }.map { LiveTarget(name: $0, connection: sockets[$0]) }
+            // Bounded: a process that sends to ever new identifiers keeps only the recent ones.
+            if targetsByIdentifier.count >= 1024 { targetsByIdentifier.removeAll(keepingCapacity: true) }
+            targetsByIdentifier[identifier] = found
+        }
+        if recentLookups.count >= Self.recentLookupsKept { recentLookups.removeFirst() }
+        recentLookups.append((identifier, found))
         return found
     }
 
-    /// Forgets the connection to `name` (closed once no send uses it).
-    func drop(_ name: String) {
+    /// Keeps `connection` to the socket file `name` for the sends that follow (one kept meanwhile by another thread
+    /// closes once unused).
+    func keep(_ connection: LiveConnection, to name: String) {
+        sockets[name] = connection
+        forgetTargets()
+    }
+
+    /// Forgets the connection to `name` if it is still `connection` (closed once no send uses it).
+    func drop(_ connection: LiveConnection, to name: String) {
+        guard sockets[name] === connection else { return }
         sockets[name] = nil
+        forgetTargets()
+    }
+
+    private func forgetTargets() {
+        targetsByIdentifier.removeAll(keepingCapacity: true)
+        recentLookups.removeAll(keepingCapacity: true)
     }
 }

@@ -2,7 +2,8 @@ import Foundation
 import Synchronization
 import SystemPackage
 
-/// A listening socket for one identifier, and the thread that serves its connections.
+/// A listening socket for one identifier's responders, and the thread that serves its connections. (A listener of
+/// messages has a datagram socket instead: ``LiveMessageEndpoint``.)
 ///
 /// The thread waits in `poll(2)` on the listening socket, on a wake-up signal that stops it, and on every connection it
 /// accepted. A sender keeps its connection for the messages that follow (``DirectoryLiveTransport`` caches it), so a
@@ -41,43 +42,13 @@ final class LiveEndpoint: Sendable {
         handle: @escaping @Sendable (LivePacket, _ connection: PacketSocket?) -> Void
     ) throws(WormholeError) {
         self.directory = directory
-        let name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
+        let (socket, name) = try LiveSocket.publish(
+            .sequencedPackets,
+            in: directory,
+            prefix: prefix,
+            identifier: identifier
+        )
         self.name = name
-        let socket: PacketSocket
-        switch PacketSocket.make() {
-        case .success(let value): socket = value
-        case .failure(let errno):
-            throw WormholeError.fileSystem(errno, "create a socket", identifier: identifier, path: nil)
-        }
-        // Bound and listening under a name no sender looks for, then renamed into place: a sender that found the
-        // socket bound but not yet listening would take it for a dead one and remove it.
-        let staging = ".b." + name
-        guard let address = UnixSocketAddress(directory: directory, name: staging) else {
-            socket.close()
-            throw WormholeError(
-                .ioFailure,
-                "The socket's address is longer than a Unix socket address may be (\(directory.path)/\(staging)); "
-                    + "use a wormhole directory with a shorter path for live messages.",
-                identifier: identifier
-            )
-        }
-        let listened = socket.bind(to: address)
-            .flatMap { directory.setMode(ofEntry: staging, to: directory.filePermissions) }
-            .flatMap { socket.listen(backlog: 128) }
-            .flatMap { () -> Result<Void, Errno> in
-                if let group = directory.group { _ = directory.setGroup(ofEntry: staging, to: group) }
-                return directory.moveEntry(staging, to: directory, as: name)
-            }
-        if case .failure(let errno) = listened {
-            socket.close()
-            _ = directory.removeFile(named: staging)
-            throw WormholeError.fileSystem(
-                errno,
-                "listen on a socket",
-                identifier: identifier,
-                path: directory.filePath(name)
-            )
-        }
         let wake: WakeUpSignal
         do throws(Errno) {
             wake = try WakeUpSignal()

@@ -1,12 +1,15 @@
 import Foundation
+import SystemPackage
 
-/// The names and sizes of the Unix `SOCK_SEQPACKET` sockets in a wormhole's `.live` directory: one per listening
-/// process and identifier (the calls are ``PacketSocket``'s).
+/// The names and sizes of the Unix sockets in a wormhole's `.live` directory: one per listening or responding process
+/// and identifier (the calls are ``PacketSocket``'s).
 ///
-/// Sequenced packets keep message boundaries, and a connection per message lets a requester see at once that its
-/// responder's process has ended (the connection closes). Socket files are named by a hash of the identifier, the
-/// process id and a random number, and are reached through `/proc/self/fd/N/NAME` (``UnixSocketAddress``), which keeps
-/// the address under the 108 bytes a socket path may have, however deep the wormhole directory is.
+/// A listener of messages has a `SOCK_DGRAM` socket: every sender's datagrams arrive on it, and its thread waits in one
+/// blocking receive, the cheapest wake-up a socket has. A responder has a `SOCK_SEQPACKET` socket: a connection per
+/// request lets a requester see at once that its responder's process has ended (the connection closes). Both keep
+/// message boundaries. Socket files are named by a hash of the identifier, the process id and a random number, and are
+/// reached through `/proc/self/fd/N/NAME` (``UnixSocketAddress``), which keeps the address under the 108 bytes a socket
+/// path may have, however deep the wormhole directory is.
 enum LiveSocket {
     static let subdirectoryName = ".live"
     /// The largest message: sequenced packets travel whole in the socket buffer.
@@ -28,6 +31,64 @@ enum LiveSocket {
     /// that a message never reaches a responder, nor a request a listener.
     static func responderPrefix(for identifier: String) -> String {
         prefix(for: identifier) + "r."
+    }
+
+    /// The file-name prefix of the datagram sockets of an identifier's listeners. (Listeners of releases before
+    /// datagrams had sequenced-packet sockets named with ``prefix(for:)`` alone; a sender of this release does not
+    /// look for them, and theirs cannot connect to these.)
+    static func listenerPrefix(for identifier: String) -> String {
+        prefix(for: identifier) + "m."
+    }
+
+    /// Makes a socket of `kind`, bound (and, for sequenced packets, listening) under a hidden name, then renamed to
+    /// `prefix` followed by the process id and a random number: a sender that found a socket bound but not yet
+    /// listening would take it for a dead one's and remove it. Returns the socket and its file's name.
+    static func publish(
+        _ kind: PacketSocket.Kind,
+        in directory: DirectoryHandle,
+        prefix: String,
+        identifier: String
+    ) throws(WormholeError) -> (PacketSocket, name: String) {
+        let name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
+        let socket: PacketSocket
+        switch PacketSocket.make(kind) {
+        case .success(let value): socket = value
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "create a socket", identifier: identifier, path: nil)
+        }
+        let staging = ".b." + name
+        guard let address = UnixSocketAddress(directory: directory, name: staging) else {
+            socket.close()
+            throw WormholeError(
+                .ioFailure,
+                "The socket's address is longer than a Unix socket address may be (\(directory.path)/\(staging)); "
+                    + "use a wormhole directory with a shorter path for live messages.",
+                identifier: identifier
+            )
+        }
+        // Only who may write to the socket file may send to it. A datagram carries no check of its sender (a
+        // connection is checked with `SO_PEERCRED`), so unless the directory is shared, the file is its owner's alone.
+        let mode =
+            kind == .datagrams && !directory.trustsOtherOwners
+            ? directory.filePermissions & 0o700 : directory.filePermissions
+        let listened = socket.bind(to: address)
+            .flatMap { directory.setMode(ofEntry: staging, to: mode) }
+            .flatMap { kind == .sequencedPackets ? socket.listen(backlog: 128) : .success(()) }
+            .flatMap { () -> Result<Void, Errno> in
+                if let group = directory.group { _ = directory.setGroup(ofEntry: staging, to: group) }
+                return directory.moveEntry(staging, to: directory, as: name)
+            }
+        if case .failure(let errno) = listened {
+            socket.close()
+            _ = directory.removeFile(named: staging)
+            throw WormholeError.fileSystem(
+                errno,
+                "listen on a socket",
+                identifier: identifier,
+                path: directory.filePath(name)
+            )
+        }
+        return (socket, name)
     }
 }
 

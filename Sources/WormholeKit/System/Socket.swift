@@ -41,8 +41,8 @@ struct UnixSocketAddress {
     }
 }
 
-/// A Unix `SOCK_SEQPACKET` socket: sequenced packets that keep their boundaries, on a connection whose end the other
-/// side sees at once.
+/// A Unix socket whose packets keep their boundaries: `SOCK_SEQPACKET` (sequenced packets, on a connection whose end
+/// the other side sees at once) or `SOCK_DGRAM` (datagrams, one socket receiving from every sender).
 ///
 /// Like swift-system's `FileDescriptor`, the value does not own the socket: whoever made or accepted it calls
 /// ``close()`` once. It is copyable so that connections can be kept in dictionaries and handed from thread to thread.
@@ -50,16 +50,31 @@ struct UnixSocketAddress {
 struct PacketSocket: Hashable, Sendable {
     let rawValue: Int32
 
+    /// The two kinds of packet socket.
+    enum Kind: Sendable {
+        /// `SOCK_SEQPACKET`: a connection per sender, accepted by a listening socket.
+        case sequencedPackets
+        /// `SOCK_DGRAM`: a socket bound to a name receives from every sender; a sender's socket may be connected to it.
+        case datagrams
+    }
+
     /// Creates an unconnected socket, close-on-exec.
-    static func make() -> Result<PacketSocket, Errno> {
+    static func make(_ kind: Kind = .sequencedPackets) -> Result<PacketSocket, Errno> {
         #if os(Linux) || os(Android)
-        return valueOrErrno { socket(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+        let type = kind == .datagrams ? Int32(SOCK_DGRAM.rawValue) : Int32(SOCK_SEQPACKET.rawValue)
+        return valueOrErrno { socket(AF_UNIX, type | Int32(SOCK_CLOEXEC.rawValue), 0) }
             .map { PacketSocket(rawValue: $0) }
         #else
-        return valueOrErrno { socket(AF_UNIX, SOCK_SEQPACKET, 0) }.map { descriptor in
+        return valueOrErrno { socket(AF_UNIX, kind == .datagrams ? SOCK_DGRAM : SOCK_SEQPACKET, 0) }.map {
+            descriptor in
             _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
             let socket = PacketSocket(rawValue: descriptor)
             socket.refuseSignalOnBrokenPipe()
+            if kind == .datagrams {
+                // Darwin refuses a datagram larger than its send buffer, 2 KiB by default: room for the largest.
+                var size = Int32(LiveSocket.receiveBufferSize)
+                _ = setsockopt(descriptor, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+            }
             return socket
         }
         #endif
@@ -82,9 +97,10 @@ struct PacketSocket: Hashable, Sendable {
     /// and a request must not wait for it longer than its own time-out.
     static func connected(
         to address: UnixSocketAddress,
+        kind: Kind = .sequencedPackets,
         sendTimeout: Duration? = nil
     ) -> Result<PacketSocket, Errno> {
-        make().flatMap { socket in
+        make(kind).flatMap { socket in
             if let sendTimeout { socket.setSendTimeout(sendTimeout) }
             let result = address.withSocketAddress { pointer, length in
                 valueOrErrno { system_connect(socket.rawValue, pointer, length) }
@@ -198,6 +214,49 @@ struct PacketSocket: Hashable, Sendable {
         #endif
     }
 
+    /// Waits for a packet, then receives it and those already waiting, up to the batch's capacity: one `recvmmsg` on
+    /// Linux. Returns how many were received; the batch's ``PacketBatch/wholePacket(at:)`` gives each, nil for an
+    /// empty one or one cut to its slot. Used on a datagram socket, which has no connection to end: a failure means
+    /// the socket was shut down (``shutDown()``) or the system is out of memory.
+    func receiveWaiting(into batch: borrowing PacketBatch) -> Result<Int, Errno> {
+        #if os(Linux) || os(Android)
+        return valueOrErrno {
+            cwormhole_receive_packets_waiting(
+                rawValue,
+                batch.storage.baseAddress,
+                batch.slotSize,
+                UInt32(batch.capacity),
+                batch.lengths
+            )
+        }.map { Int($0) }
+        #else
+        // The first waited for, the rest taken only if already there.
+        for index in 0..<batch.capacity {
+            let flags = index == 0 ? 0 : Int32(MSG_DONTWAIT)
+            let slot = batch.slot(index)
+            var message = msghdr()
+            var part = iovec(iov_base: slot.baseAddress, iov_len: slot.count)
+            let result = withUnsafeMutablePointer(to: &part) { part in
+                message.msg_iov = part
+                message.msg_iovlen = 1
+                return valueOrErrno { recvmsg(rawValue, &message, flags) }
+            }
+            switch result {
+            case .success(let count):
+                batch.lengths[index] = message.msg_flags & Int32(MSG_TRUNC) != 0 ? slot.count + 1 : count
+            case .failure(let errno):
+                return index == 0 ? .failure(errno) : .success(index)
+            }
+        }
+        return .success(batch.capacity)
+        #endif
+    }
+
+    /// Shuts the socket down for reading and writing: a thread waiting to receive on it returns at once.
+    func shutDown() {
+        _ = shutdown(rawValue, Int32(SHUT_RDWR))
+    }
+
     /// What ``receive(into:blocking:)`` found.
     enum Received: Equatable {
         /// A packet of `count` bytes, at the start of the buffer, shorter than the buffer.
@@ -268,6 +327,13 @@ struct PacketBatch: ~Copyable {
     /// The packet received at `index`, valid until the next receive into the batch.
     func packet(at index: Int) -> UnsafeRawBufferPointer {
         UnsafeRawBufferPointer(rebasing: storage[index * slotSize..<index * slotSize + lengths[index]])
+    }
+
+    /// The packet received at `index` if it is whole and not empty, valid until the next receive into the batch.
+    func wholePacket(at index: Int) -> UnsafeRawBufferPointer? {
+        let length = lengths[index]
+        guard length > 0, length <= slotSize else { return nil }
+        return UnsafeRawBufferPointer(rebasing: storage[index * slotSize..<index * slotSize + length])
     }
 
     fileprivate func slot(_ index: Int) -> UnsafeMutableRawBufferPointer {

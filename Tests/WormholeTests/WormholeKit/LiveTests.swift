@@ -154,6 +154,47 @@ struct LiveTests {
         }
     }
 
+    @Test("A listener's socket is a datagram socket, its owner's alone; an older release's socket is passed over")
+    func listenerSocket() async throws {
+        try await offThePool {
+            var options = FileTransiting.Options()
+            options.filePermissions = 0o644
+            let wormhole = try Wormhole(
+                directory: directory("wormhole"),
+                configuration: .init(fileOptions: options)
+            )
+            let received = Collector<Int>()
+            let listener = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self) {
+                received.append($0)
+            }
+            let live = directory("wormhole/.live")
+            let names = try FileManager.default.contentsOfDirectory(atPath: live)
+            #expect(names.count == 1)
+            let name = try #require(names.first)
+            #expect(name.hasPrefix(LiveSocket.prefix(for: "ping") + "m."))
+            var status = stat()
+            #expect(lstat(live + "/" + name, &status) == 0)
+            #expect(status.st_mode & S_IFMT == S_IFSOCK)
+            // Whoever may write to it may send to it, and a datagram's sender is not checked: others may not.
+            #expect(status.st_mode & 0o777 == 0o600)
+
+            // A socket as an older release's listener made it (sequenced packets, named without `m.`): a sender of
+            // this release neither sends to it nor removes it.
+            let old = LiveSocket.prefix(for: "ping") + "\(getpid()).7"
+            let oldSocket = try #require(try? PacketSocket.make().get())
+            defer { oldSocket.close() }
+            let liveDirectory = try DirectoryHandle.open(path: live, create: false, options: options)
+            let address = try #require(UnixSocketAddress(directory: liveDirectory, name: old))
+            #expect((try? oldSocket.bind(to: address).get()) != nil)
+            #expect((try? oldSocket.listen(backlog: 1).get()) != nil)
+            #expect(try wormhole.sendMessage(1, identifier: "ping") == 1)
+            #expect(eventually { received.values == [1] })
+            #expect(FileManager.default.fileExists(atPath: live + "/" + old))
+            listener.cancel()
+            #expect(try FileManager.default.contentsOfDirectory(atPath: live) == [old])
+        }
+    }
+
     @Test("Nobody listening: not reachable, at once")
     func notReachable() async throws {
         let wormhole = try makeWormhole()
@@ -281,6 +322,19 @@ struct LiveTests {
                 try wormhole.sendMessageData(Data(count: 100_000), identifier: "news")
             }
             listener.cancel()
+            // The largest message a sender may send travels whole in one datagram.
+            let largest = Data(
+                (0..<(Wormhole.maximumLiveMessageSize - 256 - wormhole.sender.utf8.count)).map {
+                    UInt8(truncatingIfNeeded: $0 &* 7)
+                }
+            )
+            let bytes = Collector<Data>()
+            let raw = try wormhole.listenForLiveMessageData(withIdentifier: "news", on: .notifierThread) {
+                bytes.append($0)
+            }
+            #expect(try wormhole.sendMessageData(largest, identifier: "news") == 1)
+            #expect(eventually { bytes.values == [largest] })
+            raw.cancel()
             #expect(throws: WormholeError.self) { try wormhole.sendMessage(Query(term: "two"), identifier: "news") }
         }
     }

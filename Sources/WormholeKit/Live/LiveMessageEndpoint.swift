@@ -1,0 +1,108 @@
+import Foundation
+import Synchronization
+import SystemPackage
+
+/// A listener's datagram socket for one identifier, and the thread that receives on it.
+///
+/// Every sender's messages arrive on this one socket, so the thread waits in a single blocking receive
+/// (`recvmmsg` with `MSG_WAITFORONE`): no `poll` of a set of connections, no listening socket to accept on. A lone
+/// message costs one call, a burst few. Each message is handed to `handle` on the endpoint's thread.
+///
+/// The thread is a ``CallbackDriver``, as ``LiveEndpoint``'s is: callbacks that `handle` schedules with the default
+/// execution (``CallbackExecution/automatic``) run on it once the packets received are handed over. The socket must go
+/// on being read, or its queue fills and senders wait: a backlog of quick callbacks that has held the thread for
+/// ``CallbackDriver/passBudget`` goes on on the listener's queue, and a callback that blocks for
+/// ``CallbackDriver/blockedAfter`` has the endpoint's work taken over by a new thread, which goes on receiving.
+///
+/// Only whoever may write to the socket file can send to it: the file is its owner's alone unless the directory is
+/// shared (``LiveSocket/publish(_:in:prefix:identifier:)``).
+final class LiveMessageEndpoint: Sendable {
+    private let directory: DirectoryHandle
+    private let name: String
+    private let socket: PacketSocket
+    private let stopped = Atomic<Bool>(false)
+
+    /// - Parameter handle: Called on the endpoint's thread with each message packet.
+    init(
+        directory: DirectoryHandle,
+        identifier: String,
+        handle: @escaping @Sendable (LivePacket) -> Void
+    ) throws(WormholeError) {
+        self.directory = directory
+        (socket, name) = try LiveSocket.publish(
+            .datagrams,
+            in: directory,
+            prefix: LiveSocket.listenerPrefix(for: identifier),
+            identifier: identifier
+        )
+        startThread(ReceivingState(handle: handle), handingOver: nil)
+    }
+
+    /// Removes the socket file and stops the thread (the socket is shut down, which ends its wait). Idempotent.
+    func stop() {
+        guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        _ = directory.removeFile(named: name)
+        socket.shutDown()
+    }
+
+    deinit { stop() }
+
+    /// What the receiving thread works with. One thread at a time uses it: the receiving one, or, once a callback
+    /// blocked that one, the thread that took over its work (the blocked one touches it no more).
+    private final class ReceivingState: @unchecked Sendable {
+        /// Room for a burst: a packet is copied out of it before the next receive.
+        let batch = PacketBatch(capacity: 8, slotSize: LiveSocket.receiveBufferSize)
+        /// The sender of the last packet: while packets come from one sender, its name is compared, not decoded again.
+        var knownSender: String?
+        let handle: @Sendable (LivePacket) -> Void
+
+        init(handle: @escaping @Sendable (LivePacket) -> Void) { self.handle = handle }
+    }
+
+    /// Starts a thread that receives, first running the callbacks a blocked thread handed over.
+    private func startThread(_ receiving: ReceivingState, handingOver handedOver: [InlineScheduler]?) {
+        Thread { [self] in
+            nameCurrentThread("wh-live")
+            receive(receiving, handingOver: handedOver)
+        }.start()
+    }
+
+    private func receive(_ receiving: ReceivingState, handingOver handedOver: [InlineScheduler]?) {
+        let driver = CallbackDriver(handsBacklogsToQueues: true) { [self] rest in
+            startThread(receiving, handingOver: rest)
+        }
+        driver.install()
+        defer {
+            driver.uninstall()
+            // A thread that was taken over leaves the socket to the one that took over.
+            if !driver.isReplaced { socket.close() }
+        }
+        if let handedOver {
+            for scheduler in handedOver { _ = driver.enqueue(scheduler) }
+            driver.runDeferred()
+        }
+        // The state is touched only between the driver's runs of callbacks: the watchdog replaces the driver while
+        // one runs, and a replaced thread stops at the loop's condition.
+        while !driver.isReplaced && !stopped.load(ordering: .acquiring) {
+            let count: Int
+            switch socket.receiveWaiting(into: receiving.batch) {
+            case .success(let received): count = received
+            case .failure:
+                // Shut down by `stop()` (checked at the loop's condition), or out of memory: listening must not
+                // stop unseen, so it waits a moment and tries again.
+                if !stopped.load(ordering: .acquiring) { usleep(10_000) }
+                continue
+            }
+            for index in 0..<count {
+                // An empty datagram (what a shut-down socket reads as), one cut to its slot, or one that is not a
+                // message packet is not ours to deliver.
+                guard let bytes = receiving.batch.wholePacket(at: index),
+                    let packet = LivePacket(bytes, knownSender: receiving.knownSender), packet.kind == .message
+                else { continue }
+                receiving.knownSender = packet.sender
+                receiving.handle(packet)
+            }
+            driver.runDeferred()
+        }
+    }
+}
