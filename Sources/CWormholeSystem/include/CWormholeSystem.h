@@ -17,6 +17,16 @@ uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length);
 /// or -1 with errno set.
 long cwormhole_send_parts(int socket, const void *head, size_t headLength, const void *body, size_t bodyLength);
 
+/// Reads a 64-bit counter in memory shared with other processes (a `MAP_SHARED` mapping), with acquire ordering.
+static inline uint64_t cwormhole_shared_load(const uint64_t *counter) {
+    return __atomic_load_n(counter, __ATOMIC_ACQUIRE);
+}
+
+/// Adds 1 to a 64-bit counter in memory shared with other processes, with release ordering.
+static inline void cwormhole_shared_increment(uint64_t *counter) {
+    (void)__atomic_fetch_add(counter, 1, __ATOMIC_ACQ_REL);
+}
+
 /// The calling thread's callback driver (an opaque object of WormholeKit's), or NULL: a C11 thread-local, far
 /// cheaper to read per message than a pthread key or Foundation's thread dictionary.
 void *cwormhole_current_driver(void);

@@ -11,8 +11,8 @@ final class DirectoryLiveTransport: LiveTransport {
     let path: String
     let options: FileTransiting.Options
     let sender: String
-    /// The `.live` directory of sockets, opened on first use.
-    private let live = Locked<DirectoryHandle?>(nil)
+    /// The `.live` directory of sockets and its count of changes, opened on first use.
+    private let live = Locked<LiveDirectory?>(nil)
     /// The connections live messages go out on, kept between sends.
     private let connections = Locked(LiveConnectionCache())
     /// The bytes before a message's payload, the same for every message this process sends.
@@ -26,13 +26,14 @@ final class DirectoryLiveTransport: LiveTransport {
     }
 
     func send(_ payload: Data, identifier: String) throws(WormholeError) -> Int {
-        let directory = try liveDirectory()
+        let live = try liveDirectory()
+        let directory = live.handle
         let head = messageHead
         // The listeners and their kept connections are looked up under the lock; the sends are made outside it, so
         // that a listener whose queue is full (a process stopped in a debugger) holds up only the sends to it.
         // (The targets are taken as they are, the cache's array shared, not copied: nothing is allocated per message.)
         let targets = try connections.withLock { (cache) throws(WormholeError) -> [LiveTarget] in
-            try cache.refresh(directory)
+            try cache.refresh(directory, changes: live.changes)
             return cache.targets(of: identifier)
         }
         var reached = 0
@@ -46,7 +47,9 @@ final class DirectoryLiveTransport: LiveTransport {
                 }
                 connections.withLock { $0.drop(kept, to: target.name) }
             }
-            guard let socket = Self.connectSocket(directory, name: target.name, kind: .datagrams) else { continue }
+            guard
+                let socket = Self.connectSocket(directory, name: target.name, kind: .datagrams, changes: live.changes)
+            else { continue }
             let connection = LiveConnection(socket)
             if case .success = Self.transmit(head, payload, on: connection.socket) {
                 reached += 1
@@ -68,7 +71,9 @@ final class DirectoryLiveTransport: LiveTransport {
         identifier: String,
         handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        let endpoint = try LiveMessageEndpoint(directory: try liveDirectory(), identifier: identifier) { packet in
+        let live = try liveDirectory()
+        let endpoint = try LiveMessageEndpoint(directory: live.handle, changes: live.changes, identifier: identifier) {
+            packet in
             handler(LiveMessage(sender: packet.sender, payload: packet.payload))
         }
         return NotifierObservation { endpoint.stop() }
@@ -124,7 +129,7 @@ final class DirectoryLiveTransport: LiveTransport {
     ) throws(WormholeError) -> NotifierObservation {
         let sender = self.sender
         let endpoint = try LiveEndpoint(
-            directory: try liveDirectory(),
+            directory: try liveDirectory().handle,
             name: LiveSocket.responderPrefix(for: identifier),
             identifier: identifier,
             batchCapacity: 1
@@ -172,7 +177,7 @@ final class DirectoryLiveTransport: LiveTransport {
         timeout: Duration,
         from start: ContinuousClock.Instant
     ) throws(WormholeError) -> PacketSocket? {
-        let directory = try liveDirectory()
+        let directory = try liveDirectory().handle
         let prefix = LiveSocket.responderPrefix(for: identifier)
         for name in try directory.entries().filter({ $0.hasPrefix(prefix) }).shuffled() {
             let left = timeout - start.duration(to: .now)
@@ -183,11 +188,13 @@ final class DirectoryLiveTransport: LiveTransport {
     }
 
     /// Connects to the socket file `name`; nil when it is not a trusted socket or nobody answers (a socket whose
-    /// process is gone is removed). With a `sendTimeout`, the connection and its sends wait at most that long.
+    /// process is gone is removed, and `changes`, if given, counts it). With a `sendTimeout`, the connection and its
+    /// sends wait at most that long.
     static func connectSocket(
         _ directory: DirectoryHandle,
         name: String,
         kind: PacketSocket.Kind = .sequencedPackets,
+        changes: LiveChangeCounter? = nil,
         sendTimeout: Duration? = nil
     ) -> PacketSocket? {
         // A socket file planted by another user is not one of ours.
@@ -198,7 +205,8 @@ final class DirectoryLiveTransport: LiveTransport {
         switch PacketSocket.connected(to: address, kind: kind, sendTimeout: sendTimeout) {
         case .success(let socket): return socket
         case .failure(.connectionRefused):
-            _ = directory.removeFile(named: name)  // its process is gone
+            // Its process is gone. Counted as a change, so that every sender reads the directory again.
+            if case .success = directory.removeFile(named: name) { changes?.increment() }
             return nil
         case .failure: return nil
         }
@@ -213,16 +221,23 @@ final class DirectoryLiveTransport: LiveTransport {
         return LivePacket(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
     }
 
-    func liveDirectory() throws(WormholeError) -> DirectoryHandle {
-        try live.withLock { (cached) throws(WormholeError) -> DirectoryHandle in
+    /// The `.live` directory and, where it can be shared through a mapping, its count of changes.
+    struct LiveDirectory {
+        let handle: DirectoryHandle
+        let changes: LiveChangeCounter?
+    }
+
+    func liveDirectory() throws(WormholeError) -> LiveDirectory {
+        try live.withLock { (cached) throws(WormholeError) -> LiveDirectory in
             if let cached { return cached }
             let handle = try DirectoryHandle.open(
                 path: path + "/" + LiveSocket.subdirectoryName,
                 create: true,
                 options: options
             )
-            cached = handle
-            return handle
+            let opened = LiveDirectory(handle: handle, changes: LiveChangeCounter.open(in: handle))
+            cached = opened
+            return opened
         }
     }
 }

@@ -23,8 +23,9 @@ final class LiveTarget: Sendable {
 }
 
 /// The connections ``Wormhole/sendMessageData(_:identifier:)`` keeps to live listeners, and the `.live` directory's
-/// names as last read: a message costs an `fstat` and one `send` per listener, and the directory is read again only
-/// when it may have changed.
+/// names as last read: a message costs one `send` per listener and a look at the directory's count of changes
+/// (``LiveChangeCounter``, a load from memory; an `fstat` of the directory where the count cannot be shared), and the
+/// directory is read again only when it changed.
 ///
 /// Used under a lock held only to look things up and to keep or drop a connection: sends happen outside it, so that
 /// a listener that stopped reading holds up only the sends to it. A send to one of the last few identifiers looks
@@ -38,8 +39,10 @@ final class LiveConnectionCache {
     @exclusivity(unchecked) private(set) var names: [String] = []
     /// Connected sockets by socket file name.
     @exclusivity(unchecked) private var sockets: [String: LiveConnection] = [:]
-    /// The directory's modification time when it was last read, in nanoseconds since 1970.
+    /// The directory's modification time when it was last read, in nanoseconds since 1970 (without a count).
     @exclusivity(unchecked) private var modified: Int64?
+    /// The directory's count of changes when it was last read.
+    @exclusivity(unchecked) private var countedChanges: UInt64?
     /// The targets of each identifier's listeners among ``names``, found on the first send after a change.
     @exclusivity(unchecked) private var targetsByIdentifier: [String: [LiveTarget]] = [:]
     /// The identifiers of the last lookups and what they found, the latest last: most senders send to one identifier
@@ -48,8 +51,16 @@ final class LiveConnectionCache {
     private static let recentLookupsKept = 4
 
     /// Reads the directory again if it changed since it was last read (a listener came or went), and drops the
-    /// connections of sockets that are gone.
-    func refresh(_ directory: DirectoryHandle) throws(WormholeError) {
+    /// connections of sockets that are gone. With `changes`, the count tells; without, the modification time.
+    func refresh(_ directory: DirectoryHandle, changes: LiveChangeCounter?) throws(WormholeError) {
+        if let changes {
+            // Read before the directory: a change made while it is read leaves another count, seen next time.
+            let count = changes.value
+            if count == countedChanges { return }
+            try read(directory)
+            countedChanges = count
+            return
+        }
         let stamp: Int64
         switch directory.modificationTime() {
         case .success(let value): stamp = value
@@ -61,8 +72,12 @@ final class LiveConnectionCache {
         if let modified, modified == stamp, ProcessFacts.wallClockNanoseconds() - stamp > 50_000_000 {
             return
         }
-        names = try directory.entries().shuffled()
+        try read(directory)
         modified = stamp
+    }
+
+    private func read(_ directory: DirectoryHandle) throws(WormholeError) {
+        names = try directory.entries().shuffled()
         forgetTargets()
         let present = Set(names)
         for name in sockets.keys where !present.contains(name) { sockets[name] = nil }

@@ -20,21 +20,28 @@ final class LiveMessageEndpoint: Sendable {
     private let directory: DirectoryHandle
     private let name: String
     private let socket: PacketSocket
+    private let changes: LiveChangeCounter?
     private let stopped = Atomic<Bool>(false)
 
-    /// - Parameter handle: Called on the endpoint's thread with each message packet.
+    /// - Parameters:
+    ///   - changes: The directory's count of changes, which the socket's coming and going add to.
+    ///   - handle: Called on the endpoint's thread with each message packet.
     init(
         directory: DirectoryHandle,
+        changes: LiveChangeCounter?,
         identifier: String,
         handle: @escaping @Sendable (LivePacket) -> Void
     ) throws(WormholeError) {
         self.directory = directory
+        self.changes = changes
         (socket, name) = try LiveSocket.publish(
             .datagrams,
             in: directory,
             prefix: LiveSocket.listenerPrefix(for: identifier),
             identifier: identifier
         )
+        // Counted once the socket is in place: a sender that sees the new count finds it.
+        changes?.increment()
         startThread(ReceivingState(handle: handle), handingOver: nil)
     }
 
@@ -42,6 +49,7 @@ final class LiveMessageEndpoint: Sendable {
     func stop() {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
         _ = directory.removeFile(named: name)
+        changes?.increment()
         socket.shutDown()
     }
 

@@ -54,12 +54,10 @@ package final class QueueCursorFile: Sendable {
     /// How long stores through the mapping may go on after the last write, in nanoseconds: the file's modification
     /// time, which a write always moves (a store only now and then), tells how recently the consumer was seen.
     private static let writeInterval: UInt64 = 1_000_000_000
-    /// The file systems that write a file's blocks in place, so that a store to a page written before does not need
-    /// new blocks (and so does not fault for lack of space, where a `pwrite` would return an error): ext2/3/4 and
-    /// tmpfs. On others (copy-on-write ones such as btrfs, network ones), and on Darwin, whose `fsync` is not
-    /// documented to flush pages dirtied through a mapping, every position is written. A store can still fault where
-    /// a `pwrite` would fail on a broken disk (a page that cannot be read back) or a file made immutable meanwhile.
-    private static let fileSystemsForStores: Set<Int> = [0xEF53, 0x0102_1994]
+    /// The file systems on which positions are stored through a mapping (``MappedFiles/fileSystemsWrittenInPlace``:
+    /// a store to a page written before needs no new blocks). On others, and on Darwin, whose `fsync` is not
+    /// documented to flush pages dirtied through a mapping, every position is written.
+    private static let fileSystemsForStores = MappedFiles.fileSystemsWrittenInPlace
 
     /// Whether consumers may store positions through a mapping. The power-loss explorer turns it off in the
     /// workloads it traces, since it sees system calls and not stores to memory; the rules for the slots that stores

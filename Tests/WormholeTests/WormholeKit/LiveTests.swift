@@ -14,6 +14,19 @@ struct LiveTests {
     var location: [String] { ["--directory", directory("wormhole")] }
     func makeWormhole() throws -> Wormhole { try Wormhole(directory: directory("wormhole")) }
 
+    /// The files of `.live` but its count of changes: the sockets.
+    func sockets() throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live"))
+            .filter { $0 != LiveChangeCounter.fileName }
+    }
+
+    /// The count of changes in `.live/.changes`, nil when the file is missing or not 8 bytes.
+    func changeCount() -> UInt64? {
+        guard let bytes = FileManager.default.contents(atPath: directory("wormhole/.live/.changes")), bytes.count == 8
+        else { return nil }
+        return bytes.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(as: UInt64.self)) }
+    }
+
     /// A responder process, once it says that it responds; started and waited for off the cooperative pool.
     func responder(_ command: String, count: Int = 100) async throws -> RunningTool {
         let arguments = ["respond"] + location + ["lookup", "--exec", command, "--count", String(count)]
@@ -113,7 +126,7 @@ struct LiveTests {
             // Stopped: nobody is left.
             here.cancel()
             #expect(throws: WormholeError.self) { try wormhole.sendMessage(4, identifier: "ping") }
-            #expect(try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live")).isEmpty)
+            #expect(try sockets().isEmpty)
         }
     }
 
@@ -168,7 +181,7 @@ struct LiveTests {
                 received.append($0)
             }
             let live = directory("wormhole/.live")
-            let names = try FileManager.default.contentsOfDirectory(atPath: live)
+            let names = try sockets()
             #expect(names.count == 1)
             let name = try #require(names.first)
             #expect(name.hasPrefix(LiveSocket.prefix(for: "ping") + "m."))
@@ -191,7 +204,69 @@ struct LiveTests {
             #expect(eventually { received.values == [1] })
             #expect(FileManager.default.fileExists(atPath: live + "/" + old))
             listener.cancel()
-            #expect(try FileManager.default.contentsOfDirectory(atPath: live) == [old])
+            #expect(try sockets() == [old])
+        }
+    }
+
+    @Test("Listeners coming and going are counted in .live/.changes, which senders read instead of the directory")
+    func changeCounter() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let received = Collector<Int>()
+            let first = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self) { received.append($0) }
+            let afterFirst = try #require(changeCount())
+            #expect(afterFirst >= 1)
+            #expect(try wormhole.sendMessage(1, identifier: "ping") == 1)
+            // Another process's listener: counted once in place, so the sender's next message finds it.
+            let other = try RunningTool(["live-listen"] + location + ["ping", "--count", "1", "--timeout", "60"])
+            #expect(other.waitForError(containing: "listening"))
+            #expect(changeCount() == afterFirst + 1)
+            #expect(try wormhole.sendMessage(2, identifier: "ping") == 2)
+            #expect(other.finish().lines == ["2"])
+            // It removed its socket and counted it on its way out.
+            #expect(changeCount() == afterFirst + 2)
+            #expect(try wormhole.sendMessage(3, identifier: "ping") == 1)
+            // A listener killed leaves its socket: the first sender to find it dead removes it and counts it.
+            let killed = try RunningTool(["live-listen"] + location + ["ping", "--count", "100", "--timeout", "60"])
+            #expect(killed.waitForError(containing: "listening"))
+            #expect(try wormhole.sendMessage(4, identifier: "ping") == 2)
+            killed.kill()
+            _ = killed.finish()
+            #expect(try wormhole.sendMessage(5, identifier: "ping") == 1)
+            #expect(try sockets().count == 1)
+            #expect(changeCount() == afterFirst + 4)
+            #expect(eventually { received.values == [1, 2, 3, 4, 5] })
+            first.cancel()
+        }
+    }
+
+    @Test("A planted .live/.changes is not written through: senders look at the directory instead")
+    func plantedChangeCounter() async throws {
+        try await offThePool {
+            try FileManager.default.createDirectory(
+                atPath: directory("wormhole/.live"),
+                withIntermediateDirectories: true,
+                attributes: [.posixPermissions: 0o700]
+            )
+            let target = directory("elsewhere")
+            _ = FileManager.default.createFile(atPath: target, contents: Data())
+            try FileManager.default.createSymbolicLink(
+                atPath: directory("wormhole/.live/.changes"),
+                withDestinationPath: target
+            )
+            let wormhole = try makeWormhole()
+            let received = Collector<Int>()
+            let listener = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self) {
+                received.append($0)
+            }
+            #expect(try wormhole.sendMessage(1, identifier: "ping") == 1)
+            let other = try RunningTool(["live-listen"] + location + ["ping", "--count", "1", "--timeout", "60"])
+            #expect(other.waitForError(containing: "listening"))
+            #expect(try wormhole.sendMessage(2, identifier: "ping") == 2)
+            #expect(other.finish().lines == ["2"])
+            #expect(eventually { received.values == [1, 2] })
+            #expect(try FileManager.default.attributesOfItem(atPath: target)[.size] as? Int == 0)
+            listener.cancel()
         }
     }
 
@@ -285,7 +360,7 @@ struct LiveTests {
         } catch {
             #expect(error.code == .notReachable)
         }
-        #expect(try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live")).isEmpty)
+        #expect(try sockets().isEmpty)
     }
 
     @Test("A live message reaches every listening process; nothing is stored for later")
