@@ -184,9 +184,23 @@ final class InotifyMonitor: Sendable {
         /// Closes the descriptors of an instance whose thread was never started.
         func discard() { inotify.close() }
 
+        /// The arrays a wake-up fills, kept by the thread from one wake-up to the next: a wake-up allocates nothing.
+        private struct Scratch {
+            var woken: [Int32] = []
+            var replaced: [Int32] = []
+            var chosen: [(id: UInt64, handler: @Sendable () -> Void)] = []
+
+            init() {
+                woken.reserveCapacity(8)
+                replaced.reserveCapacity(8)
+                chosen.reserveCapacity(8)
+            }
+        }
+
         private func run(handingOver handedOver: [InlineScheduler]?) {
             let driver = CallbackDriver { [self] rest in startThread(handingOver: rest) }
             driver.install()
+            var scratch = Scratch()
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
             defer {
                 buffer.deallocate()
@@ -197,7 +211,7 @@ final class InotifyMonitor: Sendable {
             if let handedOver {
                 for scheduler in handedOver { _ = driver.enqueue(scheduler) }
                 driver.runDeferred()
-                if runHandlers(wakingEveryone: true, woken: [], replaced: [], driver: driver) {
+                if runHandlers(wakingEveryone: true, scratch: &scratch, driver: driver) {
                     repairBrokenWatches(driver: driver)
                 }
             }
@@ -210,49 +224,57 @@ final class InotifyMonitor: Sendable {
                     }
                     repairBrokenWatches(driver: driver)  // the wait ends early only while a watch is broken
                 }
-                if readiness.hasEvents, drainEvents(buffer, driver: driver) { repairBrokenWatches(driver: driver) }
+                if readiness.hasEvents, drainEvents(buffer, scratch: &scratch, driver: driver) {
+                    repairBrokenWatches(driver: driver)
+                }
             }
         }
 
         /// Reads every queued event, then calls each affected handler once: a burst of posts wakes a handler
         /// once, which is enough, as it reads the newest state. Returns whether a watch is broken.
-        private func drainEvents(_ buffer: UnsafeMutableRawBufferPointer, driver: CallbackDriver) -> Bool {
+        private func drainEvents(
+            _ buffer: UnsafeMutableRawBufferPointer,
+            scratch: inout Scratch,
+            driver: CallbackDriver
+        ) -> Bool {
             // A wake-up concerns a watch or two: arrays searched in line cost less than sets hashed.
-            var woken: [Int32] = []
-            var replaced: [Int32] = []
+            scratch.woken.removeAll(keepingCapacity: true)
+            scratch.replaced.removeAll(keepingCapacity: true)
             let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
-                if !woken.contains(watch) { woken.append(watch) }
-                if mask & Inotify.replacementEvents != 0, !replaced.contains(watch) { replaced.append(watch) }
+                if !scratch.woken.contains(watch) { scratch.woken.append(watch) }
+                if mask & Inotify.replacementEvents != 0, !scratch.replaced.contains(watch) {
+                    scratch.replaced.append(watch)
+                }
             }
             // After an overflow the kernel dropped events, a file's replacement among them: wake everyone, who will
             // read the newest state, and look at every watched path again.
-            return runHandlers(wakingEveryone: overflowed, woken: woken, replaced: replaced, driver: driver)
+            return runHandlers(wakingEveryone: overflowed, scratch: &scratch, driver: driver)
         }
 
-        /// Calls the handlers of the watches woken (of every watch when `wakingEveryone`), each once, and after each
-        /// the callbacks it scheduled; stops when the driver is replaced meanwhile, as the new thread calls every
-        /// handler once. Returns whether a watch is broken (read under the same lock, so that a wake-up takes it once).
+        /// Calls the handlers of the watches in `scratch.woken` (of every watch when `wakingEveryone`), each once, and
+        /// after each the callbacks it scheduled; stops when the driver is replaced meanwhile, as the new thread calls
+        /// every handler once. Returns whether a watch is broken (read under the same lock, so that a wake-up takes it
+        /// once).
         @discardableResult
-        private func runHandlers(
-            wakingEveryone: Bool,
-            woken: [Int32],
-            replaced: [Int32],
-            driver: CallbackDriver
-        ) -> Bool {
-            let (handlers, hasBroken) = registry.withLock { registry in
+        private func runHandlers(wakingEveryone: Bool, scratch: inout Scratch, driver: CallbackDriver) -> Bool {
+            scratch.chosen.removeAll(keepingCapacity: true)
+            let hasBroken = registry.withLock { registry in
                 // A handler belongs to one watch (`byID`), so the groups never share one: no merging, only an order.
-                var chosen: [(id: UInt64, handler: @Sendable () -> Void)] = []
-                let affected = wakingEveryone ? Array(registry.watches.keys) : woken
-                for watch in affected {
-                    for (id, handler) in registry.watches[watch]?.handlers ?? [:] { chosen.append((id, handler)) }
+                if wakingEveryone {
+                    scratch.woken = Array(registry.watches.keys)
+                    scratch.replaced = scratch.woken
                 }
-                if chosen.count > 1 { chosen.sort { $0.id < $1.id } }
-                for watch in wakingEveryone ? Array(registry.watches.keys) : replaced {
-                    rewatchIfReplaced(watch, in: &registry)
+                for watch in scratch.woken {
+                    guard let handlers = registry.watches[watch]?.handlers else { continue }
+                    for (id, handler) in handlers { scratch.chosen.append((id, handler)) }
                 }
-                return (chosen, !registry.broken.isEmpty)
+                if scratch.chosen.count > 1 { scratch.chosen.sort { $0.id < $1.id } }
+                for watch in scratch.replaced { rewatchIfReplaced(watch, in: &registry) }
+                return !registry.broken.isEmpty
             }
-            call(handlers, driver: driver)
+            call(scratch.chosen, driver: driver)
+            // The handlers are not kept past their wake-up (a cancelled observation's is released with it).
+            scratch.chosen.removeAll(keepingCapacity: true)
             return hasBroken
         }
 
