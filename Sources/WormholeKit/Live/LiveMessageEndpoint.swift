@@ -53,7 +53,13 @@ final class LiveMessageEndpoint: Sendable {
         socket.shutDown()
     }
 
-    deinit { stop() }
+    /// The socket is closed here, once no thread uses it, and not by the thread that received on it: `stop()` may
+    /// still be shutting it down when that thread ends, and a descriptor closed under it could meanwhile be another
+    /// file's.
+    deinit {
+        stop()
+        socket.close()
+    }
 
     /// What the receiving thread works with. One thread at a time uses it: the receiving one, or, once a callback
     /// blocked that one, the thread that took over its work (the blocked one touches it no more).
@@ -80,11 +86,7 @@ final class LiveMessageEndpoint: Sendable {
             startThread(receiving, handingOver: rest)
         }
         driver.install()
-        defer {
-            driver.uninstall()
-            // A thread that was taken over leaves the socket to the one that took over.
-            if !driver.isReplaced { socket.close() }
-        }
+        defer { driver.uninstall() }
         if let handedOver {
             for scheduler in handedOver { _ = driver.enqueue(scheduler) }
             driver.runDeferred()
