@@ -131,6 +131,9 @@ public struct PostgresLocation: Sendable, CustomStringConvertible {
         if let rootCertificates { tls.trustRoots = .file(rootCertificates) }
         switch mode {
         case "disable": return .disable
+        // As libpq does: `require` with a root certificate named checks the server's chain against it (as
+        // `verify-ca`), since whoever names the authority to trust means it to be checked.
+        case "require" where rootCertificates != nil: tls.certificateVerification = .noHostnameVerification
         case "allow", "prefer", "require": tls.certificateVerification = .none
         case "verify-ca": tls.certificateVerification = .noHostnameVerification
         case "verify-full": tls.certificateVerification = .fullVerification

@@ -341,7 +341,9 @@ struct PostgresSecurityTests {
 
     // MARK: TLS
 
-    @Test("On a server that requires TLS: disable is refused, require and verify-full work, a wrong trust fails")
+    @Test(
+        "On a TLS server: disable refused, require and verify-full work, a wrong trust fails, require checks sslrootcert"
+    )
     func tls() async throws { try await offThePool { try tlsBody() } }
 
     func tlsBody() throws {
@@ -400,6 +402,32 @@ struct PostgresSecurityTests {
             _ = try PostgresEngine(url: url("sslmode=verify-full&sslrootcert=\(certificate)"), group: group)
         }
         #expect(otherName?.code == .serverUnavailable, "\(String(describing: otherName))")
+
+        // require with a root certificate checks the chain against it, as libpq does: the server's own passes,
+        // another authority's fails.
+        let requiredAndChecked = try PostgresEngine(
+            url: url("sslmode=require&sslrootcert=\(certificate)"),
+            group: group
+        )
+        #expect(try Wormhole(engine: requiredAndChecked).message(withIdentifier: "box", as: String.self) == "over TLS")
+        requiredAndChecked.close()
+        let otherDirectory = TemporaryDirectory()
+        let otherAuthority = otherDirectory("other-authority.crt")
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: try #require(Self.program("openssl")))
+        openssl.arguments = [
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+            "-keyout", otherDirectory("other-authority.key"), "-out", otherAuthority,
+        ]
+        openssl.standardOutput = FileHandle.nullDevice
+        openssl.standardError = FileHandle.nullDevice
+        try openssl.run()
+        openssl.waitUntilExit()
+        #expect(openssl.terminationStatus == 0)
+        let wrongAuthority = wormholeError {
+            _ = try PostgresEngine(url: url("sslmode=require&sslrootcert=\(otherAuthority)"), group: group)
+        }
+        #expect(wrongAuthority?.code == .serverUnavailable, "\(String(describing: wrongAuthority))")
 
         // verify-full without the root certificate trusts the system's authorities, which never signed it.
         let untrusted = wormholeError {
