@@ -24,6 +24,18 @@ public protocol LiveTransport: Sendable {
         handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation
 
+    /// As ``listen(identifier:handler:)``, and calls `lost` with each message that reached the endpoint but could not
+    /// be handed over (on PostgreSQL, a body kept apart that was gone, or could not be read, when it came); listening
+    /// goes on. The wormhole calls this one, so that a listener's error handler hears of such a loss.
+    ///
+    /// A transport that never loses a message it received need not implement it: the default calls
+    /// ``listen(identifier:handler:)``, and never `lost`.
+    func listen(
+        identifier: String,
+        handler: @escaping @Sendable (LiveMessage) -> Void,
+        lost: @escaping @Sendable (WormholeError) -> Void
+    ) throws(WormholeError) -> NotifierObservation
+
     /// Sends a request to one responder of `identifier` and waits for its reply.
     ///
     /// This call blocks: the wormhole calls it on a thread of its own, never on Swift's cooperative pool.
@@ -35,6 +47,17 @@ public protocol LiveTransport: Sendable {
         identifier: String,
         handler: @escaping @Sendable (LiveRequest) -> Void
     ) throws(WormholeError) -> NotifierObservation
+}
+
+extension LiveTransport {
+    /// Listens with ``listen(identifier:handler:)``: a transport that never loses a message it received.
+    public func listen(
+        identifier: String,
+        handler: @escaping @Sendable (LiveMessage) -> Void,
+        lost: @escaping @Sendable (WormholeError) -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        try listen(identifier: identifier, handler: handler)
+    }
 }
 
 /// A live message as a transport delivers it.

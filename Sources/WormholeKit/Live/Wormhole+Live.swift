@@ -42,8 +42,9 @@ extension Wormhole {
     ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
     ///     serial queue of the listener's own, while another thread goes on reading), on PostgreSQL on the thread
     ///     that takes the listener's notifications, and in memory on that queue.
-    ///   - errorHandler: Called with a message that cannot be decoded as `type`; listening goes on. When nil, the
-    ///     error is logged.
+    ///   - errorHandler: Called with a message that cannot be decoded as `type`, or that was lost on the way to
+    ///     the listener (as ``listenForLiveMessageData(withIdentifier:on:errorHandler:listener:)`` says); listening
+    ///     goes on. When nil, the error is logged.
     ///   - listener: Called with each message.
     /// - Returns: The listener; it stops when cancelled or released.
     /// - Throws: ``WormholeError`` when the endpoint cannot be created.
@@ -73,9 +74,10 @@ extension Wormhole {
     ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
     ///     serial queue of the listener's own, while another thread goes on reading), on PostgreSQL on the thread
     ///     that takes the listener's notifications, and in memory on that queue.
-    ///   - errorHandler: Kept for the vocabulary every listening call shares: bytes are never decoded, and once the
-    ///     endpoint listens it goes on (out of descriptors or memory, it pauses and tries again), so it is not called
-    ///     today.
+    ///   - errorHandler: Called with a message that reached the listener but was lost on the way to it (on
+    ///     PostgreSQL, a large message's body that was gone, or could not be read, when it came:
+    ///     ``WormholeError/Code/notReachable`` or the server's error); listening goes on. When nil, the error is
+    ///     logged. (Once the endpoint listens it goes on: out of descriptors or memory, it pauses and tries again.)
     ///   - listener: Called with the bytes of each message.
     /// - Returns: The listener; it stops when cancelled or released.
     /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError`` when the endpoint cannot be
@@ -90,12 +92,19 @@ extension Wormhole {
         let schedule = execution.makeScheduler(label: "wormhole.live.\(identifier)")
         let handle = LiveListener(identifier: identifier)
         let cancelled = handle.cancelled
-        let observation = try liveTransport().listen(identifier: identifier) { message in
-            schedule {
+        let observation = try liveTransport().listen(
+            identifier: identifier,
+            handler: { message in
+                schedule {
+                    guard !cancelled.isSet else { return }
+                    listener(message.payload)
+                }
+            },
+            lost: { [self] error in
                 guard !cancelled.isSet else { return }
-                listener(message.payload)
+                report(error, to: errorHandler)
             }
-        }
+        )
         handle.attach(observation)
         return handle
     }

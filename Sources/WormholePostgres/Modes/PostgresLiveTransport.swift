@@ -249,11 +249,21 @@ final class PostgresLiveTransport: LiveTransport {
         handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let logger = engine.logger
-        return try endpoint(identifier: identifier, kind: "listen") { envelope in
-            do {
+        return try listen(identifier: identifier, handler: handler) { error in
+            logger.warning("PostgreSQL engine: a live message for \(identifier) was lost: \(error)")
+        }
+    }
+
+    func listen(
+        identifier: String,
+        handler: @escaping @Sendable (LiveMessage) -> Void,
+        lost: @escaping @Sendable (WormholeError) -> Void
+    ) throws(WormholeError) -> NotifierObservation {
+        try endpoint(identifier: identifier, kind: "listen") { envelope in
+            do throws(WormholeError) {
                 handler(LiveMessage(sender: envelope.sender, payload: try self.body(of: envelope)))
             } catch {
-                logger.warning("PostgreSQL engine: a live message for \(identifier) was lost: \(error)")
+                lost(error)
             }
         }
     }

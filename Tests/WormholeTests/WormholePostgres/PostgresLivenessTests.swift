@@ -179,6 +179,46 @@ struct PostgresCommitTests {
         #expect(waited < 3, "waited \(waited) s")
     }
 
+    @Test("A large live message whose body is gone when it comes reaches the listener's error handler, not only a log")
+    func lostBodyReported() async throws {
+        try await offThePool { try lostBodyReportedBody() }
+    }
+
+    func lostBodyReportedBody() throws {
+        let server = try LocalPostgresServer()
+        defer { server.close() }
+        let engine = try PostgresEngine(url: server.url, group: uniqueGroup("lost-body"))
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "test")
+        let errors = Collector<WormholeError.Code>()
+        let received = Collector<Int>()
+        let listener = try wormhole.listenForLiveMessageData(
+            withIdentifier: "big",
+            errorHandler: { errors.append($0.code) },
+            listener: { received.append($0.count) }
+        )
+        defer { listener.cancel() }
+        // A body too large for the notification waits in its own row, and arrives whole.
+        #expect(try wormhole.sendMessageData(Data(count: 20_000), identifier: "big") == 1)
+        #expect(eventually { received.values == [20_000] })
+        // Another tool removes every body as soon as it is written: the next large message is lost on its way, and
+        // the listener hears of it.
+        _ = try server.psql(
+            """
+            CREATE FUNCTION wormhole_test_drop_body() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN DELETE FROM wormhole.live_bodies WHERE grp = NEW.grp AND id = NEW.id; RETURN NULL; END $$;
+            CREATE TRIGGER drop_body AFTER INSERT ON wormhole.live_bodies
+                FOR EACH ROW EXECUTE FUNCTION wormhole_test_drop_body();
+            """
+        )
+        #expect(try wormhole.sendMessageData(Data(count: 20_000), identifier: "big") == 1)
+        #expect(eventually { errors.values == [.notReachable] })
+        #expect(received.values == [20_000])
+        // A small message rides the notification, and still arrives.
+        #expect(try wormhole.sendMessageData(Data(count: 10), identifier: "big") == 1)
+        #expect(eventually { received.values == [20_000, 10] })
+    }
+
     @Test("An enqueue, a mailbox write and an acknowledgement return after their slow commit, seen by others at once")
     func writesWaitForTheirCommit() async throws { try await offThePool { try writesWaitForTheirCommitBody() } }
 
