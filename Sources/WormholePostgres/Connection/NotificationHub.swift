@@ -69,6 +69,9 @@ final class NotificationHub: Sendable {
         /// first connection wakes them, as a reconnection wakes every observer, for what was posted before it
         /// listened. (Not the others: each waited for that connection, and was promised only what came after.)
         var unheardObservers: [(name: String, id: UInt64)] = []
+        /// The endpoints whose row could not be removed when they stopped (the statement failed while this process
+        /// kept listening, so the row still looks alive): removed again at the listening loop's next tick.
+        var unremovedEndpoints: Set<String> = []
     }
 
     let connections: Connections
@@ -197,8 +200,10 @@ final class NotificationHub: Sendable {
                 doing: "removing a live endpoint"
             )
         } catch {
-            // The row outlives us only while our listening backend lives; senders skip it once that ends.
-            logger.debug("PostgreSQL engine: removing live endpoint \(id) failed: \(error)")
+            // The row looks alive while this process's listening session lives: senders would count it, and a request
+            // could go to it and wait out its time-out. The listening loop removes it at its next tick.
+            logger.debug("PostgreSQL engine: removing live endpoint \(id) failed, tried again shortly: \(error)")
+            state.withLock { _ = $0.unremovedEndpoints.insert(id) }
         }
         endpointRowsLock.unlock()
         if let endpoint { releaseLiveChannel(liveChannel(for: endpoint.identifier)) }
@@ -470,6 +475,26 @@ final class NotificationHub: Sendable {
             }
             // A ping: a connection that no longer answers is given up, and the loop reconnects.
             try connections.run("SELECT 1", on: connection, doing: "checking the listening connection")
+            removeUnremovedEndpoints(on: connection)
+        }
+    }
+
+    /// Removes the rows of endpoints that stopped but whose removal failed; those that fail again are tried at the
+    /// next tick.
+    private func removeUnremovedEndpoints(on connection: PostgresConnection) {
+        endpointRowsLock.lock()
+        defer { endpointRowsLock.unlock() }
+        let ids = state.withLock { Array($0.unremovedEndpoints) }
+        guard !ids.isEmpty else { return }
+        do throws(WormholeError) {
+            try connections.run(
+                "DELETE FROM wormhole.live_endpoints WHERE grp = \(group) AND endpoint = ANY(\(ids)::text[])",
+                on: connection,
+                doing: "removing live endpoints that stopped"
+            )
+            state.withLock { $0.unremovedEndpoints.subtract(ids) }
+        } catch {
+            logger.debug("PostgreSQL engine: removing \(ids.count) stopped live endpoints failed again: \(error)")
         }
     }
 

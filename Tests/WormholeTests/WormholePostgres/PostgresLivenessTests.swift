@@ -179,6 +179,41 @@ struct PostgresCommitTests {
         #expect(waited < 3, "waited \(waited) s")
     }
 
+    @Test("A listener whose row could not be removed when it stopped is removed at the listening loop's next tick")
+    func unremovedEndpointRemovedLater() async throws {
+        try await offThePool { try unremovedEndpointRemovedLaterBody() }
+    }
+
+    func unremovedEndpointRemovedLaterBody() throws {
+        let server = try LocalPostgresServer()
+        defer { server.close() }
+        let group = uniqueGroup("unremoved")
+        let engine = try PostgresEngine(url: server.url, group: group)
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "test")
+        let listener = try wormhole.listenForLiveMessageData(withIdentifier: "ping") { _ in }
+        #expect(try wormhole.sendMessageData(Data("1".utf8), identifier: "ping") == 1)
+        func rows() throws -> String {
+            try server.psql("SELECT count(*) FROM wormhole.live_endpoints WHERE grp = '\(group)' AND kind = 'listen'")
+        }
+        // Removing the row fails while this process goes on listening: it stays, and looks alive.
+        _ = try server.psql(
+            """
+            CREATE FUNCTION wormhole_test_refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+            CREATE TRIGGER refuse_delete BEFORE DELETE ON wormhole.live_endpoints
+                FOR EACH ROW EXECUTE FUNCTION wormhole_test_refuse_delete();
+            """
+        )
+        listener.cancel()
+        #expect(try rows() == "1")
+        // Once removing works again, the next tick of the listening loop (every 2 s) removes it.
+        _ = try server.psql("DROP TRIGGER refuse_delete ON wormhole.live_endpoints")
+        #expect(eventually(timeout: 10) { (try? rows()) == "0" })
+        let error = wormholeError { _ = try wormhole.sendMessageData(Data("2".utf8), identifier: "ping") }
+        #expect(error?.code == .notReachable, "\(String(describing: error))")
+    }
+
     @Test("A large live message whose body is gone when it comes reaches the listener's error handler, not only a log")
     func lostBodyReported() async throws {
         try await offThePool { try lostBodyReportedBody() }
