@@ -9,16 +9,17 @@ void *cwormhole_current_driver(void) { return current_driver; }
 
 void cwormhole_set_current_driver(void *driver) { current_driver = driver; }
 
-long cwormhole_send_parts(int socket, const void *head, size_t headLength, const void *body, size_t bodyLength) {
+long cwormhole_send_parts(
+    int socket, const void *head, size_t headLength, const void *body, size_t bodyLength, int wait) {
     struct iovec parts[2] = {{(void *)head, headLength}, {(void *)body, bodyLength}};
     struct msghdr message = {0};
     message.msg_iov = parts;
     message.msg_iovlen = bodyLength > 0 ? 2 : 1;
+    int flags = wait ? 0 : MSG_DONTWAIT;
 #ifdef MSG_NOSIGNAL
-    return (long)sendmsg(socket, &message, MSG_NOSIGNAL);
-#else
-    return (long)sendmsg(socket, &message, 0);
+    flags |= MSG_NOSIGNAL;
 #endif
+    return (long)sendmsg(socket, &message, flags);
 }
 
 #if defined(__linux__)

@@ -13,9 +13,10 @@
 uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length);
 
 /// Sends `head` followed by `body` as one packet on a connected socket (`sendmsg` with two parts, so that neither is
-/// copied into the other first), without raising SIGPIPE where the platform has MSG_NOSIGNAL. Returns the bytes sent,
-/// or -1 with errno set.
-long cwormhole_send_parts(int socket, const void *head, size_t headLength, const void *body, size_t bodyLength);
+/// copied into the other first), without raising SIGPIPE where the platform has MSG_NOSIGNAL; with `wait` 0, without
+/// waiting for room (MSG_DONTWAIT). Returns the bytes sent, or -1 with errno set.
+long cwormhole_send_parts(
+    int socket, const void *head, size_t headLength, const void *body, size_t bodyLength, int wait);
 
 /// Reads a 64-bit counter in memory shared with other processes (a `MAP_SHARED` mapping), with acquire ordering.
 static inline uint64_t cwormhole_shared_load(const uint64_t *counter) {

@@ -37,23 +37,44 @@ final class DirectoryLiveTransport: LiveTransport {
             return cache.targets(of: identifier)
         }
         var reached = 0
+        // Every listener is sent to without waiting first; those whose queue is full (a process stopped in a
+        // debugger, or busy) are waited for after, so that each of the others has the message by then.
+        var full: [(name: String, connection: LiveConnection)] = []
         for target in targets {
             // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
             // then finds the socket dead and removes it.
             if let kept = target.connection {
-                if case .success = Self.transmit(head, payload, on: kept.socket) {
+                switch Self.transmit(head, payload, on: kept.socket, waiting: false) {
+                case .success:
                     reached += 1
                     continue
+                case .failure(let errno) where Self.meansFull(errno):
+                    full.append((target.name, kept))
+                    continue
+                case .failure:
+                    connections.withLock { $0.drop(kept, to: target.name) }
                 }
-                connections.withLock { $0.drop(kept, to: target.name) }
             }
             guard
                 let socket = Self.connectSocket(directory, name: target.name, kind: .datagrams, changes: live.changes)
             else { continue }
             let connection = LiveConnection(socket)
-            if case .success = Self.transmit(head, payload, on: connection.socket) {
+            switch Self.transmit(head, payload, on: connection.socket, waiting: false) {
+            case .success:
                 reached += 1
                 connections.withLock { $0.keep(connection, to: target.name) }
+            case .failure(let errno) where Self.meansFull(errno):
+                connections.withLock { $0.keep(connection, to: target.name) }
+                full.append((target.name, connection))
+            case .failure:
+                break
+            }
+        }
+        for (name, connection) in full {
+            if case .success = Self.transmitWaiting(head, payload, on: connection.socket) {
+                reached += 1
+            } else {
+                connections.withLock { $0.drop(connection, to: name) }
             }
         }
         guard reached > 0 else { throw LiveErrors.notReachable(identifier) }
@@ -61,9 +82,36 @@ final class DirectoryLiveTransport: LiveTransport {
     }
 
     /// Sends a message's head and payload as one packet, neither copied.
-    private static func transmit(_ head: [UInt8], _ payload: Data, on socket: PacketSocket) -> Result<Void, Errno> {
+    private static func transmit(
+        _ head: [UInt8],
+        _ payload: Data,
+        on socket: PacketSocket,
+        waiting: Bool
+    ) -> Result<Void, Errno> {
         head.withUnsafeBytes { head in
-            payload.withUnsafeBytes { body in socket.send(head: head, body: body) }
+            payload.withUnsafeBytes { body in socket.send(head: head, body: body, waiting: waiting) }
+        }
+    }
+
+    /// Whether a send failed only for want of room in the listener's queue.
+    private static func meansFull(_ errno: Errno) -> Bool {
+        errno == .resourceTemporarilyUnavailable || errno == .wouldBlock || errno == .noBufferSpace
+    }
+
+    /// Sends, waiting for room in the listener's queue for as long as it takes (until it reads, or its process
+    /// ends). Darwin does not wait for room in a datagram socket's receiver (it fails with `ENOBUFS`): there the send
+    /// is tried again after a pause that grows to 10 ms.
+    private static func transmitWaiting(
+        _ head: [UInt8],
+        _ payload: Data,
+        on socket: PacketSocket
+    ) -> Result<Void, Errno> {
+        var pause: UInt32 = 100
+        while true {
+            let result = transmit(head, payload, on: socket, waiting: true)
+            guard case .failure(.noBufferSpace) = result else { return result }
+            usleep(pause)
+            pause = min(pause * 2, 10_000)
         }
     }
 
@@ -235,7 +283,8 @@ final class DirectoryLiveTransport: LiveTransport {
                 create: true,
                 options: options
             )
-            let opened = LiveDirectory(handle: handle, changes: LiveChangeCounter.open(in: handle))
+            // Not kept when the count cannot be opened: the next call tries again.
+            let opened = LiveDirectory(handle: handle, changes: try LiveChangeCounter.open(in: handle))
             cached = opened
             return opened
         }

@@ -26,19 +26,36 @@ final class LiveChangeCounter: @unchecked Sendable {
     deinit { munmap(UnsafeMutableRawPointer(count), MemoryLayout<UInt64>.size) }
 
     /// Opens (or creates) the counter of `directory`, the `.live` directory; nil where the count cannot be shared
-    /// through a mapping (another platform or file system, or a file that is not one the wormhole trusts).
-    static func open(in directory: DirectoryHandle) -> LiveChangeCounter? {
+    /// through a mapping (another platform or file system), where every process of the directory looks at its
+    /// modification time instead.
+    ///
+    /// - Throws: ``WormholeError`` when the count can be shared and this process cannot share it: the file is not one
+    ///   the wormhole trusts (a link, another user's), or the process is out of descriptors, memory or disk space. A
+    ///   listener it made would not be counted, and senders that read the count would not find it.
+    static func open(in directory: DirectoryHandle) throws(WormholeError) -> LiveChangeCounter? {
         #if os(Linux) || os(Android)
-        let file: OwnedDescriptor
-        do { file = try directory.openFile(named: fileName, flags: O_RDWR | O_CREAT) } catch { return nil }
-        let descriptor = file.descriptor
-        // A planted file (a link, another user's) is not written through.
-        guard (try? directory.trustedStatus(of: descriptor, name: fileName, identifier: nil)) != nil,
-            MappedFiles.fileSystemsWrittenInPlace.contains(cwormhole_file_system_type(descriptor.rawValue))
+        guard MappedFiles.fileSystemsWrittenInPlace.contains(cwormhole_file_system_type(directory.rawDescriptor))
         else { return nil }
+        let path = directory.filePath(fileName)
+        let file: OwnedDescriptor
+        do { file = try directory.openFile(named: fileName, flags: O_RDWR | O_CREAT) } catch {
+            throw WormholeError.fileSystem(error, "open \(fileName), the count of live listeners,", path: path)
+        }
+        let descriptor = file.descriptor
+        // A planted file (a link, another user's) is refused, as every file of the wormhole is.
+        guard try directory.trustedStatus(of: descriptor, name: fileName, identifier: nil) != nil else {
+            throw WormholeError(.ioFailure, "\(fileName) was removed while it was opened; try again.", path: path)
+        }
         // The count's block allocated (and the file grown to hold it, a new one being empty), never its bytes
         // overwritten: a store through the mapping then needs no new block, so a full disk cannot fault it.
-        guard posix_fallocate(descriptor.rawValue, 0, off_t(MemoryLayout<UInt64>.size)) == 0 else { return nil }
+        let allocated = posix_fallocate(descriptor.rawValue, 0, off_t(MemoryLayout<UInt64>.size))
+        guard allocated == 0 else {
+            throw WormholeError.fileSystem(
+                Errno(rawValue: allocated),
+                "make room for \(fileName), the count of live listeners,",
+                path: path
+            )
+        }
         let mapping = mmap(
             nil,
             MemoryLayout<UInt64>.size,
@@ -47,7 +64,9 @@ final class LiveChangeCounter: @unchecked Sendable {
             descriptor.rawValue,
             0
         )
-        guard let mapping, mapping != UnsafeMutableRawPointer(bitPattern: -1) else { return nil }
+        guard let mapping, mapping != UnsafeMutableRawPointer(bitPattern: -1) else {
+            throw WormholeError.fileSystem(currentErrno, "map \(fileName), the count of live listeners,", path: path)
+        }
         return LiveChangeCounter(count: mapping.assumingMemoryBound(to: UInt64.self))
         #else
         return nil

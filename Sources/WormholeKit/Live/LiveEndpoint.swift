@@ -6,20 +6,20 @@ import SystemPackage
 /// messages has a datagram socket instead: ``LiveMessageEndpoint``.)
 ///
 /// The thread waits in `poll(2)` on the listening socket, on a wake-up signal that stops it, and on every connection it
-/// accepted. A sender keeps its connection for the messages that follow (``DirectoryLiveTransport`` caches it), so a
-/// message costs one `send` and one wake-up, not a connection. Packets are read without blocking, so a slow or silent
-/// peer holds up nobody; each message is handed to `handle` on the endpoint's thread, with no connection. A request
-/// hands its connection over to `handle`, which replies on it and closes it. Connections from
-/// another user are refused (`SO_PEERCRED`) unless the directory is shared.
+/// accepted. A requester connects, sends one request and waits for its reply on the same connection. Packets are read
+/// without blocking, so a slow or silent peer holds up nobody; a request hands its connection over to `handle`, which
+/// replies on it and closes it (a message, which no sender of this release sends here, is handed over with no
+/// connection, and a responder ignores it). Connections from another user are refused (`SO_PEERCRED`) unless the
+/// directory is shared.
 ///
 /// The thread is a ``CallbackDriver``: callbacks that `handle` schedules with the default execution
 /// (``CallbackExecution/automatic``) run on it once the packets waiting are read, with no hand-off to a dispatch queue.
-/// The endpoint serves one listener, so such a callback delays only that listener's messages (and a task that prefers
+/// The endpoint serves one responder, so such a callback delays only that responder's requests (and a task that prefers
 /// ``NotifierTaskExecutor`` and resumes here). The socket must go on being read, or its buffer fills and senders wait:
-/// a backlog of quick callbacks that has held the thread for ``CallbackDriver/passBudget`` goes on on the listener's
+/// a backlog of quick callbacks that has held the thread for ``CallbackDriver/passBudget`` goes on on the responder's
 /// queue (``CallbackDriver/handsBacklogsToQueues``), and a callback that blocks for ``CallbackDriver/blockedAfter``
 /// has the endpoint's work taken over by a new thread, which goes on reading the socket; the callbacks that came
-/// meanwhile run after it on the blocked thread, and later ones on the listener's queue.
+/// meanwhile run after it on the blocked thread, and later ones on the responder's queue.
 final class LiveEndpoint: Sendable {
     private let directory: DirectoryHandle
     private let name: String

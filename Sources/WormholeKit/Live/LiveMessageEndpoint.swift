@@ -20,6 +20,9 @@ final class LiveMessageEndpoint: Sendable {
     private let directory: DirectoryHandle
     private let name: String
     private let socket: PacketSocket
+    /// A socket connected to ``socket``, on which ``stop()`` sends an empty datagram that ends the thread's wait.
+    /// (Darwin does not end a wait on a datagram socket that is shut down; a datagram ends it everywhere.)
+    private let waker: LiveConnection
     private let changes: LiveChangeCounter?
     private let stopped = Atomic<Bool>(false)
 
@@ -34,32 +37,50 @@ final class LiveMessageEndpoint: Sendable {
     ) throws(WormholeError) {
         self.directory = directory
         self.changes = changes
-        (socket, name) = try LiveSocket.publish(
+        let (socket, name) = try LiveSocket.publish(
             .datagrams,
             in: directory,
             prefix: LiveSocket.listenerPrefix(for: identifier),
             identifier: identifier
         )
+        let waker: PacketSocket
+        switch UnixSocketAddress(directory: directory, name: name).map({
+            PacketSocket.connected(to: $0, kind: .datagrams)
+        }) {
+        case .success(let connected)?:
+            waker = connected
+        case .failure(let errno)?:
+            socket.close()
+            _ = directory.removeFile(named: name)
+            throw WormholeError.fileSystem(errno, "connect to a socket", identifier: identifier, path: nil)
+        case nil:
+            socket.close()
+            _ = directory.removeFile(named: name)
+            throw WormholeError(.ioFailure, "The socket's address is too long.", identifier: identifier)
+        }
+        self.socket = socket
+        self.name = name
+        self.waker = LiveConnection(waker)
         // Counted once the socket is in place: a sender that sees the new count finds it.
         changes?.increment()
         startThread(ReceivingState(handle: handle), handingOver: nil)
     }
 
-    /// Removes the socket file and stops the thread (the socket is shut down, which ends its wait). Idempotent.
+    /// Removes the socket file and stops the thread, which closes the socket: senders waiting for room in its queue
+    /// then fail, and drop it. Idempotent.
     func stop() {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
         _ = directory.removeFile(named: name)
         changes?.increment()
-        socket.shutDown()
+        // Without waiting: a full queue means the thread has datagrams to read, after which it sees `stopped`.
+        _ = waker.socket.send(
+            head: UnsafeRawBufferPointer(start: nil, count: 0),
+            body: .init(start: nil, count: 0),
+            waiting: false
+        )
     }
 
-    /// The socket is closed here, once no thread uses it, and not by the thread that received on it: `stop()` may
-    /// still be shutting it down when that thread ends, and a descriptor closed under it could meanwhile be another
-    /// file's.
-    deinit {
-        stop()
-        socket.close()
-    }
+    deinit { stop() }
 
     /// What the receiving thread works with. One thread at a time uses it: the receiving one, or, once a callback
     /// blocked that one, the thread that took over its work (the blocked one touches it no more).
@@ -86,7 +107,12 @@ final class LiveMessageEndpoint: Sendable {
             startThread(receiving, handingOver: rest)
         }
         driver.install()
-        defer { driver.uninstall() }
+        defer {
+            driver.uninstall()
+            // A thread that was taken over leaves the socket to the one that took over. (`stop()` never uses it:
+            // it wakes this thread through `waker`.)
+            if !driver.isReplaced { socket.close() }
+        }
         if let handedOver {
             for scheduler in handedOver { _ = driver.enqueue(scheduler) }
             driver.runDeferred()
@@ -98,14 +124,13 @@ final class LiveMessageEndpoint: Sendable {
             switch socket.receiveWaiting(into: receiving.batch) {
             case .success(let received): count = received
             case .failure:
-                // Shut down by `stop()` (checked at the loop's condition), or out of memory: listening must not
-                // stop unseen, so it waits a moment and tries again.
-                if !stopped.load(ordering: .acquiring) { usleep(10_000) }
+                // Out of memory: listening must not stop unseen, so it waits a moment and tries again.
+                usleep(10_000)
                 continue
             }
             for index in 0..<count {
-                // An empty datagram (what a shut-down socket reads as), one cut to its slot, or one that is not a
-                // message packet is not ours to deliver.
+                // An empty datagram (the waker's), one cut to its slot, or one that is not a message packet is not
+                // ours to deliver.
                 guard let bytes = receiving.batch.wholePacket(at: index),
                     let packet = LivePacket(bytes, knownSender: receiving.knownSender), packet.kind == .message
                 else { continue }

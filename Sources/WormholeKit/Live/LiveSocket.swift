@@ -105,7 +105,7 @@ package struct LivePacket: Equatable {
     package var payload: Data
 
     /// The bytes before the payload: the kind, the sender's length (little-endian) and the sender. A sender sends
-    /// them and its payload as one packet (``PacketSocket/send(head:body:)``), so this is made once per sender.
+    /// them and its payload as one packet (``PacketSocket/send(head:body:waiting:)``), so this is made once per sender.
     package static func head(kind: Kind, sender: String) -> [UInt8] {
         let senderBytes = Array(sender.utf8.prefix(Int(UInt16.max)))
         var bytes: [UInt8] = [kind.rawValue, 0, 0]

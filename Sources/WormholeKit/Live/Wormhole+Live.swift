@@ -11,11 +11,12 @@ extension Wormhole {
     /// reader, pass it to a mailbox or a queue instead.
     ///
     /// On a directory, a message is one datagram to each listener's socket, over a socket kept connected to it for
-    /// the next message; whether listeners came or went is read from memory shared with them, so a message costs one
-    /// `send` per listener and no other system call. A listener that falls behind holds its messages in its socket's
-    /// queue; when that is full (10 messages by default on Linux, `net.unix.max_dgram_qlen`), sending to it waits
-    /// until it reads again or ends (a process stopped in a debugger holds the sends to it that long); sends to other
-    /// listeners do not wait for it. Requests are bounded by their time-out.
+    /// the next message; on Linux (ext4 and tmpfs), whether listeners came or went is read from memory shared with
+    /// them, so a message costs one `send` per listener and no other system call (elsewhere, an `fstat` of the
+    /// directory too). A listener that falls behind holds its messages in its socket's queue; when that is full
+    /// (about 10 messages by default on Linux, `net.unix.max_dgram_qlen`), sending to it waits until it reads again or
+    /// ends (a process stopped in a debugger holds the sends to it that long), after every other listener has the
+    /// message. Requests are bounded by their time-out.
     ///
     /// - Returns: How many processes it reached.
     /// - Throws: ``WormholeError/Code/notReachable``, ``WormholeError/Code/messageTooLarge`` (over 64 KiB),

@@ -71,9 +71,12 @@ struct PacketSocket: Hashable, Sendable {
             let socket = PacketSocket(rawValue: descriptor)
             socket.refuseSignalOnBrokenPipe()
             if kind == .datagrams {
-                // Darwin refuses a datagram larger than its send buffer, 2 KiB by default: room for the largest.
+                // Darwin refuses a datagram larger than its send buffer (2 KiB by default), and one that does not fit
+                // in its receiver's buffer (4 KiB): room for the largest, and for a few on the receiving side.
                 var size = Int32(LiveSocket.receiveBufferSize)
                 _ = setsockopt(descriptor, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+                var room = Int32(4 * LiveSocket.receiveBufferSize)
+                _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &room, socklen_t(MemoryLayout<Int32>.size))
             }
             return socket
         }
@@ -155,10 +158,13 @@ struct PacketSocket: Hashable, Sendable {
     }
 
     /// Sends `head` followed by `body` as one packet, whole, without copying them together first; otherwise as
-    /// ``send(_:)``.
-    func send(head: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer) -> Result<Void, Errno> {
-        valueOrErrno { cwormhole_send_parts(rawValue, head.baseAddress, head.count, body.baseAddress, body.count) }
-            .flatMap { sent in sent == head.count + body.count ? .success(()) : .failure(.messageTooLong) }
+    /// ``send(_:)``. Without `waiting`, a socket with no room fails at once with `resourceTemporarilyUnavailable`
+    /// (and on Darwin a datagram socket whose peer's buffer is full fails with `noBufferSpace`, waiting or not).
+    func send(head: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer, waiting: Bool = true) -> Result<Void, Errno> {
+        valueOrErrno {
+            cwormhole_send_parts(rawValue, head.baseAddress, head.count, body.baseAddress, body.count, waiting ? 1 : 0)
+        }
+        .flatMap { sent in sent == head.count + body.count ? .success(()) : .failure(.messageTooLong) }
     }
 
     /// What ``receive(into:)-(PacketBatch)`` found: `count` packets at the start of the batch, then what follows them.
@@ -217,7 +223,7 @@ struct PacketSocket: Hashable, Sendable {
     /// Waits for a packet, then receives it and those already waiting, up to the batch's capacity: one `recvmmsg` on
     /// Linux. Returns how many were received; the batch's ``PacketBatch/wholePacket(at:)`` gives each, nil for an
     /// empty one or one cut to its slot. Used on a datagram socket, which has no connection to end: a failure means
-    /// the socket was shut down (``shutDown()``) or the system is out of memory.
+    /// the system is out of memory.
     func receiveWaiting(into batch: borrowing PacketBatch) -> Result<Int, Errno> {
         #if os(Linux) || os(Android)
         return valueOrErrno {
@@ -250,11 +256,6 @@ struct PacketSocket: Hashable, Sendable {
         }
         return .success(batch.capacity)
         #endif
-    }
-
-    /// Shuts the socket down for reading and writing: a thread waiting to receive on it returns at once.
-    func shutDown() {
-        _ = shutdown(rawValue, Int32(SHUT_RDWR))
     }
 
     /// What ``receive(into:blocking:)`` found.
