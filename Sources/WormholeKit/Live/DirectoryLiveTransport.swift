@@ -70,11 +70,24 @@ final class DirectoryLiveTransport: LiveTransport {
                 break
             }
         }
-        for (name, connection) in full {
-            if case .success = Self.transmitWaiting(head, payload, on: connection.socket) {
-                reached += 1
-            } else {
-                connections.withLock { $0.drop(connection, to: name) }
+        // Then the full ones together: each as soon as its queue has room, none waiting behind another (a listener
+        // only busy is not held up by one stopped in a debugger).
+        var pause: Int32 = 1
+        while !full.isEmpty {
+            Self.waitForRoom(full.map(\.connection.socket.rawValue), milliseconds: pause)
+            pause = min(pause * 2, 10)
+            full.removeAll { (name, connection) in
+                switch Self.transmit(head, payload, on: connection.socket, waiting: false) {
+                case .success:
+                    reached += 1
+                    return true
+                case .failure(let errno) where Self.meansFull(errno):
+                    return false
+                case .failure:
+                    // Its listener is gone (its socket closed): dropped, and the next send finds it dead.
+                    connections.withLock { $0.drop(connection, to: name) }
+                    return true
+                }
             }
         }
         guard reached > 0 else { throw LiveErrors.notReachable(identifier) }
@@ -98,21 +111,15 @@ final class DirectoryLiveTransport: LiveTransport {
         errno == .resourceTemporarilyUnavailable || errno == .wouldBlock || errno == .noBufferSpace
     }
 
-    /// Sends, waiting for room in the listener's queue for as long as it takes (until it reads, or its process
-    /// ends). Darwin does not wait for room in a datagram socket's receiver (it fails with `ENOBUFS`): there the send
-    /// is tried again after a pause that grows to 10 ms.
-    private static func transmitWaiting(
-        _ head: [UInt8],
-        _ payload: Data,
-        on socket: PacketSocket
-    ) -> Result<Void, Errno> {
-        var pause: UInt32 = 100
-        while true {
-            let result = transmit(head, payload, on: socket, waiting: true)
-            guard case .failure(.noBufferSpace) = result else { return result }
-            usleep(pause)
-            pause = min(pause * 2, 10_000)
-        }
+    /// Waits until one of `sockets` may have room in its listener's queue, or `milliseconds` pass. Linux says when
+    /// a connected datagram socket's peer has room (`POLLOUT`); Darwin does not (a send to a full receiver fails with
+    /// `ENOBUFS`, and the socket always looks writable), so there this is a pause.
+    private static func waitForRoom(_ sockets: [Int32], milliseconds: Int32) {
+        #if os(Linux) || os(Android)
+        PollSet.waitWritable(sockets, milliseconds: milliseconds)
+        #else
+        usleep(UInt32(milliseconds) * 1000)
+        #endif
     }
 
     func listen(

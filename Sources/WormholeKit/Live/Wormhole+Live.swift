@@ -75,10 +75,11 @@ extension Wormhole {
     ///     engine, runs it on the thread that reads the listener's socket, with no hand-off (one that blocks moves to a
     ///     serial queue of the listener's own, while another thread goes on reading), on PostgreSQL on the thread
     ///     that takes the listener's notifications, and in memory on that queue.
-    ///   - errorHandler: Called with a message that reached the listener but was lost on the way to it (on
-    ///     PostgreSQL, a large message's body that was gone, or could not be read, when it came:
-    ///     ``WormholeError/Code/notReachable`` or the server's error); listening goes on. When nil, the error is
-    ///     logged. (Once the endpoint listens it goes on: out of descriptors or memory, it pauses and tries again.)
+    ///   - errorHandler: Called, where `listener` runs and in turn with it, with a message that reached the listener
+    ///     but was lost on the way to it (on PostgreSQL, a large message's body that was gone when it came,
+    ///     ``WormholeError/Code/notReachable``; one that was not Base64, ``WormholeError/Code/corruptMessage``; or
+    ///     the server's error reading it); listening goes on. When nil, the error is logged. (Once the endpoint
+    ///     listens it goes on: out of descriptors or memory, it pauses and tries again.)
     ///   - listener: Called with the bytes of each message.
     /// - Returns: The listener; it stops when cancelled or released.
     /// - Throws: ``WormholeError/Code/invalidIdentifier``, or ``WormholeError`` when the endpoint cannot be
@@ -102,8 +103,11 @@ extension Wormhole {
                 }
             },
             lost: { [self] error in
-                guard !cancelled.isSet else { return }
-                report(error, to: errorHandler)
+                // Where the listener runs, in turn with its messages.
+                schedule {
+                    guard !cancelled.isSet else { return }
+                    self.report(error, to: errorHandler)
+                }
             }
         )
         handle.attach(observation)
@@ -112,7 +116,9 @@ extension Wormhole {
 
     /// The live messages sent to `identifier`, as an `AsyncSequence`, from the call on.
     ///
-    /// A message that cannot be decoded as `type` ends the sequence with ``WormholeError/Code/decodingFailed``.
+    /// A message that cannot be decoded as `type` ends the sequence with ``WormholeError/Code/decodingFailed``. A
+    /// message lost on its way (on PostgreSQL, a large message's body gone when it came) is logged, and the sequence
+    /// goes on.
     @inlinable  // specialised where the loop is written: the hand-over runs per message (ListeningChannel)
     public func liveMessages<Message: Decodable & Sendable>(
         withIdentifier identifier: String,

@@ -77,6 +77,15 @@ struct PollSet {
     }
 }
 
+extension PollSet {
+    /// Waits until one of `descriptors` can be written to, or `milliseconds` pass; a failure of the wait (an
+    /// interruption) ends it early, and the caller tries again either way.
+    static func waitWritable(_ descriptors: [Int32], milliseconds: Int32) {
+        var entries = descriptors.map { pollfd(fd: $0, events: Int16(POLLOUT), revents: 0) }
+        _ = poll(&entries, nfds_t(entries.count), milliseconds)
+    }
+}
+
 extension Duration {
     /// The duration in milliseconds, as a `Double`: no overflow, whatever its size.
     package var milliseconds: Double {

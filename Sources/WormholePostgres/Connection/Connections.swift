@@ -653,9 +653,14 @@ final class Connections: Sendable {
         }
         // The cause underneath (a refused connection, a certificate that does not verify) says what to fix.
         let cause = error.underlying.map { ": \($0)" } ?? ""
+        let advice =
+            cause.contains("CERTIFICATE_VERIFY_FAILED")
+            ? " The server's certificate is not signed by an authority this URL trusts (sslrootcert, or the system's), "
+                + "or, with verify-full, not for its host name: check sslrootcert and the host."
+            : ""
         return WormholeError(
             .serverUnavailable,
-            "The connection to the PostgreSQL server failed while \(what) (\(error.code)\(cause)).",
+            "The connection to the PostgreSQL server failed while \(what) (\(error.code)\(cause)).\(advice)",
             underlyingError: SendableDescription(error)
         )
     }

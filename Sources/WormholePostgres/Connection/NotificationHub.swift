@@ -70,8 +70,11 @@ final class NotificationHub: Sendable {
         /// listened. (Not the others: each waited for that connection, and was promised only what came after.)
         var unheardObservers: [(name: String, id: UInt64)] = []
         /// The endpoints whose row could not be removed when they stopped (the statement failed while this process
-        /// kept listening, so the row still looks alive): removed again at the listening loop's next tick.
+        /// kept listening, so the row still looks alive), or whose registration failed after its row may have been
+        /// written: removed again at the listening loop's next tick.
         var unremovedEndpoints: Set<String> = []
+        /// How many times in a row removing them failed.
+        var failedRemovals = 0
     }
 
     let connections: Connections
@@ -184,7 +187,11 @@ final class NotificationHub: Sendable {
                 doing: "registering a live endpoint"
             )
         } catch {
-            state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
+            // The insert may have committed before its answer was lost (a time-out): its row would look alive.
+            state.withLock { state in
+                _ = state.endpoints.removeValue(forKey: id)
+                state.unremovedEndpoints.insert(id)
+            }
             throw error
         }
         return id
@@ -475,26 +482,51 @@ final class NotificationHub: Sendable {
             }
             // A ping: a connection that no longer answers is given up, and the loop reconnects.
             try connections.run("SELECT 1", on: connection, doing: "checking the listening connection")
-            removeUnremovedEndpoints(on: connection)
+            removeUnremovedEndpoints()
         }
     }
 
-    /// Removes the rows of endpoints that stopped but whose removal failed; those that fail again are tried at the
-    /// next tick.
-    private func removeUnremovedEndpoints(on connection: PostgresConnection) {
-        endpointRowsLock.lock()
-        defer { endpointRowsLock.unlock() }
+    /// Removes the rows of endpoints that stopped but whose removal failed (or whose registration failed after it
+    /// may have been written); those that fail again are tried at the next tick.
+    ///
+    /// On a pooled connection and within 2 s: a removal that waits for a lock must neither take the listening
+    /// connection down with it (a wait on it that times out closes it) nor hold up the loop's pings. No lock of the
+    /// hub's is held: these ids left `endpoints` for good, and no registration writes them again.
+    private func removeUnremovedEndpoints() {
         let ids = state.withLock { Array($0.unremovedEndpoints) }
         guard !ids.isEmpty else { return }
+        let removed = Connections.$callTimeLimit.withValue((ContinuousClock.now, .seconds(2))) {
+            () -> Result<Void, WormholeError> in
+            do throws(WormholeError) {
+                _ = try connections.query(
+                    "DELETE FROM wormhole.live_endpoints WHERE grp = \(group) AND endpoint = ANY(\(ids)::text[])",
+                    doing: "removing live endpoints that stopped"
+                )
+                return .success(())
+            } catch {
+                return .failure(error)
+            }
+        }
         do throws(WormholeError) {
-            try connections.run(
-                "DELETE FROM wormhole.live_endpoints WHERE grp = \(group) AND endpoint = ANY(\(ids)::text[])",
-                on: connection,
-                doing: "removing live endpoints that stopped"
-            )
-            state.withLock { $0.unremovedEndpoints.subtract(ids) }
+            try removed.get()
+            state.withLock {
+                $0.unremovedEndpoints.subtract(ids)
+                $0.failedRemovals = 0
+            }
         } catch {
-            logger.debug("PostgreSQL engine: removing \(ids.count) stopped live endpoints failed again: \(error)")
+            // Said once, then every 5 minutes or so while it keeps failing (a privilege lost, a table locked).
+            let failures = state.withLock { state -> Int in
+                state.failedRemovals += 1
+                return state.failedRemovals
+            }
+            if failures % 150 == 1 {
+                logger.warning(
+                    """
+                    PostgreSQL engine: \(ids.count) stopped live endpoints could not be removed, tried again every \
+                    2 s; senders count them meanwhile: \(error)
+                    """
+                )
+            }
         }
     }
 

@@ -6,8 +6,9 @@ import WormholeKit
 /// Where a PostgreSQL server is and how to reach it, read from a `postgres://` URL as libpq reads one.
 ///
 /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=MODE`, with `postgresql://` accepted too. `sslmode` is
-/// `disable`, `prefer` (the default, as libpq's), `require` (encrypted, certificate not checked), `verify-ca` or
-/// `verify-full`; `sslrootcert=PATH` names the certificate authorities to trust (the system's by default). A
+/// `disable`, `prefer` (the default, as libpq's), `require` (encrypted; the certificate is not checked unless
+/// `sslrootcert` is given, when its chain is, as libpq does), `verify-ca` or `verify-full`; `sslrootcert=PATH` names
+/// the certificate authorities to trust (the system's by default). A
 /// `host=/directory` query item reaches the server over its Unix socket in that directory. The password never
 /// appears in ``description``.
 public struct PostgresLocation: Sendable, CustomStringConvertible {

@@ -296,29 +296,33 @@ struct LiveTests {
             let frozen = try RunningTool(["live-listen"] + location + ["ping", "--count", "100000", "--timeout", "60"])
             #expect(frozen.waitForError(containing: "listening"))
             let received = Collector<Int>()
-            let here = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self, on: .notifierThread) {
-                received.append($0)
+            let here = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: String.self, on: .notifierThread)
+            {
+                received.append(Int($0.prefix { $0 != ":" }) ?? -1)
             }
             frozen.kill(signal: SIGSTOP)
-            // Sends until the frozen listener's queue is full, and its send waits; each reaches this listener first.
+            // Messages of 60 KB fill the frozen listener's queue within a few, whatever the system's queue length.
+            // Each is sent once this listener has the one before, so that only the frozen one ever fills.
+            let padding = String(repeating: "x", count: 60_000)
             let sent = Locked(0)
             let sending = DispatchSemaphore(value: 0)
             Thread {
-                for index in 0..<100 {
-                    _ = try? wormhole.sendMessage(index, identifier: "ping")
+                for index in 0..<20 {
+                    _ = try? wormhole.sendMessage("\(index):" + padding, identifier: "ping")
                     sent.withLock { $0 = index + 1 }
+                    _ = eventually { received.count >= index + 1 }
                 }
                 sending.signal()
             }.start()
             #expect(sending.wait(timeout: .now() + 1) == .timedOut, "the frozen listener's queue should fill")
             let stuckAt = sent.withLock { $0 }
-            #expect(stuckAt < 100)
+            #expect(stuckAt < 20)
             // The message whose send waits has reached this listener already.
             #expect(eventually { received.count == stuckAt + 1 }, "\(received.count) received, \(stuckAt) sent")
             frozen.kill()
             _ = frozen.finish()
             #expect(sending.wait(timeout: .now() + 30) == .success)
-            #expect(eventually { received.values == Array(0..<100) })
+            #expect(eventually { received.values == Array(0..<20) })
             here.cancel()
         }
     }
@@ -336,7 +340,8 @@ struct LiveTests {
             }
             let done = DispatchSemaphore(value: 0)
             Thread {
-                for _ in 0..<100 { _ = try? wormhole.sendMessageData(Data("x".utf8), identifier: "slow") }
+                // Messages of 60 KB fill the queue within a few, whatever the system's queue length.
+                for _ in 0..<20 { _ = try? wormhole.sendMessageData(Data(count: 60_000), identifier: "slow") }
                 done.signal()
             }.start()
             #expect(first.wait(timeout: .now() + 10) == .success)
@@ -344,7 +349,7 @@ struct LiveTests {
             listener.cancel()
             // The thread ends after its callback, closing the socket: the waiting send fails, and the others find
             // nobody.
-            for _ in 0..<100 { release.signal() }
+            for _ in 0..<20 { release.signal() }
             #expect(done.wait(timeout: .now() + 10) == .success)
             #expect(try sockets().isEmpty)
         }

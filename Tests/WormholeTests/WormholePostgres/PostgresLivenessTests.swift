@@ -65,6 +65,81 @@ struct PostgresLivenessTests {
         let after = try endpoints()
         #expect(after.map(\.identifier) == ["other"] && after.allSatisfy(\.isAlive), "\(after)")
     }
+
+    @Test("A listener whose row could not be removed when it stopped is removed at the listening loop's next tick")
+    func unremovedEndpointRemovedLater() async throws {
+        try await offThePool { try unremovedEndpointRemovedLaterBody() }
+    }
+
+    func unremovedEndpointRemovedLaterBody() throws {
+        let server = try LocalPostgresServer()
+        defer { server.close() }
+        let group = uniqueGroup("unremoved")
+        let engine = try PostgresEngine(url: server.url, group: group)
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "test")
+        let listener = try wormhole.listenForLiveMessageData(withIdentifier: "ping") { _ in }
+        #expect(try wormhole.sendMessageData(Data("1".utf8), identifier: "ping") == 1)
+        func rows() throws -> String {
+            try server.psql("SELECT count(*) FROM wormhole.live_endpoints WHERE grp = '\(group)' AND kind = 'listen'")
+        }
+        // Removing the row fails while this process goes on listening: it stays, and looks alive.
+        _ = try server.psql(
+            """
+            CREATE FUNCTION wormhole_test_refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+            CREATE TRIGGER refuse_delete BEFORE DELETE ON wormhole.live_endpoints
+                FOR EACH ROW EXECUTE FUNCTION wormhole_test_refuse_delete();
+            """
+        )
+        listener.cancel()
+        #expect(try rows() == "1")
+        // Once removing works again, the next tick of the listening loop (every 2 s) removes it.
+        _ = try server.psql("DROP TRIGGER refuse_delete ON wormhole.live_endpoints")
+        #expect(eventually(timeout: 10) { (try? rows()) == "0" })
+        let error = wormholeError { _ = try wormhole.sendMessageData(Data("2".utf8), identifier: "ping") }
+        #expect(error?.code == .notReachable, "\(String(describing: error))")
+    }
+
+    @Test("A large live message whose body is gone when it comes reaches the listener's error handler, not only a log")
+    func lostBodyReported() async throws {
+        try await offThePool { try lostBodyReportedBody() }
+    }
+
+    func lostBodyReportedBody() throws {
+        let server = try LocalPostgresServer()
+        defer { server.close() }
+        let engine = try PostgresEngine(url: server.url, group: uniqueGroup("lost-body"))
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "test")
+        let errors = Collector<WormholeError.Code>()
+        let received = Collector<Int>()
+        let listener = try wormhole.listenForLiveMessageData(
+            withIdentifier: "big",
+            errorHandler: { errors.append($0.code) },
+            listener: { received.append($0.count) }
+        )
+        defer { listener.cancel() }
+        // A body too large for the notification waits in its own row, and arrives whole.
+        #expect(try wormhole.sendMessageData(Data(count: 20_000), identifier: "big") == 1)
+        #expect(eventually { received.values == [20_000] })
+        // Another tool removes every body as soon as it is written: the next large message is lost on its way, and
+        // the listener hears of it.
+        _ = try server.psql(
+            """
+            CREATE FUNCTION wormhole_test_drop_body() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN DELETE FROM wormhole.live_bodies WHERE grp = NEW.grp AND id = NEW.id; RETURN NULL; END $$;
+            CREATE TRIGGER drop_body AFTER INSERT ON wormhole.live_bodies
+                FOR EACH ROW EXECUTE FUNCTION wormhole_test_drop_body();
+            """
+        )
+        #expect(try wormhole.sendMessageData(Data(count: 20_000), identifier: "big") == 1)
+        #expect(eventually { errors.values == [.notReachable] })
+        #expect(received.values == [20_000])
+        // A small message rides the notification, and still arrives.
+        #expect(try wormhole.sendMessageData(Data(count: 10), identifier: "big") == 1)
+        #expect(eventually { received.values == [20_000, 10] })
+    }
 }
 
 /// The server commits a statement outside a transaction block at the Sync after it, and sends the statement's end
@@ -177,81 +252,6 @@ struct PostgresCommitTests {
         #expect(result.failureValue?.code == .timedOut, "\(result)")
         // Its 0.5 s, where the engine's time-out (30 s) or the lock (5 s) used to bound it.
         #expect(waited < 3, "waited \(waited) s")
-    }
-
-    @Test("A listener whose row could not be removed when it stopped is removed at the listening loop's next tick")
-    func unremovedEndpointRemovedLater() async throws {
-        try await offThePool { try unremovedEndpointRemovedLaterBody() }
-    }
-
-    func unremovedEndpointRemovedLaterBody() throws {
-        let server = try LocalPostgresServer()
-        defer { server.close() }
-        let group = uniqueGroup("unremoved")
-        let engine = try PostgresEngine(url: server.url, group: group)
-        defer { engine.close() }
-        let wormhole = Wormhole(engine: engine, sender: "test")
-        let listener = try wormhole.listenForLiveMessageData(withIdentifier: "ping") { _ in }
-        #expect(try wormhole.sendMessageData(Data("1".utf8), identifier: "ping") == 1)
-        func rows() throws -> String {
-            try server.psql("SELECT count(*) FROM wormhole.live_endpoints WHERE grp = '\(group)' AND kind = 'listen'")
-        }
-        // Removing the row fails while this process goes on listening: it stays, and looks alive.
-        _ = try server.psql(
-            """
-            CREATE FUNCTION wormhole_test_refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
-            CREATE TRIGGER refuse_delete BEFORE DELETE ON wormhole.live_endpoints
-                FOR EACH ROW EXECUTE FUNCTION wormhole_test_refuse_delete();
-            """
-        )
-        listener.cancel()
-        #expect(try rows() == "1")
-        // Once removing works again, the next tick of the listening loop (every 2 s) removes it.
-        _ = try server.psql("DROP TRIGGER refuse_delete ON wormhole.live_endpoints")
-        #expect(eventually(timeout: 10) { (try? rows()) == "0" })
-        let error = wormholeError { _ = try wormhole.sendMessageData(Data("2".utf8), identifier: "ping") }
-        #expect(error?.code == .notReachable, "\(String(describing: error))")
-    }
-
-    @Test("A large live message whose body is gone when it comes reaches the listener's error handler, not only a log")
-    func lostBodyReported() async throws {
-        try await offThePool { try lostBodyReportedBody() }
-    }
-
-    func lostBodyReportedBody() throws {
-        let server = try LocalPostgresServer()
-        defer { server.close() }
-        let engine = try PostgresEngine(url: server.url, group: uniqueGroup("lost-body"))
-        defer { engine.close() }
-        let wormhole = Wormhole(engine: engine, sender: "test")
-        let errors = Collector<WormholeError.Code>()
-        let received = Collector<Int>()
-        let listener = try wormhole.listenForLiveMessageData(
-            withIdentifier: "big",
-            errorHandler: { errors.append($0.code) },
-            listener: { received.append($0.count) }
-        )
-        defer { listener.cancel() }
-        // A body too large for the notification waits in its own row, and arrives whole.
-        #expect(try wormhole.sendMessageData(Data(count: 20_000), identifier: "big") == 1)
-        #expect(eventually { received.values == [20_000] })
-        // Another tool removes every body as soon as it is written: the next large message is lost on its way, and
-        // the listener hears of it.
-        _ = try server.psql(
-            """
-            CREATE FUNCTION wormhole_test_drop_body() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN DELETE FROM wormhole.live_bodies WHERE grp = NEW.grp AND id = NEW.id; RETURN NULL; END $$;
-            CREATE TRIGGER drop_body AFTER INSERT ON wormhole.live_bodies
-                FOR EACH ROW EXECUTE FUNCTION wormhole_test_drop_body();
-            """
-        )
-        #expect(try wormhole.sendMessageData(Data(count: 20_000), identifier: "big") == 1)
-        #expect(eventually { errors.values == [.notReachable] })
-        #expect(received.values == [20_000])
-        // A small message rides the notification, and still arrives.
-        #expect(try wormhole.sendMessageData(Data(count: 10), identifier: "big") == 1)
-        #expect(eventually { received.values == [20_000, 10] })
     }
 
     @Test("An enqueue, a mailbox write and an acknowledgement return after their slow commit, seen by others at once")

@@ -428,6 +428,7 @@ struct PostgresSecurityTests {
             _ = try PostgresEngine(url: url("sslmode=require&sslrootcert=\(otherAuthority)"), group: group)
         }
         #expect(wrongAuthority?.code == .serverUnavailable, "\(String(describing: wrongAuthority))")
+        #expect(wrongAuthority?.message.contains("certificate") == true, "\(String(describing: wrongAuthority))")
 
         // verify-full without the root certificate trusts the system's authorities, which never signed it.
         let untrusted = wormholeError {
