@@ -239,6 +239,33 @@ final class CallbackDriver: Sendable {
     }
 }
 
+extension CallbackDriver {
+    /// Starts a thread named `name` that is a driver: it installs one, runs first the callbacks a blocked thread
+    /// handed over (none for the first thread), then `body`, whose loop must end once ``isReplaced``. When a callback
+    /// blocks, the watchdog has another such thread take over, with the callbacks not yet started, and run `body`
+    /// again: `body` is the thread's whole job, and whatever it owns must outlive the thread it replaced.
+    static func startThread(
+        named name: String,
+        handsBacklogsToQueues: Bool,
+        handingOver handedOver: [InlineScheduler]? = nil,
+        _ body: @escaping @Sendable (CallbackDriver) -> Void
+    ) {
+        Thread {
+            nameCurrentThread(name)
+            let driver = CallbackDriver(handsBacklogsToQueues: handsBacklogsToQueues) { rest in
+                startThread(named: name, handsBacklogsToQueues: handsBacklogsToQueues, handingOver: rest, body)
+            }
+            driver.install()
+            defer { driver.uninstall() }
+            if let handedOver {
+                for scheduler in handedOver { _ = driver.enqueue(scheduler) }
+                driver.runDeferred()
+            }
+            body(driver)
+        }.start()
+    }
+}
+
 /// The thread that watches callback drivers for callbacks that block, every ``tick``; it sleeps while no callback
 /// has run for a second, and the next callback wakes it.
 final class CallbackWatchdog: Sendable {

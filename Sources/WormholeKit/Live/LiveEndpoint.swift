@@ -67,7 +67,9 @@ final class LiveEndpoint: Sendable {
             trustsOthers: directory.trustsOtherOwners,
             handle: handle
         )
-        startThread(serving, handingOver: nil)
+        CallbackDriver.startThread(named: "wh-live", handsBacklogsToQueues: true) { [self] driver in
+            serve(serving, driver: driver)
+        }
     }
 
     /// Stops accepting, closes the connections and removes the socket file. Idempotent.
@@ -113,21 +115,10 @@ final class LiveEndpoint: Sendable {
         }
     }
 
-    /// Starts a thread that serves the endpoint, first running the callbacks a blocked thread handed over.
-    private func startThread(_ serving: ServingState, handingOver handedOver: [InlineScheduler]?) {
-        Thread { [self] in
-            nameCurrentThread("wh-live")
-            serve(serving, handingOver: handedOver)
-        }.start()
-    }
-
-    private func serve(_ serving: ServingState, handingOver handedOver: [InlineScheduler]?) {
-        let driver = CallbackDriver(handsBacklogsToQueues: true) { [self] rest in
-            startThread(serving, handingOver: rest)
-        }
-        driver.install()
+    /// Serves until stopped, on a driver's thread (``CallbackDriver/startThread(named:handsBacklogsToQueues:handingOver:_:)``),
+    /// which a new one takes over when a callback blocks.
+    private func serve(_ serving: ServingState, driver: CallbackDriver) {
         defer {
-            driver.uninstall()
             // A thread that was taken over leaves the sockets to the one that took over.
             if !driver.isReplaced {
                 // Senders see their cached connection closed and drop it.
@@ -136,10 +127,6 @@ final class LiveEndpoint: Sendable {
                 }
                 listening.close()
             }
-        }
-        if let handedOver {
-            for scheduler in handedOver { _ = driver.enqueue(scheduler) }
-            driver.runDeferred()
         }
         // The serving state is touched only between the driver's runs of callbacks: the watchdog replaces the driver
         // while one runs, and a replaced thread stops at the loop's condition.

@@ -63,7 +63,10 @@ final class LiveMessageEndpoint: Sendable {
         self.waker = LiveConnection(waker)
         // Counted once the socket is in place: a sender that sees the new count finds it.
         changes?.increment()
-        startThread(ReceivingState(handle: handle), handingOver: nil)
+        let receiving = ReceivingState(handle: handle)
+        CallbackDriver.startThread(named: "wh-live", handsBacklogsToQueues: true) { [self] driver in
+            receive(receiving, driver: driver)
+        }
     }
 
     /// Removes the socket file and stops the thread, which closes the socket: senders waiting for room in its queue
@@ -94,28 +97,13 @@ final class LiveMessageEndpoint: Sendable {
         init(handle: @escaping @Sendable (LivePacket) -> Void) { self.handle = handle }
     }
 
-    /// Starts a thread that receives, first running the callbacks a blocked thread handed over.
-    private func startThread(_ receiving: ReceivingState, handingOver handedOver: [InlineScheduler]?) {
-        Thread { [self] in
-            nameCurrentThread("wh-live")
-            receive(receiving, handingOver: handedOver)
-        }.start()
-    }
-
-    private func receive(_ receiving: ReceivingState, handingOver handedOver: [InlineScheduler]?) {
-        let driver = CallbackDriver(handsBacklogsToQueues: true) { [self] rest in
-            startThread(receiving, handingOver: rest)
-        }
-        driver.install()
+    /// Receives until stopped, on a driver's thread (``CallbackDriver/startThread(named:handsBacklogsToQueues:handingOver:_:)``),
+    /// which a new one takes over when a callback blocks.
+    private func receive(_ receiving: ReceivingState, driver: CallbackDriver) {
         defer {
-            driver.uninstall()
             // A thread that was taken over leaves the socket to the one that took over. (`stop()` never uses it:
             // it wakes this thread through `waker`.)
             if !driver.isReplaced { socket.close() }
-        }
-        if let handedOver {
-            for scheduler in handedOver { _ = driver.enqueue(scheduler) }
-            driver.runDeferred()
         }
         // The state is touched only between the driver's runs of callbacks: the watchdog replaces the driver while
         // one runs, and a replaced thread stops at the loop's condition.
