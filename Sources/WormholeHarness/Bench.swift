@@ -371,49 +371,30 @@ struct BenchPeer: ParsableCommand {
             consumer.cancel()
         case .mailboxLoop:
             let wormhole = try Wormhole(directory: directory)
-            let done = DispatchSemaphore(value: 0)
-            let total = count
-            let echo = try wormhole.listenForEnvelopes(withIdentifier: "ping", on: .notifierThread) { envelope in
-                do { _ = try wormhole.passMessageData(envelope.payload, identifier: "pong") } catch {
-                    Output.error("\(error)")
-                }
-            }
-            let answer = try wormhole.listenForEnvelopes(withIdentifier: "pong", on: .notifierThread) { envelope in
-                let sequence = BenchCaseSender.sequence(of: envelope.payload) + 1
-                guard sequence < total else {
-                    done.signal()
-                    return
-                }
-                var next = envelope.payload
-                BenchCaseSender.setSequence(sequence, in: &next)
-                do { _ = try wormhole.passMessageData(next, identifier: "ping") } catch { Output.error("\(error)") }
-            }
-            _ = try wormhole.passMessageData(Data(repeating: 0, count: 64), identifier: "ping")
-            guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the mailbox loop stalled") }
-            echo.cancel()
-            answer.cancel()
+            try loop(
+                "mailbox",
+                listen: { identifier, handler in
+                    let listener = try wormhole.listenForEnvelopes(withIdentifier: identifier, on: .notifierThread) {
+                        handler($0.payload)
+                    }
+                    return listener.cancel
+                },
+                send: { _ = try wormhole.passMessageData($0, identifier: $1) }
+            )
         case .liveLoop:
             let wormhole = try Wormhole(directory: directory)
-            let done = DispatchSemaphore(value: 0)
-            let total = count
-            let echo = try wormhole.listenForLiveMessageData(withIdentifier: "ping", on: .notifierThread) { payload in
-                do { _ = try wormhole.sendMessageData(payload, identifier: "pong") } catch { Output.error("\(error)") }
-            }
-            let answer = try wormhole.listenForLiveMessageData(withIdentifier: "pong", on: .notifierThread) {
-                payload in
-                let sequence = BenchCaseSender.sequence(of: payload) + 1
-                guard sequence < total else {
-                    done.signal()
-                    return
-                }
-                var next = payload
-                BenchCaseSender.setSequence(sequence, in: &next)
-                do { _ = try wormhole.sendMessageData(next, identifier: "ping") } catch { Output.error("\(error)") }
-            }
-            _ = try wormhole.sendMessageData(Data(repeating: 0, count: 64), identifier: "ping")
-            guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the live loop stalled") }
-            echo.cancel()
-            answer.cancel()
+            try loop(
+                "live",
+                listen: { identifier, handler in
+                    let listener = try wormhole.listenForLiveMessageData(
+                        withIdentifier: identifier,
+                        on: .notifierThread,
+                        listener: handler
+                    )
+                    return listener.cancel
+                },
+                send: { _ = try wormhole.sendMessageData($0, identifier: $1) }
+            )
         case .appendProduce:
             let descriptor = open(directory + "/floor.log", O_WRONLY | O_APPEND | O_CLOEXEC)
             guard descriptor >= 0 else { throw Output.fail("could not open the floor log") }
@@ -447,5 +428,34 @@ struct BenchPeer: ParsableCommand {
             Output.line("ready")
             waitWhileParentLives(keeping: observer)
         }
+    }
+
+    /// `--count` round trips of raw messages between two listeners of this one process, "ping" answered on "pong"
+    /// and "pong" on "ping" with the next sequence number, each on the listener's own thread: a send and its
+    /// delivery with no child process, for a profiler (`valgrind` cannot follow the peers' spawn).
+    private func loop(
+        _ mode: String,
+        listen: (String, @escaping @Sendable (Data) -> Void) throws -> (@Sendable () -> Void),
+        send: @escaping @Sendable (Data, String) throws -> Void
+    ) throws {
+        let done = DispatchSemaphore(value: 0)
+        let total = count
+        let cancelEcho = try listen("ping") { payload in
+            do { try send(payload, "pong") } catch { Output.error("\(error)") }
+        }
+        let cancelAnswer = try listen("pong") { payload in
+            let sequence = BenchCaseSender.sequence(of: payload) + 1
+            guard sequence < total else {
+                done.signal()
+                return
+            }
+            var next = payload
+            BenchCaseSender.setSequence(sequence, in: &next)
+            do { try send(next, "ping") } catch { Output.error("\(error)") }
+        }
+        try send(Data(repeating: 0, count: 64), "ping")
+        guard done.wait(timeout: .now() + 600) == .success else { throw Output.fail("the \(mode) loop stalled") }
+        cancelEcho()
+        cancelAnswer()
     }
 }
