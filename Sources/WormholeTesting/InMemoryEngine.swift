@@ -16,7 +16,7 @@ import WormholeKit
 /// let jobs = try widget.queue("jobs").messages(consumer: "worker", as: String.self)
 /// for try await job in jobs {
 ///     print(job.value, "from", job.sender)   // "first job from app"
-///     try jobs.acknowledge(job)
+///     try await jobs.acknowledge(job)
 ///     break
 /// }
 /// ```

@@ -12,7 +12,7 @@ import Synchronization
 /// let jobs = try wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
 /// for try await job in jobs {
 ///     print(job.value)
-///     try jobs.acknowledge(job)
+///     try await jobs.acknowledge(job)
 ///     break
 /// }
 /// ```
@@ -87,8 +87,13 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
 
     /// Acknowledges `message` and every message handed out before it: they are never delivered to this consumer
     /// again.
-    public func acknowledge(_ message: QueueMessage<Message>) throws(WormholeError) {
-        try feed.acknowledgePending(through: message.end)
+    ///
+    /// Where storing the position may wait (a flush with `synchronizesWrites`, a server), it waits on a thread of its
+    /// own, never on the cooperative thread pool.
+    public func acknowledge(_ message: QueueMessage<Message>) async throws(WormholeError) {
+        let feed = self.feed
+        let end = message.end
+        try await feed.perform { () throws(WormholeError) in try feed.acknowledgePending(through: end) }
     }
 
     public func makeAsyncIterator() -> AsyncIterator {

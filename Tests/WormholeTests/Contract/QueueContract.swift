@@ -215,7 +215,7 @@ struct QueueContract {
             taken.append(message.value)
             #expect(message.sender == "app")
             if taken.count == 3 {
-                try first.acknowledge(message)
+                try await first.acknowledge(message)
                 break
             }
         }
@@ -231,7 +231,7 @@ struct QueueContract {
         for try await message in third {
             rest.append(message.value)
             if message.value == 5 {
-                try third.acknowledge(message)
+                try await third.acknowledge(message)
                 break
             }
         }
@@ -278,7 +278,7 @@ struct QueueContract {
         let second = try #require(try await iterator.next())
         #expect(second.value == 1)
         #expect(try lag() == 4, "asking for the next message acknowledges the one before")
-        try lagging.acknowledge(second)
+        try await lagging.acknowledge(second)
         let afterTwo = try #require(try producer.status().consumers.first { $0.name == "lagger" })
         #expect(afterTwo.lagMessages == 3)
         #expect(afterTwo.offset == second.end)

@@ -672,7 +672,7 @@ enum DocumentationExamples {
         let jobs = try widget.queue("jobs").messages(consumer: "worker", as: Job.self)
         for try await job in jobs {
             #expect(job.value.id == 1 && job.sender == "app")
-            try jobs.acknowledge(job)
+            try await jobs.acknowledge(job)
             break
         }
 
@@ -966,7 +966,7 @@ enum DocumentationExamples {
         let jobs = try wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
         for try await job in jobs {
             print(job.value)
-            try jobs.acknowledge(job)
+            try await jobs.acknowledge(job)
             break
         }
     }
@@ -1043,7 +1043,7 @@ enum DocumentationExamples {
         let jobs = try widget.queue("jobs").messages(consumer: "worker", as: String.self)
         for try await job in jobs {
             print(job.value, "from", job.sender)  // "first job from app"
-            try jobs.acknowledge(job)
+            try await jobs.acknowledge(job)
             break
         }
         return engine  // (not in the docs)
