@@ -97,7 +97,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     ///         tasks.cancelAll()
     ///     }
     ///     let wormhole = Wormhole(engine: engine, sender: "worker-1")
-    ///     for try await job in try wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
+    ///     for try await job in try await wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
     ///         print("job:", job.value)
     ///         if job.value == "last" { break }
     ///     }

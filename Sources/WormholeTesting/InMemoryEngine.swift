@@ -13,7 +13,7 @@ import WormholeKit
 /// let app = Wormhole(engine: engine, sender: "app")
 /// let widget = Wormhole(engine: engine, sender: "widget")
 /// try app.queue("jobs").enqueue("first job")
-/// let jobs = try widget.queue("jobs").messages(consumer: "worker", as: String.self)
+/// let jobs = try await widget.queue("jobs").messages(consumer: "worker", as: String.self)
 /// for try await job in jobs {
 ///     print(job.value, "from", job.sender)   // "first job from app"
 ///     try await jobs.acknowledge(job)

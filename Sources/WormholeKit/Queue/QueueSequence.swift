@@ -9,7 +9,7 @@ import Synchronization
 /// not delivered again.
 ///
 /// ```swift
-/// let jobs = try wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
+/// let jobs = try await wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
 /// for try await job in jobs {
 ///     print(job.value)
 ///     try await jobs.acknowledge(job)
@@ -22,23 +22,23 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
 
     /// The consumer's cursor behind its lock, the messages handed out and not acknowledged, and the wake-ups.
     final class Feed: Sendable {
-        let cursor: Result<Locked<any QueueCursor>, WormholeError>
+        let cursor: Locked<any QueueCursor>
         let decode: @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
         /// The end of the last message handed out, not yet acknowledged.
         let pending = Locked<UInt64?>(nil)
-        let observation: NotifierObservation?
+        let observation: NotifierObservation
         /// Whether the cursor's calls may wait (``QueueCursor/callsMayWait``): then they run off the cooperative pool.
         let callsMayWait: Bool
 
         init(
-            cursor: Result<Locked<any QueueCursor>, WormholeError>,
-            observation: NotifierObservation?,
+            cursor: any QueueCursor,
+            observation: NotifierObservation,
             decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
         ) {
-            self.cursor = cursor
+            callsMayWait = cursor.callsMayWait
+            self.cursor = Locked(cursor)
             self.observation = observation
             self.decode = decode
-            callsMayWait = (try? cursor.get().withLock { $0.callsMayWait }) ?? false
         }
 
         /// Runs a step of the cursor's: on a thread that may block when its calls may wait, here otherwise.
@@ -49,11 +49,10 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
             return try await runBlocking(step)
         }
 
-        deinit { observation?.cancel() }
+        deinit { observation.cancel() }
 
         /// Stores the position past the messages handed out so far.
         func acknowledgePending(through end: UInt64? = nil) throws(WormholeError) {
-            let cursor = try self.cursor.get()
             try cursor.withLock { (cursor) throws(WormholeError) in
                 let target = pending.withLock { pending -> UInt64? in
                     guard let last = pending else { return nil }
@@ -69,20 +68,25 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
     private let feed: Feed
     private let wakes: AsyncStream<Void>
 
-    init(
-        log: Result<any QueueLog, WormholeError>,
+    /// Opens `consumer`'s position in `log` (registering a new consumer) and watches the log's appends, on a thread
+    /// of its own: opening may wait for a flush or a server, never on the cooperative pool.
+    static func open(
+        log: any QueueLog,
         consumer: String,
         decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message>
-    ) {
+    ) async throws(WormholeError) -> QueueSequence {
         let (wakes, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-        self.wakes = wakes
-        do throws(WormholeError) {
-            let cursor = try log.get().openCursor(consumer: consumer)
+        let feed = try await runBlocking { () throws(WormholeError) -> Feed in
+            let cursor = try log.openCursor(consumer: consumer)
             let observation = try cursor.observeAppends { continuation.yield() }
-            feed = Feed(cursor: .success(Locked(cursor)), observation: observation, decode: decode)
-        } catch {
-            feed = Feed(cursor: .failure(error), observation: nil, decode: decode)
+            return Feed(cursor: cursor, observation: observation, decode: decode)
         }
+        return QueueSequence(feed: feed, wakes: wakes)
+    }
+
+    private init(feed: Feed, wakes: AsyncStream<Void>) {
+        self.feed = feed
+        self.wakes = wakes
     }
 
     /// Acknowledges `message` and every message handed out before it: they are never delivered to this consumer
@@ -108,7 +112,7 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
         /// The next message; throws a ``WormholeError`` when the queue cannot be read or a message decoded (it stays
         /// unacknowledged).
         public mutating func next() async throws(WormholeError) -> QueueMessage<Message>? {
-            let cursor = try feed.cursor.get()
+            let cursor = feed.cursor
             let feed = self.feed
             var acknowledging = true
             while !Task.isCancelled {

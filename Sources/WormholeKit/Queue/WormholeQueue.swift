@@ -295,24 +295,24 @@ public final class WormholeQueue: Sendable {
 
     /// The messages this consumer has not handled yet, then each new one, as an `AsyncSequence`.
     ///
+    /// The consumer is registered (a new one from the oldest message kept) before this returns; opening its position
+    /// may wait for a flush or a server, and waits on a thread of its own, never on the cooperative thread pool.
+    ///
     /// A message counts as handled when the iteration asks for the next one, or when you pass it to
     /// ``QueueSequence/acknowledge(_:)``. A message that cannot be decoded ends the sequence with
     /// ``WormholeError/Code/decodingFailed`` (it stays unacknowledged); use
-    /// ``consume(consumer:as:on:errorHandler:handler:)`` to pass over such messages. An invalid consumer name ends it
-    /// at once with ``WormholeError/Code/invalidIdentifier``.
+    /// ``consume(consumer:as:on:errorHandler:handler:)`` to pass over such messages.
+    ///
+    /// - Throws: ``WormholeError/Code/invalidIdentifier`` for an invalid consumer name, or the error that opening
+    ///   the consumer's position met.
     public func messages<Message: Decodable & Sendable>(
         consumer: String,
         as type: Message.Type = Message.self
-    ) -> QueueSequence<Message> {
+    ) async throws(WormholeError) -> QueueSequence<Message> {
+        try MessageIdentifier.validate(consumer)
         let decode = decoder(for: type)
-        let log: Result<any QueueLog, WormholeError>
-        do throws(WormholeError) {
-            try MessageIdentifier.validate(consumer)
-            log = .success(self.log)
-        } catch {
-            log = .failure(error)
-        }
-        return QueueSequence(log: log, consumer: consumer) { (record) throws(WormholeError) in try decode(record).get()
+        return try await QueueSequence.open(log: log, consumer: consumer) { (record) throws(WormholeError) in
+            try decode(record).get()
         }
     }
 

@@ -145,7 +145,7 @@ enum DocumentationExamples {
         jobs: WormholeQueue,
         perform: (Job) async throws -> Void
     ) async throws {
-        for try await message in jobs.messages(consumer: "worker", as: Job.self) {
+        for try await message in try await jobs.messages(consumer: "worker", as: Job.self) {
             try await perform(message.value)
         }
     }
@@ -669,7 +669,7 @@ enum DocumentationExamples {
 
         // A queue: the widget consumes what the app enqueued.
         try app.queue("jobs").enqueue(Job(id: 1))
-        let jobs = try widget.queue("jobs").messages(consumer: "worker", as: Job.self)
+        let jobs = try await widget.queue("jobs").messages(consumer: "worker", as: Job.self)
         for try await job in jobs {
             #expect(job.value.id == 1 && job.sender == "app")
             try await jobs.acknowledge(job)
@@ -963,7 +963,7 @@ enum DocumentationExamples {
 
     // Sources/WormholeKit/Queue/QueueSequence.swift, `QueueSequence`.
     static func queueSequence(wormhole: Wormhole) async throws {
-        let jobs = try wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
+        let jobs = try await wormhole.queue("jobs").messages(consumer: "worker", as: String.self)
         for try await job in jobs {
             print(job.value)
             try await jobs.acknowledge(job)
@@ -1040,7 +1040,7 @@ enum DocumentationExamples {
         let app = Wormhole(engine: engine, sender: "app")
         let widget = Wormhole(engine: engine, sender: "widget")
         try app.queue("jobs").enqueue("first job")
-        let jobs = try widget.queue("jobs").messages(consumer: "worker", as: String.self)
+        let jobs = try await widget.queue("jobs").messages(consumer: "worker", as: String.self)
         for try await job in jobs {
             print(job.value, "from", job.sender)  // "first job from app"
             try await jobs.acknowledge(job)
@@ -1105,7 +1105,7 @@ extension DocumentationExamples {
                 tasks.cancelAll()
             }
             let wormhole = Wormhole(engine: engine, sender: "worker-1")
-            for try await job in try wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
+            for try await job in try await wormhole.queue("jobs").messages(consumer: "worker-1", as: String.self) {
                 print("job:", job.value)
                 if job.value == "last" { break }
             }

@@ -395,13 +395,13 @@ struct QueueTests {
         let queue = try makeQueue()
         for index in 0..<3 { try queue.enqueue(Job(writer: "here", index: index)) }
         var seen: [Int] = []
-        for try await message in queue.messages(consumer: "seq", as: Job.self) {
+        for try await message in try await queue.messages(consumer: "seq", as: Job.self) {
             seen.append(message.value.index)
             if seen.count == 3 { break }
         }
         #expect(seen == [0, 1, 2])
         // The last one was not acknowledged (the loop broke out): it comes again.
-        var iterator = queue.messages(consumer: "seq", as: Job.self).makeAsyncIterator()
+        var iterator = try await queue.messages(consumer: "seq", as: Job.self).makeAsyncIterator()
         #expect(try await iterator.next()?.value.index == 2)
     }
 
