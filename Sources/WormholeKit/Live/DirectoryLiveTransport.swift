@@ -40,11 +40,14 @@ final class DirectoryLiveTransport: LiveTransport {
         // Every listener is sent to without waiting first; those whose queue is full (a process stopped in a
         // debugger, or busy) are waited for after, so that each of the others has the message by then.
         var full: [(name: String, connection: LiveConnection)] = []
-        for target in targets {
+        for (index, target) in targets.enumerated() {
+            // The last listener, when none before it was full, has nobody left to wait for it: its send may wait at
+            // once (one call, where a send that found no room would take three).
+            let mayWait = full.isEmpty && index == targets.count - 1
             // A kept connection first; a listener gone since (its process killed) fails it, and a fresh connect
             // then finds the socket dead and removes it.
             if let kept = target.connection {
-                switch Self.transmit(head, payload, on: kept.socket, waiting: false) {
+                switch Self.transmit(head, payload, on: kept.socket, waiting: mayWait) {
                 case .success:
                     reached += 1
                     continue
@@ -59,7 +62,7 @@ final class DirectoryLiveTransport: LiveTransport {
                 let socket = Self.connectSocket(directory, name: target.name, kind: .datagrams, changes: live.changes)
             else { continue }
             let connection = LiveConnection(socket)
-            switch Self.transmit(head, payload, on: connection.socket, waiting: false) {
+            switch Self.transmit(head, payload, on: connection.socket, waiting: mayWait) {
             case .success:
                 reached += 1
                 connections.withLock { $0.keep(connection, to: target.name) }
@@ -76,8 +79,10 @@ final class DirectoryLiveTransport: LiveTransport {
         while !full.isEmpty {
             Self.waitForRoom(full.map(\.connection.socket.rawValue), milliseconds: pause)
             pause = min(pause * 2, 10)
+            // The last one left may wait in its send (on Darwin, which fails it with `ENOBUFS`, the loop pauses).
+            let mayWait = full.count == 1
             full.removeAll { (name, connection) in
-                switch Self.transmit(head, payload, on: connection.socket, waiting: false) {
+                switch Self.transmit(head, payload, on: connection.socket, waiting: mayWait) {
                 case .success:
                     reached += 1
                     return true
