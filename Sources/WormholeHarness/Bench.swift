@@ -431,8 +431,9 @@ struct BenchPeer: ParsableCommand {
     }
 
     /// `--count` round trips of raw messages between two listeners of this one process, "ping" answered on "pong"
-    /// and "pong" on "ping" with the next sequence number, each on the listener's own thread: a send and its
-    /// delivery with no child process, for a profiler (`valgrind` cannot follow the peers' spawn).
+    /// and "pong" on "ping" with the next sequence number, each on the thread that delivers it (a mailbox's
+    /// inotify thread, a live listener's own): a send and its delivery with no child process, for a profiler
+    /// (`valgrind` cannot follow the peers' spawn).
     private func loop(
         _ mode: String,
         listen: (String, @escaping @Sendable (Data) -> Void) throws -> (@Sendable () -> Void),

@@ -361,7 +361,7 @@ package final class DriverThread: Sendable {
     /// Starts the thread; `name` is its name as `ps -L` shows it (15 bytes at most).
     package init(name: String) {
         worker = Worker(name: name)
-        worker.startThread(handingOver: nil)
+        worker.startThread()
     }
 
     deinit { finish() }
@@ -406,21 +406,11 @@ package final class DriverThread: Sendable {
             if first { available.signal() }
         }
 
-        func startThread(handingOver handedOver: [InlineScheduler]?) {
-            Thread { [self] in
-                nameCurrentThread(name)
-                run(handingOver: handedOver)
-            }.start()
+        func startThread() {
+            CallbackDriver.startThread(named: name, handsBacklogsToQueues: false) { [self] driver in run(driver) }
         }
 
-        private func run(handingOver handedOver: [InlineScheduler]?) {
-            let driver = CallbackDriver { [self] rest in startThread(handingOver: rest) }
-            driver.install()
-            defer { driver.uninstall() }
-            if let handedOver {
-                for scheduler in handedOver { _ = driver.enqueue(scheduler) }
-                driver.runDeferred()
-            }
+        private func run(_ driver: CallbackDriver) {
             // A thread that was taken over stops here: the one that took over takes the work from now on.
             while !driver.isReplaced {
                 available.wait()

@@ -68,8 +68,8 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
     private let feed: Feed
     private let wakes: AsyncStream<Void>
 
-    /// Opens `consumer`'s position in `log` (registering a new consumer) and watches the log's appends, on a thread
-    /// of its own: opening may wait for a flush or a server, never on the cooperative pool.
+    /// Opens `consumer`'s position in `log` (registering a new consumer) and watches the log's appends, on a Dispatch
+    /// worker thread: opening may wait for a flush or a server, never on the cooperative pool.
     static func open(
         log: any QueueLog,
         consumer: String,
@@ -92,8 +92,8 @@ public struct QueueSequence<Message: Decodable & Sendable>: AsyncSequence, Senda
     /// Acknowledges `message` and every message handed out before it: they are never delivered to this consumer
     /// again.
     ///
-    /// Where storing the position may wait (a flush with `synchronizesWrites`, a server), it waits on a thread of its
-    /// own, never on the cooperative thread pool.
+    /// Where storing the position may wait (a flush with `synchronizesWrites`, a server), it waits on a Dispatch worker
+    /// thread, never on the cooperative thread pool.
     public func acknowledge(_ message: QueueMessage<Message>) async throws(WormholeError) {
         let feed = self.feed
         let end = message.end

@@ -296,7 +296,7 @@ public final class WormholeQueue: Sendable {
     /// The messages this consumer has not handled yet, then each new one, as an `AsyncSequence`.
     ///
     /// The consumer is registered (a new one from the oldest message kept) before this returns; opening its position
-    /// may wait for a flush or a server, and waits on a thread of its own, never on the cooperative thread pool.
+    /// may wait for a flush or a server, and waits on a Dispatch worker thread, never on the cooperative thread pool.
     ///
     /// A message counts as handled when the iteration asks for the next one, or when you pass it to
     /// ``QueueSequence/acknowledge(_:)``. A message that cannot be decoded ends the sequence with
