@@ -36,7 +36,7 @@ final class LiveTarget: Sendable {
 /// holds the cache serialises every call, and the run-time check cost more than the lookup it guarded.
 final class LiveConnectionCache {
     /// The socket files of `.live` as last read.
-    @exclusivity(unchecked) private(set) var names: [String] = []
+    @exclusivity(unchecked) private var names: [String] = []
     /// Connected sockets by socket file name.
     @exclusivity(unchecked) private var sockets: [String: LiveConnection] = [:]
     /// The directory's modification time when it was last read, in nanoseconds since 1970 (without a count).
