@@ -308,6 +308,13 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     /// The last sender read, as bytes and as text: a queue's records mostly come from a few senders, so a record
     /// whose sender is the last one's takes its text with no decoding and no allocation.
     @exclusivity(unchecked) private var lastSender: (bytes: [UInt8], text: String) = ([], "")
+    /// The array of the last batch read, refilled in place when its reader let go of it (copy on write tells).
+    @exclusivity(unchecked) private var batch: [QueueRecord] = []
+    /// The payload of the last single message read, rewritten in place when nothing else holds it: see
+    /// ``reusedPayload(copying:)``.
+    @exclusivity(unchecked) private var reusablePayload = Data()
+    /// The largest payload written in place; larger ones get a `Data` of their own.
+    static let largestReusedPayload = 1024
 
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
@@ -413,14 +420,19 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     func read(maximumCount: Int) throws(WormholeError) -> [QueueRecord] {
         let start = reader.position
         defer { reader.rewind(to: start) }
-        var batch: [QueueRecord] = []
+        // Emptied first: the last batch's payloads go, so that the one kept for reuse is free again.
+        batch.removeAll(keepingCapacity: true)
         // A batch also ends past one read chunk of bytes, so that it stays in the CPU's caches.
         while batch.count < maximumCount, reader.position - start < QueueReader.chunkSize,
             let item = try reader.next()
         {
-            if batch.isEmpty { batch.reserveCapacity(min(maximumCount, 64)) }
+            if batch.capacity == 0 { batch.reserveCapacity(min(maximumCount, 64)) }
             let (sender, payload) = reader.withParts(of: item) { sender, payload in
-                (senderText(sender), Data(payload))
+                (
+                    senderText(sender),
+                    maximumCount == 1 && payload.count <= Self.largestReusedPayload
+                        ? reusedPayload(copying: payload) : Data(payload)
+                )
             }
             batch.append(
                 QueueRecord(
@@ -433,13 +445,35 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
             )
             reader.advance(to: item.end)
         }
-        lastRead.removeAll(keepingCapacity: true)
-        for record in batch {
-            lastRead.append(
-                (record.end, .init(start: record.offset, timestampNanoseconds: record.timestampNanoseconds))
+        // Overwritten in place rather than emptied and refilled: a batch of one is the common case.
+        for (index, record) in batch.enumerated() {
+            let entry = (
+                end: record.end,
+                record: QueueCursorFile.LastRecord(
+                    start: record.offset,
+                    timestampNanoseconds: record.timestampNanoseconds
+                )
             )
+            if index < lastRead.count { lastRead[index] = entry } else { lastRead.append(entry) }
         }
+        if lastRead.count > batch.count { lastRead.removeLast(lastRead.count - batch.count) }
         return batch
+    }
+
+    /// A `Data` holding `bytes`: the one handed out with the last single message, rewritten in place when its handler
+    /// kept no copy of it.
+    ///
+    /// A consumer of single messages then allocates nothing per message. A handler that keeps the message (or passes
+    /// it on) holds a reference, and `Data`'s copy on write gives the next message storage of its own: what a handler
+    /// keeps never changes.
+    private func reusedPayload(copying bytes: UnsafeRawBufferPointer) -> Data {
+        if reusablePayload.count != bytes.count { reusablePayload.count = bytes.count }
+        if !bytes.isEmpty {
+            reusablePayload.withUnsafeMutableBytes {
+                $0.baseAddress!.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
+            }
+        }
+        return reusablePayload
     }
 
     /// The text of a sender's bytes, decoded only when they differ from the last sender's.

@@ -136,15 +136,17 @@ public final class QueueConsumer: WormholeCancellable {
                     batch = try cursor.read(maximumCount: batchSize)
                 }
                 while !cancelled.load(ordering: .relaxed) {
-                    guard let last = batch.last, deliver(batch) else { return }
-                    owedAcknowledgement.store(last.end, ordering: .releasing)
+                    guard let end = batch.last?.end, deliver(batch) else { return }
+                    // Let go of the batch before the next read, so that the cursor can reuse its memory.
+                    batch = []
+                    owedAcknowledgement.store(end, ordering: .releasing)
                     if CallbackDriver.passIsOverBudget(passStarted) {
-                        try cursor.acknowledge(through: last.end)
+                        try cursor.acknowledge(through: end)
                         acknowledged(cursor)
                         stoppedEarly = true
                         return
                     }
-                    batch = try cursor.acknowledge(through: last.end, thenRead: batchSize)
+                    batch = try cursor.acknowledge(through: end, thenRead: batchSize)
                     acknowledged(cursor)
                 }
             } catch {
