@@ -191,7 +191,7 @@ public final class FileTransiting: Transiting {
                         closeCached(&cached)  // replaced or removed: open the file that has the name now
                         continue
                     }
-                    return try envelope(in: file, size: status.size, identifier: identifier)
+                    return try envelope(in: file, size: status.size, identifier: identifier, sender: entry.senderText)
                 } catch {
                     closeCached(&cached)
                     throw error
@@ -213,12 +213,20 @@ public final class FileTransiting: Transiting {
         guard let status = try handle.trustedStatus(of: file.descriptor, name: name, identifier: identifier) else {
             return nil
         }
-        return try envelope(in: file.descriptor, size: status.size, identifier: identifier)
+        return try envelope(in: file.descriptor, size: status.size, identifier: identifier) {
+            String(decoding: $0, as: UTF8.self)
+        }
     }
 
     /// The newest message of a mailbox file, or nil when it holds none (or was cleared); throws what is wrong with
     /// a damaged file.
-    private func envelope(in file: Descriptor, size: Int, identifier: String) throws(WormholeError) -> Envelope? {
+    /// `sender` makes the text of the sender's bytes.
+    private func envelope(
+        in file: Descriptor,
+        size: Int,
+        identifier: String,
+        sender: (UnsafeRawBufferPointer) -> String
+    ) throws(WormholeError) -> Envelope? {
         try withNewestRecord(of: file, size: size, identifier: identifier) { (found) throws(WormholeError) in
             switch found {
             case .failure(let problem):
@@ -232,7 +240,7 @@ public final class FileTransiting: Transiting {
                 return Envelope(
                     sequence: record.sequence,
                     generation: found.header.generation,
-                    sender: String(decoding: bytes[record.sender], as: UTF8.self),
+                    sender: sender(UnsafeRawBufferPointer(rebasing: bytes[record.sender])),
                     timestampNanoseconds: record.timestampNanoseconds,
                     payload: Data(UnsafeRawBufferPointer(rebasing: bytes[record.payload]))
                 )

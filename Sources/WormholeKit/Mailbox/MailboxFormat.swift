@@ -295,23 +295,27 @@ package enum MailboxFormat {
         _ body: (Result<Found, FileProblem>) throws(WormholeError) -> Value
     ) throws(WormholeError) -> Value {
         guard size <= wholeReadLimit else { return try withNewestRecordOfLargeFile(size: size, read: read, body) }
-        return try withUnsafeTemporaryAllocation(byteCount: max(size, 1), alignment: 16) {
-            (buffer) throws(WormholeError) -> Value in
+        // Reused memory, not `withUnsafeTemporaryAllocation`: a small message's file (1,088 bytes) is past what that
+        // puts on the stack, and would be allocated on every pass and every read.
+        return try ScratchMemory.withBytes(max(size, 1)) { (buffer) throws(WormholeError) -> Value in
             let count = try read(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), 0)
             let whole = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
-            // Every part is a slice of what was read (shorter, or empty, where the file was cut short meanwhile).
-            func part(at offset: Int, count: Int) -> UnsafeRawBufferPointer {
-                let start = min(whole.count, offset)
-                return UnsafeRawBufferPointer(rebasing: whole[start..<min(whole.count, start + count)])
-            }
             return try findNewest(
                 size: size,
-                header: part(at: 0, count: headerSize),
-                head: { header, slot in part(at: header.slotOffset(slot), count: recordHeaderSize) },
-                record: { header, slot, count in part(at: header.slotOffset(slot), count: count) },
+                header: part(of: whole, at: 0, count: headerSize),
+                head: { header, slot in part(of: whole, at: header.slotOffset(slot), count: recordHeaderSize) },
+                record: { header, slot, count in part(of: whole, at: header.slotOffset(slot), count: count) },
                 body
             )
         }
+    }
+
+    /// `count` bytes of `whole` from `offset`: fewer, or none, where the file was cut short meanwhile. (A function of
+    /// its own, not nested: the closures that called a nested one allocated a context per call.)
+    @inline(__always)
+    private static func part(of whole: UnsafeRawBufferPointer, at offset: Int, count: Int) -> UnsafeRawBufferPointer {
+        let start = min(whole.count, offset)
+        return UnsafeRawBufferPointer(rebasing: whole[start..<min(whole.count, start + count)])
     }
 
     /// ``withNewestRecord(size:read:_:)`` for a file too large to read whole: the header and the slot heads, then
@@ -390,8 +394,8 @@ package enum MailboxFormat {
         if let first = claims.first, let second = claims.second, second.sequence > first.sequence {
             claims = (second, first)
         }
-        for claim in [claims.first, claims.second] {
-            guard let claim else { continue }
+        for index in 0..<2 {  // not `for claim in [first, second]`: that array was allocated per call
+            guard let claim = index == 0 ? claims.first : claims.second else { continue }
             let bytes = try record(header, claim.slot, claim.size)
             switch decodeSlot(bytes, capacity: header.slotCapacity) {
             case .valid(let view): return try body(.success(Found(header: header, newest: (claim.slot, view, bytes))))

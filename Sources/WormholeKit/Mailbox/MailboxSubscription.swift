@@ -4,7 +4,9 @@ import Synchronization
 final class MailboxSubscription: Sendable {
     let identifier: String
     private let transiting: any Transiting
-    private let sinks = Locked<[UInt64: ListenerSink]>([:])
+    /// The listeners, in the order of their ids: a change copies this array (no allocation) rather than sorting a
+    /// dictionary's values into a new one.
+    private let sinks = Locked<[ListenerSink]>([])
     private let observation = Locked<NotifierObservation?>(nil)
 
     init(identifier: String, transiting: any Transiting) {
@@ -27,26 +29,33 @@ final class MailboxSubscription: Sendable {
         token?.cancel()
     }
 
-    func add(_ sink: ListenerSink) { sinks.withLock { $0[sink.id] = sink } }
+    /// Adds a sink, or replaces the one with its id.
+    func add(_ sink: ListenerSink) {
+        sinks.withLock { sinks in
+            sinks.removeAll { $0.id == sink.id }
+            let index = sinks.firstIndex { $0.id > sink.id } ?? sinks.endIndex
+            sinks.insert(sink, at: index)
+        }
+    }
 
     /// Removes a sink; returns whether none is left.
     func remove(_ id: UInt64) -> Bool {
         sinks.withLock { sinks in
-            sinks[id] = nil
+            sinks.removeAll { $0.id == id }
             return sinks.isEmpty
         }
     }
 
     func removeAll() -> [ListenerSink] {
         sinks.withLock { sinks in
-            defer { sinks = [:] }
-            return Array(sinks.values)
+            defer { sinks = [] }
+            return sinks
         }
     }
 
     /// Reads the mailbox once and offers the result to every listener.
     private func mailboxChanged() {
-        let current = sinks.withLock { $0.values.sorted { $0.id < $1.id } }
+        let current = sinks.withLock { $0 }
         guard !current.isEmpty else { return }
         let result: Result<Envelope?, WormholeError>
         do { result = .success(try transiting.readMessage(identifier: identifier)) } catch { result = .failure(error) }

@@ -83,7 +83,12 @@ final class InotifyMonitor: Sendable {
         private struct Watch {
             var path: String
             var create: @Sendable () -> Void
-            var handlers: [UInt64: @Sendable () -> Void] = [:]
+            var handlers: [UInt64: Handler] = [:]
+        }
+        /// A handler, wrapped: a bare closure moved from the dictionary to a wake-up's array was converted twice on
+        /// the way (from and to the containers' generic representation), two allocations per handler per wake-up.
+        private struct Handler {
+            let run: @Sendable () -> Void
         }
         private struct Registry {
             var watches: [Int32: Watch] = [:]
@@ -117,7 +122,7 @@ final class InotifyMonitor: Sendable {
             try registry.withLock { (registry) throws(WormholeError) in
                 let watch = try addWatch(path, create: create)
                 // Watching one file twice gives the same descriptor: the handlers share it.
-                registry.watches[watch, default: Watch(path: path, create: create)].handlers[id] = handler
+                registry.watches[watch, default: Watch(path: path, create: create)].handlers[id] = Handler(run: handler)
                 registry.byID[id] = watch
             }
         }
@@ -188,7 +193,7 @@ final class InotifyMonitor: Sendable {
         private struct Scratch {
             var woken: [Int32] = []
             var replaced: [Int32] = []
-            var chosen: [(id: UInt64, handler: @Sendable () -> Void)] = []
+            var chosen: [(id: UInt64, handler: Handler)] = []
 
             init() {
                 woken.reserveCapacity(8)
@@ -318,8 +323,8 @@ final class InotifyMonitor: Sendable {
             }
             guard !pending.isEmpty else { return }
             for (_, create) in pending { create() }
-            let handlers: [UInt64: @Sendable () -> Void] = registry.withLock { registry in
-                var repaired: [UInt64: @Sendable () -> Void] = [:]
+            let handlers: [UInt64: Handler] = registry.withLock { registry in
+                var repaired: [UInt64: Handler] = [:]
                 for (watch, _) in pending {
                     guard registry.broken.contains(watch), let entry = registry.watches[watch],
                         case .success(let newWatch) = inotify.addWatch(entry.path)
@@ -337,12 +342,12 @@ final class InotifyMonitor: Sendable {
         /// Calls each handler once, in the order given (their observations', as callers sort them by id), and after
         /// each the callbacks it scheduled; stops when the driver is replaced meanwhile, as the new thread calls every
         /// handler once.
-        private func call(_ handlers: [(id: UInt64, handler: @Sendable () -> Void)], driver: CallbackDriver) {
+        private func call(_ handlers: [(id: UInt64, handler: Handler)], driver: CallbackDriver) {
             for (id, handler) in handlers {
                 if driver.isReplaced { return }
                 // A handler cancelled by an earlier handler (or callback) in this batch is skipped.
                 if registry.withLock({ $0.byID[id] != nil }) {
-                    handler()
+                    handler.run()
                     driver.runDeferred()
                 }
             }

@@ -22,6 +22,21 @@ final class OpenFileCache: Sendable {
         let name: String
         /// The open descriptor, or -1 before the first open and after a replaced file was closed.
         let descriptor = Locked<Int32>(-1)
+        /// The sender of the last message read through this entry, as bytes and as text; only touched while
+        /// `descriptor`'s lock is held. Most messages of a mailbox come from one or two senders: a read whose sender
+        /// is the last one's makes no `String` (an allocation, for a name past 15 bytes).
+        nonisolated(unsafe) private var lastSender: (bytes: [UInt8], text: String) = ([], "")
+
+        /// The text of a sender's bytes, decoded only when they differ from the last sender's. Call it while holding
+        /// `descriptor`'s lock.
+        func senderText(_ bytes: UnsafeRawBufferPointer) -> String {
+            let same = lastSender.bytes.withUnsafeBytes { last in
+                last.count == bytes.count
+                    && (bytes.isEmpty || memcmp(last.baseAddress!, bytes.baseAddress!, bytes.count) == 0)
+            }
+            if !same { lastSender = (Array(bytes), String(decoding: bytes, as: UTF8.self)) }
+            return lastSender.text
+        }
 
         init(name: String) { self.name = name }
 
@@ -32,7 +47,15 @@ final class OpenFileCache: Sendable {
         }
     }
 
-    private let entries = Locked<[String: Entry]>([:])
+    private struct State {
+        var entries: [String: Entry] = [:]
+        /// The few entries asked for last, searched first: a process passing to one or two identifiers finds its
+        /// entry by comparing strings, with no hashing (SipHash over the key, about 300 instructions a lookup).
+        var recent: [(key: String, entry: Entry)] = []
+    }
+
+    private static let recentKept = 4
+    private let state = Locked(State())
     private let capacity: Int
     private let fileName: @Sendable (String) -> String
 
@@ -43,11 +66,21 @@ final class OpenFileCache: Sendable {
     }
 
     func entry(_ key: String) -> Entry {
-        entries.withLock { entries in
-            if let entry = entries[key] { return entry }
-            if entries.count >= capacity { entries.remove(at: entries.startIndex) }
-            let entry = Entry(name: fileName(key))
-            entries[key] = entry
+        state.withLock { state in
+            for recent in state.recent where recent.key == key { return recent.entry }
+            let entry: Entry
+            if let known = state.entries[key] {
+                entry = known
+            } else {
+                if state.entries.count >= capacity {
+                    let evicted = state.entries.remove(at: state.entries.startIndex)
+                    state.recent.removeAll { $0.entry === evicted.value }
+                }
+                entry = Entry(name: fileName(key))
+                state.entries[key] = entry
+            }
+            if state.recent.count >= Self.recentKept { state.recent.removeFirst() }
+            state.recent.append((key, entry))
             return entry
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 @testable import WormholeKit
@@ -283,6 +284,41 @@ struct FileTransitingTests {
         return bytes
     }
 
+    @Test("Each message read keeps its own sender, when senders of the same length alternate and when one is empty")
+    func sendersAlternate() async throws {
+        try await offThePool {
+            let files = try transiting()
+            let senders = ["ab", "ac", "", "ab", "a much longer sender name, past fifteen bytes", "ab"]
+            for (index, sender) in senders.enumerated() {
+                _ = try files.writeMessage(Data([UInt8(index)]), sender: sender, identifier: "a")
+                let read = try #require(try files.readMessage(identifier: "a"))
+                #expect(read.sender == sender, "message \(index)")
+                #expect(read.payload == Data([UInt8(index)]))
+            }
+        }
+    }
+
+    @Test("Reused read memory: callers on many threads at once each get memory of their own")
+    func scratchMemoryIsNeverShared() async throws {
+        try await offThePool {
+            let sizes = [1, 1_088, ScratchMemory.keptByteCount, ScratchMemory.keptByteCount + 1]
+            let failures = Atomic<Int>(0)
+            DispatchQueue.concurrentPerform(iterations: 8) { thread in
+                for round in 0..<2_000 {
+                    let size = sizes[(thread + round) % sizes.count]
+                    ScratchMemory.withBytes(size) { buffer in
+                        #expect(buffer.count == size)
+                        let mark = UInt8(truncatingIfNeeded: thread &* 31 &+ round)
+                        buffer.initializeMemory(as: UInt8.self, repeating: mark)
+                        if round % 64 == 0 { sched_yield() }
+                        if !buffer.allSatisfy({ $0 == mark }) { failures.add(1, ordering: .relaxed) }
+                    }
+                }
+            }
+            #expect(failures.load(ordering: .relaxed) == 0)
+        }
+    }
+
     @Test("Writers on many threads never tear a message and never lose the sequence")
     func concurrentWriters() async throws {
         let files = try transiting()
@@ -300,6 +336,8 @@ struct FileTransitingTests {
                                 as: UTF8.self
                             )
                             #expect(Int(text) != nil)
+                            // The sender is the writer's own (each read may find another thread's message).
+                            #expect(read.sender == "t\(text)")
                         }
                     }
                 }

@@ -78,6 +78,39 @@ struct QueueTests {
         }
     }
 
+    @Test("A payload a handler keeps, or hands to another thread, never changes when the next message comes")
+    func keptPayloadsStay() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            // Small payloads (written in place when no one holds the last one) and larger ones, of varied sizes.
+            let payloads = (0..<300).map { index in
+                Data((0..<(index % 7 == 0 ? 2_000 : index % 40)).map { UInt8(truncatingIfNeeded: index &+ $0) })
+            }
+            try queue.enqueueData(contentsOf: payloads)
+            let kept = Collector<Data>()
+            // Payloads handed to another thread, with a deep copy made at once: compared there, a millisecond later.
+            let changed = Collector<UInt64>()
+            let handedOn = Atomic<Int>(0)
+            let elsewhere = DispatchQueue(label: "kept-payloads")
+            let consumer = try queue.consumeData(consumer: "keeper", on: .notifierThread) { message in
+                kept.append(message.value)
+                if message.offset % 3 == 0 {
+                    let (payload, copy, offset) = (message.payload, Data(Array(message.payload)), message.offset)
+                    elsewhere.asyncAfter(deadline: .now() + .milliseconds(1)) {
+                        if payload != copy { changed.append(offset) }
+                        handedOn.add(1, ordering: .relaxed)
+                    }
+                }
+            }
+            #expect(eventually { kept.count == payloads.count })
+            #expect(kept.values == payloads)
+            #expect(eventually { handedOn.load(ordering: .relaxed) > 0 })
+            elsewhere.sync {}
+            #expect(changed.values.isEmpty)
+            consumer.cancel()
+        }
+    }
+
     @Test("4 producer processes × 10,000 messages: all delivered, each producer's order kept, no duplicates")
     func manyProducers() async throws {
         try await offThePool {
