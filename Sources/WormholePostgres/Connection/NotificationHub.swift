@@ -65,7 +65,9 @@ final class NotificationHub: Sendable {
         var wake: DispatchSemaphore?
         /// How many times the hub has (re)started listening.
         var connections = 0
-        /// The observers registered while no listening connection could be made (their wait for one ran out): the
+        /// How many attempts to listen failed (the server away, say): a registration waits for no more than the first.
+        var failedAttempts = 0
+        /// The observers registered while no listening connection could be made (an attempt failed, or their wait ran out): the
         /// first connection wakes them, as a reconnection wakes every observer, for what was posted before it
         /// listened. (Not the others: each waited for that connection, and was promised only what came after.)
         var unheardObservers: [(name: String, id: UInt64)] = []
@@ -349,7 +351,9 @@ final class NotificationHub: Sendable {
 
     // MARK: The listening thread
 
-    /// Starts the listening thread if it is not running, and waits (up to 10 s) for its first `LISTEN`.
+    /// Starts the listening thread if it is not running, and waits for its first `LISTEN`: until it is made, or an
+    /// attempt to make it failed (the server away: the caller's thread is not held while the engine tries again), and
+    /// for no more than 10 s.
     private func startListening() throws(WormholeError) {
         let start = state.withLock { state -> Bool? in
             if state.closed { return nil }
@@ -371,7 +375,7 @@ final class NotificationHub: Sendable {
             patience = max(.zero, min(patience, limit.timeout - limit.start.duration(to: .now)))
         }
         _ = listening.wait(until: Date().addingTimeInterval(patience.secondsValue)) { [state] in
-            state.withLock { $0.connections > 0 || $0.closed }
+            state.withLock { $0.connections > 0 || $0.closed || $0.failedAttempts > 0 }
         }
     }
 
@@ -384,12 +388,15 @@ final class NotificationHub: Sendable {
                 logger.info("PostgreSQL engine: listening on \(connections.server) stopped: \(error)")
             }
             state.withLock { state in
+                state.failedAttempts += 1
                 state.backendPID = nil
                 state.aliveKey = nil
                 state.connection = nil
                 state.wake = nil
             }
             guard !state.withLock({ $0.closed }) else { break }
+            // Registrations waiting for the first connection stop waiting: they are woken once it is made.
+            listening.broadcast()
             Thread.sleep(forTimeInterval: backOff.secondsValue)
             backOff = min(backOff * 2, .seconds(2))
         }
