@@ -287,7 +287,7 @@ package enum MailboxFormat {
     /// Reads a mailbox file through `read`, which fills the buffer it is given from an offset and returns how many
     /// bytes it read, and hands its newest valid record to `body`.
     ///
-    /// Small files are read with one call into memory on the stack. Of a large file, the slot heads are read first,
+    /// Small files are read with one call into reused memory (``ScratchMemory``). Of a large file, the slot heads are read first,
     /// then only the record that is newest; if that one turns out torn, the other.
     package static func withNewestRecord<Value>(
         size: Int,

@@ -422,6 +422,13 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         defer { reader.rewind(to: start) }
         // Emptied first: the last batch's payloads go, so that the one kept for reuse is free again.
         batch.removeAll(keepingCapacity: true)
+        // Kept until the next read only when it holds at most one small payload: a batch of large ones would stay in
+        // memory while the consumer waits (a handler that threw, a sequence between two elements).
+        defer {
+            if maximumCount > 1 || batch.contains(where: { $0.payload.count > Self.largestReusedPayload }) {
+                batch = []
+            }
+        }
         // A batch also ends past one read chunk of bytes, so that it stays in the CPU's caches.
         while batch.count < maximumCount, reader.position - start < QueueReader.chunkSize,
             let item = try reader.next()
@@ -463,9 +470,10 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     /// A `Data` holding `bytes`: the one handed out with the last single message, rewritten in place when its handler
     /// kept no copy of it.
     ///
-    /// A consumer of single messages then allocates nothing per message. A handler that keeps the message (or passes
-    /// it on) holds a reference, and `Data`'s copy on write gives the next message storage of its own: what a handler
-    /// keeps never changes.
+    /// A consumer of single messages then allocates nothing per message (for payloads of 15 bytes or more: `Data` holds
+    /// smaller ones inline, with no storage to reuse, and a small one after a larger one lets that storage go). A
+    /// handler that keeps the message (or passes it on) holds a reference, and `Data`'s copy on write gives the next
+    /// message storage of its own: what a handler keeps never changes.
     private func reusedPayload(copying bytes: UnsafeRawBufferPointer) -> Data {
         if reusablePayload.count != bytes.count { reusablePayload.count = bytes.count }
         if !bytes.isEmpty {

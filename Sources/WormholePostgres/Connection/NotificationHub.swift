@@ -112,8 +112,9 @@ final class NotificationHub: Sendable {
 
     // MARK: Observers and endpoints
 
-    /// Calls `handler` after each notification of `name`; returns once the hub listens (or is reconnecting), or after
-    /// 10 s with the server away, in which case the first connection wakes `handler` for what was posted meanwhile.
+    /// Calls `handler` after each notification of `name`; returns once the hub listens (or is reconnecting), or once
+    /// an attempt to make its first connection failed (the server away), in which case that connection, when it is
+    /// made, wakes `handler` for what was posted meanwhile.
     func observe(_ name: String, handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {
         let observer = Observer(label: "wormhole.postgres.observer", handler: handler)
         let id = state.withLock { state in
@@ -121,7 +122,7 @@ final class NotificationHub: Sendable {
             state.observers[name, default: [:]][state.nextID] = observer
             return state.nextID
         }
-        try startListening()
+        try startListening(untilAnAttemptFails: true)
         state.withLock { state in
             if state.connections == 0, !state.closed { state.unheardObservers.append((name, id)) }
         }
@@ -351,10 +352,12 @@ final class NotificationHub: Sendable {
 
     // MARK: The listening thread
 
-    /// Starts the listening thread if it is not running, and waits for its first `LISTEN`: until it is made, or an
-    /// attempt to make it failed (the server away: the caller's thread is not held while the engine tries again), and
-    /// for no more than 10 s.
-    private func startListening() throws(WormholeError) {
+    /// Starts the listening thread if it is not running, and waits for its first `LISTEN`, for no more than 10 s.
+    ///
+    /// With `untilAnAttemptFails`, for an observer that the first connection will wake, the wait also ends once an
+    /// attempt to connect failed (the server away): the caller's thread, often a task's, is not held while the engine
+    /// tries again. Endpoints and requests, which need the connection itself, wait for it.
+    private func startListening(untilAnAttemptFails: Bool = false) throws(WormholeError) {
         let start = state.withLock { state -> Bool? in
             if state.closed { return nil }
             if state.started { return false }
@@ -375,7 +378,7 @@ final class NotificationHub: Sendable {
             patience = max(.zero, min(patience, limit.timeout - limit.start.duration(to: .now)))
         }
         _ = listening.wait(until: Date().addingTimeInterval(patience.secondsValue)) { [state] in
-            state.withLock { $0.connections > 0 || $0.closed || $0.failedAttempts > 0 }
+            state.withLock { $0.connections > 0 || $0.closed || (untilAnAttemptFails && $0.failedAttempts > 0) }
         }
     }
 

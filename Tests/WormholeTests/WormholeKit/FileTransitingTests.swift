@@ -307,7 +307,7 @@ struct FileTransitingTests {
                 for round in 0..<2_000 {
                     let size = sizes[(thread + round) % sizes.count]
                     ScratchMemory.withBytes(size) { buffer in
-                        #expect(buffer.count == size)
+                        if buffer.count != size { failures.add(1, ordering: .relaxed) }
                         let mark = UInt8(truncatingIfNeeded: thread &* 31 &+ round)
                         buffer.initializeMemory(as: UInt8.self, repeating: mark)
                         if round % 64 == 0 { sched_yield() }

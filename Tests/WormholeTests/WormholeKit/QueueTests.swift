@@ -82,31 +82,35 @@ struct QueueTests {
     func keptPayloadsStay() async throws {
         try await offThePool {
             let queue = try makeQueue()
-            // Small payloads (written in place when no one holds the last one) and larger ones, of varied sizes.
+            // Sizes that grow and shrink between 15 and 1,024 bytes, two messages of each in a row, where the consumer
+            // writes a payload into the last one's memory when nothing holds it; a few past that, which get memory of
+            // their own.
             let payloads = (0..<300).map { index in
-                Data((0..<(index % 7 == 0 ? 2_000 : index % 40)).map { UInt8(truncatingIfNeeded: index &+ $0) })
+                let size = index % 50 == 7 ? 2_000 : 15 + (index / 2 * 37) % 1_010
+                return Data((0..<size).map { UInt8(truncatingIfNeeded: index &* 7 &+ $0) })
             }
             try queue.enqueueData(contentsOf: payloads)
-            let kept = Collector<Data>()
-            // Payloads handed to another thread, with a deep copy made at once: compared there, a millisecond later.
-            let changed = Collector<UInt64>()
+            // Most payloads are copied out and let go, so that the next one is written in place; every third is kept
+            // as it was handed over, and read again on another thread a millisecond later.
+            let received = Collector<[UInt8]>()
+            let changed = Collector<Int>()
             let handedOn = Atomic<Int>(0)
             let elsewhere = DispatchQueue(label: "kept-payloads")
             let consumer = try queue.consumeData(consumer: "keeper", on: .notifierThread) { message in
-                kept.append(message.value)
-                if message.offset % 3 == 0 {
-                    let (payload, copy, offset) = (message.payload, Data(Array(message.payload)), message.offset)
+                let index = received.count
+                received.append(Array(message.payload))
+                if index % 3 == 0 {
+                    let payload = message.payload
                     elsewhere.asyncAfter(deadline: .now() + .milliseconds(1)) {
-                        if payload != copy { changed.append(offset) }
+                        if payload != payloads[index] { changed.append(index) }
                         handedOn.add(1, ordering: .relaxed)
                     }
                 }
             }
-            #expect(eventually { kept.count == payloads.count })
-            #expect(kept.values == payloads)
-            #expect(eventually { handedOn.load(ordering: .relaxed) > 0 })
-            elsewhere.sync {}
-            #expect(changed.values.isEmpty)
+            #expect(eventually { received.count == payloads.count })
+            #expect(received.values == payloads.map { Array($0) })
+            #expect(eventually { handedOn.load(ordering: .relaxed) == payloads.count / 3 })
+            #expect(changed.values.isEmpty, "payloads changed after they were handed over: \(changed.values)")
             consumer.cancel()
         }
     }
