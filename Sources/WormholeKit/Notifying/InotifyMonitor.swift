@@ -9,7 +9,10 @@ import Synchronization
 /// other files. The thread starts with the first observation. When the last one ends it lingers for ``idleTimeout``
 /// milliseconds (listening often stops and starts again at once), then retires, closing its descriptors: listening
 /// and stopping leaves no descriptor behind, and never piles up inotify instances, of which a user may have only 128.
-/// It waits in `epoll_wait(2)` on the inotify descriptor and an eventfd that wakes it when its last observation ends.
+/// While it has observations and no broken watch it waits in a blocking `read` of the inotify descriptor, one system
+/// call per wake-up; ending an observation removes its watch, which queues an event. Otherwise (to retire, or to try
+/// a broken watch again) it waits with a time-out in `epoll_wait(2)` on the inotify descriptor and an eventfd that
+/// wakes it when its last observation ends.
 /// Handlers run on this thread, one at a time, and so do the callbacks they schedule with
 /// ``CallbackExecution/automatic``, after each handler returns; when such a callback blocks, ``CallbackWatchdog`` has
 /// a new thread take over the waiting and the handlers. A watched file that is replaced is watched again at its path;
@@ -221,7 +224,17 @@ final class InotifyMonitor: Sendable {
                 }
             }
             while !driver.isReplaced {
-                guard let readiness = inotify.wait(timeoutMilliseconds: waitTimeout) else { return }
+                let timeout = waitTimeout
+                if timeout < 0 {
+                    // Observed, nothing broken: the read itself waits. An observation that ends queues an event,
+                    // so an instance that became idle meanwhile is woken and goes on to wait with a time-out.
+                    guard let broken = readEvents(buffer, waiting: true, scratch: &scratch, driver: driver) else {
+                        return
+                    }
+                    if broken { repairBrokenWatches(driver: driver) }
+                    continue
+                }
+                guard let readiness = inotify.wait(timeoutMilliseconds: timeout) else { return }
                 if readiness.timedOut {
                     if isIdle {
                         if InotifyMonitor.shared.retire(self) { return }
@@ -229,28 +242,31 @@ final class InotifyMonitor: Sendable {
                     }
                     repairBrokenWatches(driver: driver)  // the wait ends early only while a watch is broken
                 }
-                if readiness.hasEvents, drainEvents(buffer, scratch: &scratch, driver: driver) {
+                if readiness.hasEvents, readEvents(buffer, waiting: false, scratch: &scratch, driver: driver) == true {
                     repairBrokenWatches(driver: driver)
                 }
             }
         }
 
-        /// Reads every queued event, then calls each affected handler once: a burst of posts wakes a handler
-        /// once, which is enough, as it reads the newest state. Returns whether a watch is broken.
-        private func drainEvents(
+        /// Reads every queued event (first waiting for one, when `waiting`), then calls each affected handler once:
+        /// a burst of posts wakes a handler once, which is enough, as it reads the newest state. Returns whether a
+        /// watch is broken, or nil when the descriptor cannot be read any more.
+        private func readEvents(
             _ buffer: UnsafeMutableRawBufferPointer,
+            waiting: Bool,
             scratch: inout Scratch,
             driver: CallbackDriver
-        ) -> Bool {
+        ) -> Bool? {
             // A wake-up concerns a watch or two: arrays searched in line cost less than sets hashed.
             scratch.woken.removeAll(keepingCapacity: true)
             scratch.replaced.removeAll(keepingCapacity: true)
-            let overflowed = inotify.drainEvents(into: buffer) { watch, mask in
+            let read = inotify.readEvents(into: buffer, waiting: waiting) { watch, mask in
                 if !scratch.woken.contains(watch) { scratch.woken.append(watch) }
                 if mask & Inotify.replacementEvents != 0, !scratch.replaced.contains(watch) {
                     scratch.replaced.append(watch)
                 }
             }
+            guard let overflowed = read else { return nil }
             // After an overflow the kernel dropped events, a file's replacement among them: wake everyone, who will
             // read the newest state, and look at every watched path again.
             return runHandlers(wakingEveryone: overflowed, scratch: &scratch, driver: driver)

@@ -9,9 +9,11 @@ import SystemPackage
 
 /// An inotify instance and the eventfd that wakes its reader: the kernel calls of ``InotifyMonitor``.
 ///
-/// Both descriptors are non-blocking and close-on-exec. The reader waits in ``wait(timeoutMilliseconds:)`` on both,
-/// through an epoll instance that holds them (registered once: a wake-up costs less than a `poll` of both), and
-/// ``wake()`` (from any thread) makes that wait return.
+/// Both descriptors are close-on-exec; the inotify descriptor blocks, so that a reader with no time-out waits in its
+/// `read` (``readEvents(into:waiting:_:)``), one system call per wake-up as a hand-written reader makes. A reader with
+/// a time-out waits in ``wait(timeoutMilliseconds:)`` on both descriptors, through an epoll instance that holds them
+/// (registered once: a wake-up costs less than a `poll` of both), and ``wake()`` (from any thread) makes that wait
+/// return. A blocked `read` is not woken by ``wake()`` but by an event: removing a watch queues one (`IN_IGNORED`).
 struct Inotify: Sendable {
     /// The events that wake observers: the file was written, or may no longer be the one at its path.
     static let watchedEvents =
@@ -27,7 +29,7 @@ struct Inotify: Sendable {
 
     /// Opens an instance; fails with the errno of `inotify_init1` (EMFILE: the user's instance limit) or `eventfd`.
     static func open() -> Result<Inotify, Errno> {
-        let inotify = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
+        let inotify = inotify_init1(Int32(IN_CLOEXEC))
         guard inotify >= 0 else { return .failure(currentErrno) }
         let wakeUp = cwormhole_eventfd()
         guard wakeUp >= 0 else {
@@ -98,18 +100,28 @@ struct Inotify: Sendable {
     }
 
     /// Reads every queued event into `buffer`, calling `body` with each event's watch and mask; returns whether the
-    /// kernel's queue overflowed (events were dropped).
-    func drainEvents(
+    /// kernel's queue overflowed (events were dropped), or nil when reading failed for good.
+    ///
+    /// With `waiting`, the first `read` blocks until an event comes; without, the caller knows that events are
+    /// queued (``wait(timeoutMilliseconds:)`` said so). Either way the descriptor is read again only when the last
+    /// read filled the buffer and a look at the epoll instance finds more, so that no later read blocks.
+    func readEvents(
         into buffer: UnsafeMutableRawBufferPointer,
+        waiting: Bool,
         _ body: (_ watch: Int32, _ mask: UInt32) -> Void
-    ) -> Bool {
+    ) -> Bool? {
         var overflowed = false
         let header = MemoryLayout<inotify_event>.size
         // An event takes at most this much room; a read that left more free emptied the queue.
         let largestEvent = header + Int(NAME_MAX) + 1
         while true {
             let count = Glibc_read(inotify, buffer.baseAddress, buffer.count)
-            if count <= 0 { break }
+            if count < 0 {
+                if errno == EINTR { continue }
+                // Only a blocking wait may end here for good: the caller saw events queued otherwise.
+                return waiting ? nil : overflowed
+            }
+            if count == 0 { return overflowed }
             var offset = 0
             while offset + header <= count {
                 let event = buffer.load(fromByteOffset: offset, as: inotify_event.self)
@@ -117,9 +129,9 @@ struct Inotify: Sendable {
                 body(event.wd, event.mask)
                 offset += header + Int(event.len)
             }
-            if count < buffer.count - largestEvent { break }
+            if count < buffer.count - largestEvent { return overflowed }
+            guard let more = wait(timeoutMilliseconds: 0), more.hasEvents else { return overflowed }
         }
-        return overflowed
     }
 
     /// Closes the descriptors; the instance is not used after this.
