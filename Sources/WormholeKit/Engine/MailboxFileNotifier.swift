@@ -101,11 +101,20 @@ final class MailboxFileNotifier: Notifier, PreparesObservation {
                 path: files.handle.filePath(FileTransiting.fileName(identifier))
             )
         }
-        return try InotifyMonitor.shared.observe(
+        // While the watch holds, a read that its event woke may skip the checks of a descriptor checked before: the
+        // watch's events say when the file may have been replaced, or had its links, owner or mode changed.
+        let entry = files.openEntry(identifier)
+        let observation = try InotifyMonitor.shared.observe(
             path: files.handle.filePath(FileTransiting.fileName(identifier)),
             create: { [files] in _ = files.createEmptyMailbox(identifier: identifier) },
-            handler: handler
+            handler: handler,
+            replaced: { entry.distrust() }
         )
+        entry.beginWatching()
+        return NotifierObservation {
+            observation.cancel()
+            entry.endWatching()
+        }
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: files.directory)
         #endif

@@ -165,10 +165,27 @@ public final class FileTransiting: Transiting {
 
     public func readMessage(identifier: String) throws(WormholeError) -> Envelope? {
         try MessageIdentifier.validate(identifier)
-        return try readFile(identifier: identifier)
+        return try readFile(identifier: identifier, woken: false)
     }
 
-    private func readFile(identifier: String) throws(WormholeError) -> Envelope? {
+    /// ``readMessage(identifier:)`` for a listener that an inotify event of the mailbox file woke, of an identifier
+    /// it validated when it began to listen.
+    ///
+    /// While this process watches the file, a descriptor checked since the watch's last event that said the file
+    /// may have changed (`OpenFileCache.Entry.isTrustedWhileWatched`) is read with no `fstat`: the file's size is
+    /// what the read gets. Its checks (its link, its type, its owner) could only have changed through an event that
+    /// reaches the watch before its next wake-up. Any other read checks the descriptor, as the event that says the
+    /// file was replaced may still be on its way.
+    func readMessageOnWake(identifier: String) throws(WormholeError) -> Envelope? {
+        try readFile(identifier: identifier, woken: true)
+    }
+
+    /// The cache entry of a mailbox's file, for a watch of it to mark its descriptor untrusted.
+    func openEntry(_ identifier: String) -> OpenFileCache.Entry {
+        openFiles.entry(identifier)
+    }
+
+    private func readFile(identifier: String, woken: Bool) throws(WormholeError) -> Envelope? {
         let entry = openFiles.entry(identifier)
         let name = entry.name
         return try entry.descriptor.withLock { (cached) throws(WormholeError) -> Envelope? in
@@ -176,6 +193,7 @@ public final class FileTransiting: Transiting {
                 if cached < 0 {
                     do throws(Errno) {
                         cached = try handle.openFile(named: name, flags: O_RDWR).release()
+                        entry.opened()
                     } catch .noSuchFileOrDirectory {
                         return nil
                     } catch .permissionDenied {
@@ -187,10 +205,17 @@ public final class FileTransiting: Transiting {
                 }
                 do throws(WormholeError) {
                     let file = Descriptor(rawValue: cached)
+                    if woken, entry.isTrustedWhileWatched,
+                        let found = try envelopeOfSmallFile(file, identifier: identifier, sender: entry.senderText)
+                    {
+                        return found
+                    }
+                    let beforeCheck = entry.beforeCheck()
                     guard let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) else {
                         closeCached(&cached)  // replaced or removed: open the file that has the name now
                         continue
                     }
+                    entry.checked(beforeCheck)
                     return try envelope(in: file, size: status.size, identifier: identifier, sender: entry.senderText)
                 } catch {
                     closeCached(&cached)
@@ -228,23 +253,58 @@ public final class FileTransiting: Transiting {
         sender: (UnsafeRawBufferPointer) -> String
     ) throws(WormholeError) -> Envelope? {
         try withNewestRecord(of: file, size: size, identifier: identifier) { (found) throws(WormholeError) in
-            switch found {
-            case .failure(let problem):
-                throw MailboxFormat.error(
-                    for: problem,
+            try envelope(of: found, identifier: identifier, sender: sender)
+        }
+    }
+
+    /// The envelope of what ``MailboxFormat`` found in a file: nil when the file holds no message (or was cleared);
+    /// throws what is wrong with a damaged file.
+    private func envelope(
+        of found: Result<MailboxFormat.Found, MailboxFormat.FileProblem>,
+        identifier: String,
+        sender: (UnsafeRawBufferPointer) -> String
+    ) throws(WormholeError) -> Envelope? {
+        switch found {
+        case .failure(let problem):
+            throw MailboxFormat.error(
+                for: problem,
+                identifier: identifier,
+                path: handle.filePath(Self.fileName(identifier))
+            )
+        case .success(let found):
+            guard let (_, record, bytes) = found.newest, !record.isCleared else { return nil }
+            return Envelope(
+                sequence: record.sequence,
+                generation: found.header.generation,
+                sender: sender(UnsafeRawBufferPointer(rebasing: bytes[record.sender])),
+                timestampNanoseconds: record.timestampNanoseconds,
+                payload: Data(UnsafeRawBufferPointer(rebasing: bytes[record.payload]))
+            )
+        }
+    }
+
+    /// The newest message of a file read whole into memory that can hold ``ScratchMemory/keptByteCount`` bytes, its
+    /// size being what the read got: `.some(nil)` when it holds none, nil when it may be larger (read it knowing its
+    /// size then).
+    private func envelopeOfSmallFile(
+        _ file: Descriptor,
+        identifier: String,
+        sender: (UnsafeRawBufferPointer) -> String
+    ) throws(WormholeError) -> Envelope?? {
+        try MailboxFormat.withNewestRecordOfSmallFile { (buffer, offset) throws(WormholeError) in
+            // One `pread`: fewer bytes than asked for mean the file's end (a second call would only say so again).
+            switch file.read(into: buffer.baseAddress!, count: buffer.count, at: UInt64(offset)) {
+            case .success(let count): return count
+            case .failure(let errno):
+                throw WormholeError.fileSystem(
+                    errno,
+                    "read the mailbox file",
                     identifier: identifier,
                     path: handle.filePath(Self.fileName(identifier))
                 )
-            case .success(let found):
-                guard let (_, record, bytes) = found.newest, !record.isCleared else { return nil }
-                return Envelope(
-                    sequence: record.sequence,
-                    generation: found.header.generation,
-                    sender: sender(UnsafeRawBufferPointer(rebasing: bytes[record.sender])),
-                    timestampNanoseconds: record.timestampNanoseconds,
-                    payload: Data(UnsafeRawBufferPointer(rebasing: bytes[record.payload]))
-                )
             }
+        } _: { (found) throws(WormholeError) in
+            try envelope(of: found, identifier: identifier, sender: sender)
         }
     }
 
@@ -434,6 +494,7 @@ public final class FileTransiting: Transiting {
                 if cached < 0 {
                     do throws(Errno) {
                         cached = try handle.openFile(named: name, flags: O_RDWR).release()
+                        entry.opened()
                     } catch .noSuchFileOrDirectory {
                         guard createIfMissing else { return nil }
                         if let created = try create(name: name, identifier: identifier, outgoing: outgoing) {
@@ -647,18 +708,28 @@ public final class FileTransiting: Transiting {
         _ body: (Result<MailboxFormat.Found, MailboxFormat.FileProblem>) throws(WormholeError) -> Value
     ) throws(WormholeError) -> Value {
         try MailboxFormat.withNewestRecord(size: size) { (buffer, offset) throws(WormholeError) in
-            switch file.read(filling: buffer, at: offset) {
-            case .success(let count): return count
-            case .failure(let errno):
-                throw WormholeError.fileSystem(
-                    errno,
-                    "read the mailbox file",
-                    identifier: identifier,
-                    path: handle.filePath(Self.fileName(identifier))
-                )
-            }
+            try read(file, into: buffer, at: offset, identifier: identifier)
         } _: { (found) throws(WormholeError) in
             try body(found)
+        }
+    }
+
+    /// Fills `buffer` from `offset` of a mailbox file; returns the bytes read, fewer at the file's end.
+    private func read(
+        _ file: Descriptor,
+        into buffer: UnsafeMutableRawBufferPointer,
+        at offset: Int,
+        identifier: String
+    ) throws(WormholeError) -> Int {
+        switch file.read(filling: buffer, at: offset) {
+        case .success(let count): return count
+        case .failure(let errno):
+            throw WormholeError.fileSystem(
+                errno,
+                "read the mailbox file",
+                identifier: identifier,
+                path: handle.filePath(Self.fileName(identifier))
+            )
         }
     }
 

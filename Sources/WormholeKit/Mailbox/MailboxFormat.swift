@@ -310,6 +310,27 @@ package enum MailboxFormat {
         }
     }
 
+    /// ``withNewestRecord(size:read:_:)`` for a file whose size is not known: it reads up to
+    /// ``ScratchMemory/keptByteCount`` bytes, and the file's size is what the read got. Returns nil, calling nothing,
+    /// when the read filled that memory: the file may be larger.
+    package static func withNewestRecordOfSmallFile<Value>(
+        read: (_ buffer: UnsafeMutableRawBufferPointer, _ offset: Int) throws(WormholeError) -> Int,
+        _ body: (Result<Found, FileProblem>) throws(WormholeError) -> Value
+    ) throws(WormholeError) -> Value? {
+        try ScratchMemory.withBytes(ScratchMemory.keptByteCount) { (buffer) throws(WormholeError) -> Value? in
+            let count = try read(buffer, 0)
+            guard count < buffer.count else { return nil }
+            let whole = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
+            return try findNewest(
+                size: count,
+                header: part(of: whole, at: 0, count: headerSize),
+                head: { header, slot in part(of: whole, at: header.slotOffset(slot), count: recordHeaderSize) },
+                record: { header, slot, count in part(of: whole, at: header.slotOffset(slot), count: count) },
+                body
+            )
+        }
+    }
+
     /// `count` bytes of `whole` from `offset`: fewer, or none, where the file was cut short meanwhile. (A function of
     /// its own, not nested: the closures that called a nested one allocated a context per call.)
     @inline(__always)

@@ -4,6 +4,9 @@ import Synchronization
 final class MailboxSubscription: Sendable {
     let identifier: String
     private let transiting: any Transiting
+    /// The transiting when it is a directory's own, whose reads after a wake-up of its mailbox file's watch may skip
+    /// the checks of a descriptor checked before (``FileTransiting/readMessageOnWake(identifier:)``).
+    private let files: FileTransiting?
     /// The listeners, in the order of their ids: a change copies this array (no allocation) rather than sorting a
     /// dictionary's values into a new one.
     private let sinks = Locked<[ListenerSink]>([])
@@ -12,6 +15,7 @@ final class MailboxSubscription: Sendable {
     init(identifier: String, transiting: any Transiting) {
         self.identifier = identifier
         self.transiting = transiting
+        self.files = transiting as? FileTransiting
     }
 
     func start(notifier: any Notifier) throws(WormholeError) {
@@ -58,7 +62,16 @@ final class MailboxSubscription: Sendable {
         let current = sinks.withLock { $0 }
         guard !current.isEmpty else { return }
         let result: Result<Envelope?, WormholeError>
-        do { result = .success(try transiting.readMessage(identifier: identifier)) } catch { result = .failure(error) }
+        do {
+            // The identifier was validated when listening began.
+            if let files {
+                result = .success(try files.readMessageOnWake(identifier: identifier))
+            } else {
+                result = .success(try transiting.readMessage(identifier: identifier))
+            }
+        } catch {
+            result = .failure(error)
+        }
         for sink in current { sink.offer(result) }
     }
 }

@@ -8,7 +8,8 @@ import SystemPackage
 /// Each notification name is a file in the hidden `.notifications` subdirectory of the wormhole directory.
 /// ``post(_:)`` writes 8 fresh bytes into it in place; ``observe(_:handler:)`` watches that file with inotify (the
 /// file, not the directory, so a post wakes only that name's observers), on one monitor thread per process that
-/// waits in `epoll_wait(2)` and retires, closing its descriptors, a moment after its last observation ends,
+/// waits in a blocking `read` of its inotify descriptor and retires, closing its descriptors, a moment after its last
+/// observation ends,
 /// so no blocking call ever runs on Swift's cooperative thread pool. Wormholes in one process and in different
 /// processes wake each other alike.
 ///

@@ -10,9 +10,9 @@ import Synchronization
 /// milliseconds (listening often stops and starts again at once), then retires, closing its descriptors: listening
 /// and stopping leaves no descriptor behind, and never piles up inotify instances, of which a user may have only 128.
 /// While it has observations and no broken watch it waits in a blocking `read` of the inotify descriptor, one system
-/// call per wake-up; ending an observation removes its watch, which queues an event. Otherwise (to retire, or to try
-/// a broken watch again) it waits with a time-out in `epoll_wait(2)` on the inotify descriptor and an eventfd that
-/// wakes it when its last observation ends.
+/// call per wake-up; the last observation of a file that ends removes its watch, which queues the event (`IN_IGNORED`)
+/// that wakes the read. Otherwise (to retire, or to try a broken watch again) it waits with a time-out in
+/// `epoll_wait(2)` on the inotify descriptor and an eventfd, which the last observation's end writes to.
 /// Handlers run on this thread, one at a time, and so do the callbacks they schedule with
 /// ``CallbackExecution/automatic``, after each handler returns; when such a callback blocks, ``CallbackWatchdog`` has
 /// a new thread take over the waiting and the handlers. A watched file that is replaced is watched again at its path;
@@ -33,11 +33,14 @@ final class InotifyMonitor: Sendable {
     static let simulatesExhaustion = ProcessInfo.processInfo.environment["WORMHOLE_TEST_INOTIFY_EXHAUSTED"] != nil
 
     /// Watches the file at `path`, which `create` creates if it is missing (again if it is replaced); the handler
-    /// runs after each modification of it.
+    /// runs after each modification of it. `replaced`, when given, runs on the monitor's thread, before the handlers of
+    /// the same wake-up, whenever an event says the file may no longer be the one watched, or had its links, owner or
+    /// mode changed (and after the kernel dropped events, and when a file that went is watched again).
     func observe(
         path: String,
         create: @escaping @Sendable () -> Void,
-        handler: @escaping @Sendable () -> Void
+        handler: @escaping @Sendable () -> Void,
+        replaced: (@Sendable () -> Void)? = nil
     ) throws(WormholeError) -> NotifierObservation {
         if Self.simulatesExhaustion {
             throw WormholeError(
@@ -49,12 +52,12 @@ final class InotifyMonitor: Sendable {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let instance = try current.withLock { (current) throws(WormholeError) -> Instance in
             if let running = current {
-                try running.add(id: id, path: path, create: create, handler: handler)
+                try running.add(id: id, path: path, create: create, handler: handler, replaced: replaced)
                 return running
             }
             let started = try Instance()
             do throws(WormholeError) {
-                try started.add(id: id, path: path, create: create, handler: handler)
+                try started.add(id: id, path: path, create: create, handler: handler, replaced: replaced)
             } catch {
                 // Its thread never started, so nothing else closes its descriptors: a process whose watches fail
                 // (the watch limit reached) would otherwise leak three per try, and then inotify instances.
@@ -68,6 +71,14 @@ final class InotifyMonitor: Sendable {
         return NotifierObservation {
             // The last observation wakes the thread, which retires after a while unless a new one comes.
             if instance.remove(id: id) { instance.wake() }
+        }
+    }
+
+    /// Called by an instance's thread that cannot wait on its descriptor any more, before it closes it: the next
+    /// observation starts a new instance rather than use the closed descriptors.
+    fileprivate func abandon(_ instance: Instance) {
+        current.withLock { current in
+            if current === instance { current = nil }
         }
     }
 
@@ -92,6 +103,7 @@ final class InotifyMonitor: Sendable {
         /// the way (from and to the containers' generic representation), two allocations per handler per wake-up.
         private struct Handler {
             let run: @Sendable () -> Void
+            let replaced: (@Sendable () -> Void)?
         }
         private struct Registry {
             var watches: [Int32: Watch] = [:]
@@ -120,12 +132,16 @@ final class InotifyMonitor: Sendable {
             id: UInt64,
             path: String,
             create: @escaping @Sendable () -> Void,
-            handler: @escaping @Sendable () -> Void
+            handler: @escaping @Sendable () -> Void,
+            replaced: (@Sendable () -> Void)?
         ) throws(WormholeError) {
             try registry.withLock { (registry) throws(WormholeError) in
                 let watch = try addWatch(path, create: create)
                 // Watching one file twice gives the same descriptor: the handlers share it.
-                registry.watches[watch, default: Watch(path: path, create: create)].handlers[id] = Handler(run: handler)
+                registry.watches[watch, default: Watch(path: path, create: create)].handlers[id] = Handler(
+                    run: handler,
+                    replaced: replaced
+                )
                 registry.byID[id] = watch
             }
         }
@@ -186,7 +202,8 @@ final class InotifyMonitor: Sendable {
             }.start()
         }
 
-        /// Wakes the thread, so that it notices it is idle.
+        /// Wakes the thread in `epoll_wait`, so that it notices it is idle; a thread blocked in `read` is woken by the
+        /// event that removing the last watch queued.
         func wake() { inotify.wake() }
 
         /// Closes the descriptors of an instance whose thread was never started.
@@ -229,12 +246,16 @@ final class InotifyMonitor: Sendable {
                     // Observed, nothing broken: the read itself waits. An observation that ends queues an event,
                     // so an instance that became idle meanwhile is woken and goes on to wait with a time-out.
                     guard let broken = readEvents(buffer, waiting: true, scratch: &scratch, driver: driver) else {
+                        InotifyMonitor.shared.abandon(self)
                         return
                     }
                     if broken { repairBrokenWatches(driver: driver) }
                     continue
                 }
-                guard let readiness = inotify.wait(timeoutMilliseconds: timeout) else { return }
+                guard let readiness = inotify.wait(timeoutMilliseconds: timeout) else {
+                    InotifyMonitor.shared.abandon(self)
+                    return
+                }
                 if readiness.timedOut {
                     if isIdle {
                         if InotifyMonitor.shared.retire(self) { return }
@@ -278,6 +299,9 @@ final class InotifyMonitor: Sendable {
         /// once).
         @discardableResult
         private func runHandlers(wakingEveryone: Bool, scratch: inout Scratch, driver: CallbackDriver) -> Bool {
+            // A thread taken over (a callback it handed on blocked too) leaves the watches to the one that took over,
+            // which may be blocked in `read`: a watch this thread marked broken would queue no event to wake it.
+            if driver.isReplaced { return false }
             scratch.chosen.removeAll(keepingCapacity: true)
             let hasBroken = registry.withLock { registry in
                 // A handler belongs to one watch (`byID`), so the groups never share one: no merging, only an order.
@@ -305,6 +329,7 @@ final class InotifyMonitor: Sendable {
         /// watched) leaves the entry broken, to be made and watched again outside the lock.
         private func rewatchIfReplaced(_ watch: Int32, in registry: inout Registry) {
             guard let entry = registry.watches[watch], !registry.broken.contains(watch) else { return }
+            for handler in entry.handlers.values { handler.replaced?() }
             switch inotify.addWatch(entry.path) {
             case .success(let newWatch) where newWatch == watch:
                 return  // the same file: its links or attributes changed, nothing more
@@ -346,6 +371,8 @@ final class InotifyMonitor: Sendable {
                         case .success(let newWatch) = inotify.addWatch(entry.path)
                     else { continue }
                     registry.broken.remove(watch)
+                    // The file may have been made again, and replaced again, while it was not watched.
+                    for handler in entry.handlers.values { handler.replaced?() }
                     // The same descriptor: the watch kept (its failure was not the file's) still holds.
                     if newWatch != watch { move(entry, from: watch, to: newWatch, in: &registry) }
                     repaired.merge(entry.handlers) { first, _ in first }

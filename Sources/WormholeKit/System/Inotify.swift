@@ -104,7 +104,9 @@ struct Inotify: Sendable {
     ///
     /// With `waiting`, the first `read` blocks until an event comes; without, the caller knows that events are
     /// queued (``wait(timeoutMilliseconds:)`` said so). Either way the descriptor is read again only when the last
-    /// read filled the buffer and a look at the epoll instance finds more, so that no later read blocks.
+    /// read filled the buffer and a look at the epoll instance finds more, so that no later read blocks (that look
+    /// consumes a pending ``wake()``, which only matters to a wait with a time-out, and the caller's next wait is
+    /// chosen afresh).
     func readEvents(
         into buffer: UnsafeMutableRawBufferPointer,
         waiting: Bool,
@@ -114,13 +116,15 @@ struct Inotify: Sendable {
         let header = MemoryLayout<inotify_event>.size
         // An event takes at most this much room; a read that left more free emptied the queue.
         let largestEvent = header + Int(NAME_MAX) + 1
+        var first = true
         while true {
             let count = Glibc_read(inotify, buffer.baseAddress, buffer.count)
             if count < 0 {
                 if errno == EINTR { continue }
-                // Only a blocking wait may end here for good: the caller saw events queued otherwise.
-                return waiting ? nil : overflowed
+                // A first read that fails cannot wait or read again; a later one leaves the events read so far.
+                return first ? nil : overflowed
             }
+            first = false
             if count == 0 { return overflowed }
             var offset = 0
             while offset + header <= count {

@@ -40,6 +40,58 @@ final class OpenFileCache: Sendable {
 
         init(name: String) { self.name = name }
 
+        // MARK: Trust while watched
+
+        /// The inotify watches of this entry's file that this process holds (through
+        /// ``beginWatching()`` and ``endWatching()``).
+        private let watches = Atomic<Int>(0)
+        /// Changes whenever this entry's file may have been replaced, or had its links, owner or mode changed, as the
+        /// watches' events say, and whenever a watch begins or ends.
+        private let epoch = Atomic<UInt64>(1)
+        /// Counts the descriptors opened into this entry; only touched while `descriptor`'s lock is held.
+        nonisolated(unsafe) private var opens: UInt64 = 0
+        /// The `opens` and `epoch` at which the open descriptor was last checked (its link, type and owner) while
+        /// watched; only touched while `descriptor`'s lock is held.
+        nonisolated(unsafe) private var trusted: (opens: UInt64, epoch: UInt64) = (0, 0)
+
+        /// Call it, holding `descriptor`'s lock, each time a descriptor is opened into the entry.
+        func opened() { opens &+= 1 }
+
+        /// What to pass to ``checked(_:)`` once the open descriptor passed its checks: read before them, so that an
+        /// event that comes during them leaves the descriptor untrusted.
+        func beforeCheck() -> UInt64 {
+            let current = epoch.load(ordering: .acquiring)
+            return watches.load(ordering: .acquiring) > 0 ? current : 0
+        }
+
+        /// Records, holding `descriptor`'s lock, that the open descriptor passed its checks (`beforeCheck` is what
+        /// ``beforeCheck()`` gave before them).
+        func checked(_ beforeCheck: UInt64) { trusted = (opens, beforeCheck) }
+
+        /// Whether the open descriptor may be read again without its checks, holding `descriptor`'s lock: it passed
+        /// them while a watch of its file was held, and no event of that watch since said the file may have changed.
+        /// Only a read that a watch's event woke may take this: the event that says a file was replaced may still
+        /// be on its way to any other, and it reaches the watch before the watch's next wake-up.
+        var isTrustedWhileWatched: Bool {
+            trusted.epoch != 0 && trusted.opens == opens && trusted.epoch == epoch.load(ordering: .acquiring)
+        }
+
+        /// A watch of this entry's file begins (call it once the watch is made, so that no check made before then
+        /// is trusted).
+        func beginWatching() {
+            watches.add(1, ordering: .acquiringAndReleasing)
+            epoch.add(1, ordering: .acquiringAndReleasing)
+        }
+
+        /// A watch of this entry's file ended.
+        func endWatching() {
+            watches.subtract(1, ordering: .acquiringAndReleasing)
+            epoch.add(1, ordering: .acquiringAndReleasing)
+        }
+
+        /// An event of a watch said the file may have been replaced, or had its links, owner or mode changed.
+        func distrust() { epoch.add(1, ordering: .acquiringAndReleasing) }
+
         deinit {
             descriptor.withLock { descriptor in
                 if descriptor >= 0 { _ = close(descriptor) }

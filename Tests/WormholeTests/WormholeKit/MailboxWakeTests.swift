@@ -99,6 +99,36 @@ struct MailboxWakeTests {
         }
     }
 
+    @Test(
+        "A mailbox file given to another user while listened to is refused at the listener's next read",
+        .enabled(if: geteuid() == 0, "only root may give a file to another user")
+    )
+    // A listener woken by its watch reads a descriptor checked before with no `fstat`, until an event of the watch
+    // says the file may have changed: a change of owner is such an event, so the next read checks again.
+    func ownerChangedWhileListening() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let received = Collector<String>()
+            let errors = Collector<WormholeError.Code>()
+            let listener = try wormhole.listenForMessage(
+                withIdentifier: "note",
+                as: String.self,
+                errorHandler: { errors.append($0.code) }
+            ) { received.append($0) }
+            // A writer that accepts other users' files, so that it writes on after the file changed hands.
+            let writer = try makeWormhole(.init(fileOptions: FileTransiting.Options(trustsOtherOwners: true)))
+            for text in ["first", "second", "third"] {
+                try writer.passMessageObject(text, identifier: "note")
+                #expect(eventually { received.values.last == text })
+            }
+            #expect(chown(directory("wormhole/note.msg"), 54_321, 54_321) == 0)
+            try writer.passMessageObject("given away", identifier: "note")
+            #expect(eventually { errors.values.contains(.untrustedFile) }, "\(errors.values)")
+            #expect(received.values == ["first", "second", "third"])
+            listener.cancel()
+        }
+    }
+
     @Test("A damaged mailbox cleared (its file removed) and passed to at once, again and again, keeps waking")
     // The listener watches the path again after each removal; where the file system gives the new file the old one's
     // inode number, only the watch descriptor tells the files apart, which is what the monitor compares.
