@@ -9,6 +9,12 @@ void *cwormhole_current_driver(void) { return current_driver; }
 
 void cwormhole_set_current_driver(void *driver) { current_driver = driver; }
 
+static _Thread_local int inotify_handler_running = 0;
+
+int cwormhole_inotify_handler_running(void) { return inotify_handler_running; }
+
+void cwormhole_set_inotify_handler_running(int running) { inotify_handler_running = running; }
+
 long cwormhole_send_parts(
     int socket, const void *head, size_t headLength, const void *body, size_t bodyLength, int wait) {
     struct iovec parts[2] = {{(void *)head, headLength}, {(void *)body, bodyLength}};

@@ -35,6 +35,12 @@ void *cwormhole_current_driver(void);
 /// Sets the calling thread's callback driver (NULL to clear it).
 void cwormhole_set_current_driver(void *driver);
 
+/// Whether the calling thread is running a handler of the inotify monitor: 1 or 0 (a C11 thread-local).
+int cwormhole_inotify_handler_running(void);
+
+/// Sets whether the calling thread is running a handler of the inotify monitor.
+void cwormhole_set_inotify_handler_running(int running);
+
 #if defined(__linux__)
 #include <sys/eventfd.h>
 #include <sys/vfs.h>

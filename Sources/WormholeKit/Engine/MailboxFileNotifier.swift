@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// The directory engine's notifier: a mailbox's own file wakes its listeners, so that a pass writes one file.
 ///
@@ -101,22 +102,40 @@ final class MailboxFileNotifier: Notifier, PreparesObservation {
                 path: files.handle.filePath(FileTransiting.fileName(identifier))
             )
         }
-        // While the watch holds, a read that its event woke may skip the checks of a descriptor checked before: the
-        // watch's events say when the file may have been replaced, or had its links, owner or mode changed.
-        let entry = files.openEntry(identifier)
+        // While the path is watched, a read that the watch's events woke may skip the checks of a descriptor checked
+        // before: the events say when the file may have been replaced, or had its links, owner or mode changed.
+        let watching = WatchedEntry(files.openEntry(identifier))
         let observation = try InotifyMonitor.shared.observe(
             path: files.handle.filePath(FileTransiting.fileName(identifier)),
             create: { [files] in _ = files.createEmptyMailbox(identifier: identifier) },
             handler: handler,
-            replaced: { entry.distrust() }
+            watched: { watching.update(isWatched: $0) }
         )
-        entry.beginWatching()
         return NotifierObservation {
-            observation.cancel()
-            entry.endWatching()
+            observation.cancel()  // no `watched` call comes after this
+            watching.update(isWatched: false)
         }
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: files.directory)
         #endif
+    }
+}
+
+/// One watch's share in its file's cache entry: counted as a watch of the file while the monitor says the path is
+/// watched, and marking the entry's descriptor untrusted whenever the monitor says the file may have changed.
+private final class WatchedEntry: Sendable {
+    let entry: OpenFileCache.Entry
+    private let counted = Atomic<Bool>(false)
+
+    init(_ entry: OpenFileCache.Entry) { self.entry = entry }
+
+    func update(isWatched: Bool) {
+        if counted.exchange(isWatched, ordering: .acquiringAndReleasing) == isWatched {
+            entry.distrust()
+        } else if isWatched {
+            entry.beginWatching()
+        } else {
+            entry.endWatching()
+        }
     }
 }

@@ -168,16 +168,20 @@ public final class FileTransiting: Transiting {
         return try readFile(identifier: identifier, woken: false)
     }
 
-    /// ``readMessage(identifier:)`` for a listener that an inotify event of the mailbox file woke, of an identifier
-    /// it validated when it began to listen.
+    /// ``readMessage(identifier:)`` for a listener's handler, of an identifier validated when listening began.
     ///
-    /// While this process watches the file, a descriptor checked since the watch's last event that said the file
-    /// may have changed (`OpenFileCache.Entry.isTrustedWhileWatched`) is read with no `fstat`: the file's size is
-    /// what the read gets. Its checks (its link, its type, its owner) could only have changed through an event that
-    /// reaches the watch before its next wake-up. Any other read checks the descriptor, as the event that says the
-    /// file was replaced may still be on its way.
+    /// Run by a handler of the inotify monitor while this process watches the file, it reads a descriptor checked
+    /// since the monitor last said the file may have changed (`OpenFileCache.Entry.isTrustedWhileWatched`) with one
+    /// `pread` and no `fstat`, the file's size being what the read gets: its checks (one link, a regular file, this
+    /// user's) can only have changed through an event that the monitor reads before it runs this handler again. Run
+    /// anywhere else (a handler of the polling monitor, say), it checks the descriptor, as such an event may still
+    /// be on its way.
     func readMessageOnWake(identifier: String) throws(WormholeError) -> Envelope? {
-        try readFile(identifier: identifier, woken: true)
+        #if os(Linux) || os(Android)
+        try readFile(identifier: identifier, woken: InotifyMonitor.isRunningHandler)
+        #else
+        try readFile(identifier: identifier, woken: false)
+        #endif
     }
 
     /// The cache entry of a mailbox's file, for a watch of it to mark its descriptor untrusted.
@@ -210,12 +214,22 @@ public final class FileTransiting: Transiting {
                     {
                         return found
                     }
-                    let beforeCheck = entry.beforeCheck()
+                    let beforeCheck = woken ? entry.beforeCheck() : 0
                     guard let status = try handle.trustedStatus(of: file, name: name, identifier: identifier) else {
                         closeCached(&cached)  // replaced or removed: open the file that has the name now
                         continue
                     }
-                    entry.checked(beforeCheck)
+                    if beforeCheck != 0, status.size < ScratchMemory.keptByteCount {
+                        // Trusted only as the file at the path, which is the one watched: a file renamed away keeps
+                        // its link, and no watch would see it change hands.
+                        guard case .success(let atPath) = handle.status(ofEntry: name),
+                            atPath.device == status.device, atPath.inode == status.inode
+                        else {
+                            closeCached(&cached)
+                            continue
+                        }
+                        entry.checked(beforeCheck)
+                    }
                     return try envelope(in: file, size: status.size, identifier: identifier, sender: entry.senderText)
                 } catch {
                     closeCached(&cached)

@@ -1,4 +1,5 @@
 #if os(Linux) || os(Android)
+import CWormholeSystem
 import Foundation
 import Synchronization
 
@@ -33,14 +34,18 @@ final class InotifyMonitor: Sendable {
     static let simulatesExhaustion = ProcessInfo.processInfo.environment["WORMHOLE_TEST_INOTIFY_EXHAUSTED"] != nil
 
     /// Watches the file at `path`, which `create` creates if it is missing (again if it is replaced); the handler
-    /// runs after each modification of it. `replaced`, when given, runs on the monitor's thread, before the handlers of
-    /// the same wake-up, whenever an event says the file may no longer be the one watched, or had its links, owner or
-    /// mode changed (and after the kernel dropped events, and when a file that went is watched again).
+    /// runs after each modification of it.
+    ///
+    /// `watched`, when given, is told whether the file at `path` is watched: true once the watch is made, then again
+    /// (true, or false when the path cannot be watched now) each time an event says the file may no longer be the
+    /// one watched or had its links, owner or mode changed, and after the kernel dropped events; true when a path
+    /// that could not be watched is watched again. It is called with the monitor's lock held, after the path is
+    /// watched anew and before the handlers of the same wake-up run, and never after the observation is cancelled.
     func observe(
         path: String,
         create: @escaping @Sendable () -> Void,
         handler: @escaping @Sendable () -> Void,
-        replaced: (@Sendable () -> Void)? = nil
+        watched: (@Sendable (_ isWatched: Bool) -> Void)? = nil
     ) throws(WormholeError) -> NotifierObservation {
         if Self.simulatesExhaustion {
             throw WormholeError(
@@ -52,12 +57,12 @@ final class InotifyMonitor: Sendable {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let instance = try current.withLock { (current) throws(WormholeError) -> Instance in
             if let running = current {
-                try running.add(id: id, path: path, create: create, handler: handler, replaced: replaced)
+                try running.add(id: id, path: path, create: create, handler: handler, watched: watched)
                 return running
             }
             let started = try Instance()
             do throws(WormholeError) {
-                try started.add(id: id, path: path, create: create, handler: handler, replaced: replaced)
+                try started.add(id: id, path: path, create: create, handler: handler, watched: watched)
             } catch {
                 // Its thread never started, so nothing else closes its descriptors: a process whose watches fail
                 // (the watch limit reached) would otherwise leak three per try, and then inotify instances.
@@ -73,6 +78,10 @@ final class InotifyMonitor: Sendable {
             if instance.remove(id: id) { instance.wake() }
         }
     }
+
+    /// Whether the calling thread is running a handler of the monitor: a read made there follows every event the
+    /// monitor read before it, so that a `watched` call for a change of the file came before it.
+    static var isRunningHandler: Bool { cwormhole_inotify_handler_running() != 0 }
 
     /// Called by an instance's thread that cannot wait on its descriptor any more, before it closes it: the next
     /// observation starts a new instance rather than use the closed descriptors.
@@ -103,7 +112,7 @@ final class InotifyMonitor: Sendable {
         /// the way (from and to the containers' generic representation), two allocations per handler per wake-up.
         private struct Handler {
             let run: @Sendable () -> Void
-            let replaced: (@Sendable () -> Void)?
+            let watched: (@Sendable (_ isWatched: Bool) -> Void)?
         }
         private struct Registry {
             var watches: [Int32: Watch] = [:]
@@ -133,16 +142,18 @@ final class InotifyMonitor: Sendable {
             path: String,
             create: @escaping @Sendable () -> Void,
             handler: @escaping @Sendable () -> Void,
-            replaced: (@Sendable () -> Void)?
+            watched: (@Sendable (_ isWatched: Bool) -> Void)?
         ) throws(WormholeError) {
             try registry.withLock { (registry) throws(WormholeError) in
                 let watch = try addWatch(path, create: create)
                 // Watching one file twice gives the same descriptor: the handlers share it.
                 registry.watches[watch, default: Watch(path: path, create: create)].handlers[id] = Handler(
                     run: handler,
-                    replaced: replaced
+                    watched: watched
                 )
                 registry.byID[id] = watch
+                // A watch already broken (the file went since it was watched) is not one the file is watched by.
+                watched?(!registry.broken.contains(watch))
             }
         }
 
@@ -329,7 +340,12 @@ final class InotifyMonitor: Sendable {
         /// watched) leaves the entry broken, to be made and watched again outside the lock.
         private func rewatchIfReplaced(_ watch: Int32, in registry: inout Registry) {
             guard let entry = registry.watches[watch], !registry.broken.contains(watch) else { return }
-            for handler in entry.handlers.values { handler.replaced?() }
+            // Told after the path is watched anew, not before: a check made in between would be of a file that a
+            // replacement right then leaves unwatched.
+            defer {
+                let isWatched = !registry.broken.contains(watch)
+                for handler in entry.handlers.values { handler.watched?(isWatched) }
+            }
             switch inotify.addWatch(entry.path) {
             case .success(let newWatch) where newWatch == watch:
                 return  // the same file: its links or attributes changed, nothing more
@@ -372,7 +388,7 @@ final class InotifyMonitor: Sendable {
                     else { continue }
                     registry.broken.remove(watch)
                     // The file may have been made again, and replaced again, while it was not watched.
-                    for handler in entry.handlers.values { handler.replaced?() }
+                    for handler in entry.handlers.values { handler.watched?(true) }
                     // The same descriptor: the watch kept (its failure was not the file's) still holds.
                     if newWatch != watch { move(entry, from: watch, to: newWatch, in: &registry) }
                     repaired.merge(entry.handlers) { first, _ in first }
@@ -390,7 +406,9 @@ final class InotifyMonitor: Sendable {
                 if driver.isReplaced { return }
                 // A handler cancelled by an earlier handler (or callback) in this batch is skipped.
                 if registry.withLock({ $0.byID[id] != nil }) {
+                    cwormhole_set_inotify_handler_running(1)
                     handler.run()
+                    cwormhole_set_inotify_handler_running(0)
                     driver.runDeferred()
                 }
             }

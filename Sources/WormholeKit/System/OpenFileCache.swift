@@ -14,8 +14,9 @@ import Darwin
 /// Each entry has its own lock, held while its descriptor is used: `flock` does not exclude threads that share
 /// one open file description, so this process's threads take turns here before they lock against other
 /// processes. A user of an entry checks the file's link count after locking it and reopens a file that was
-/// replaced or removed (link count 0). At most `capacity` names are kept; an evicted entry's descriptor is
-/// closed when its last user lets go of it.
+/// replaced or removed (link count 0), except a mailbox listener's read that the entry's watch allows to skip the
+/// check (``Entry/isTrustedWhileWatched``). At most `capacity` names are kept, watched ones beyond it; an evicted
+/// entry's descriptor is closed when its last user lets go of it.
 final class OpenFileCache: Sendable {
     final class Entry: Sendable {
         /// The name of the file, made once when the entry is: a mailbox's pass builds no string for it.
@@ -58,7 +59,8 @@ final class OpenFileCache: Sendable {
         func opened() { opens &+= 1 }
 
         /// What to pass to ``checked(_:)`` once the open descriptor passed its checks: read before them, so that an
-        /// event that comes during them leaves the descriptor untrusted.
+        /// event that comes during them leaves the descriptor untrusted; 0 (never trusted) while the file is not
+        /// watched.
         func beforeCheck() -> UInt64 {
             let current = epoch.load(ordering: .acquiring)
             return watches.load(ordering: .acquiring) > 0 ? current : 0
@@ -69,12 +71,16 @@ final class OpenFileCache: Sendable {
         func checked(_ beforeCheck: UInt64) { trusted = (opens, beforeCheck) }
 
         /// Whether the open descriptor may be read again without its checks, holding `descriptor`'s lock: it passed
-        /// them while a watch of its file was held, and no event of that watch since said the file may have changed.
-        /// Only a read that a watch's event woke may take this: the event that says a file was replaced may still
-        /// be on its way to any other, and it reaches the watch before the watch's next wake-up.
+        /// them, as the file at the entry's path, while the path was watched, and the monitor has not said since that
+        /// the file may have changed. Only a read in a handler of the inotify monitor may take this: an event that
+        /// says the file was replaced may still be on its way to any other, and the monitor reads it before it runs
+        /// that handler again.
         var isTrustedWhileWatched: Bool {
             trusted.epoch != 0 && trusted.opens == opens && trusted.epoch == epoch.load(ordering: .acquiring)
         }
+
+        /// Whether a watch of this entry's file counts (evicting the entry would lose what the watch says).
+        var isWatched: Bool { watches.load(ordering: .acquiring) > 0 }
 
         /// A watch of this entry's file begins (call it once the watch is made, so that no check made before then
         /// is trusted).
@@ -124,8 +130,10 @@ final class OpenFileCache: Sendable {
             if let known = state.entries[key] {
                 entry = known
             } else {
-                if state.entries.count >= capacity {
-                    let evicted = state.entries.remove(at: state.entries.startIndex)
+                if state.entries.count >= capacity,
+                    let index = state.entries.firstIndex(where: { !$0.value.isWatched })
+                {
+                    let evicted = state.entries.remove(at: index)
                     state.recent.removeAll { $0.entry === evicted.value }
                 }
                 entry = Entry(name: fileName(key))

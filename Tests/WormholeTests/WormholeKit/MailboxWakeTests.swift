@@ -129,6 +129,38 @@ struct MailboxWakeTests {
         }
     }
 
+    @Test(
+        "A listener's read made off the inotify thread checks its descriptor, however recently it was checked",
+        .enabled(if: geteuid() == 0, "only root may give a file to another user")
+    )
+    // Off that thread the event that says the file changed hands may not have been read yet: the read must not
+    // trust what the last check found.
+    func readOffTheInotifyThreadChecks() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let files = try #require(wormhole.transiting as? FileTransiting)
+            let received = Collector<String>()
+            let listener = try wormhole.listenForMessage(
+                withIdentifier: "note",
+                as: String.self,
+                errorHandler: { _ in }
+            ) { received.append($0) }
+            let writer = try makeWormhole(.init(fileOptions: FileTransiting.Options(trustsOtherOwners: true)))
+            for text in ["first", "second"] {
+                try writer.passMessageObject(text, identifier: "note")
+                #expect(eventually { received.values.last == text })
+            }
+            #expect(try files.readMessageOnWake(identifier: "note")?.payload == Data(#""second""#.utf8))
+            #expect(chown(directory("wormhole/note.msg"), 54_321, 54_321) == 0)
+            #expect {
+                try files.readMessageOnWake(identifier: "note")
+            } throws: {
+                ($0 as? WormholeError)?.code == .untrustedFile
+            }
+            listener.cancel()
+        }
+    }
+
     @Test("A damaged mailbox cleared (its file removed) and passed to at once, again and again, keeps waking")
     // The listener watches the path again after each removal; where the file system gives the new file the old one's
     // inode number, only the watch descriptor tells the files apart, which is what the monitor compares.
