@@ -307,16 +307,7 @@ public final class FileTransiting: Transiting {
     ) throws(WormholeError) -> Envelope?? {
         try MailboxFormat.withNewestRecordOfSmallFile { (buffer, offset) throws(WormholeError) in
             // One `pread`: fewer bytes than asked for mean the file's end (a second call would only say so again).
-            switch file.read(into: buffer.baseAddress!, count: buffer.count, at: UInt64(offset)) {
-            case .success(let count): return count
-            case .failure(let errno):
-                throw WormholeError.fileSystem(
-                    errno,
-                    "read the mailbox file",
-                    identifier: identifier,
-                    path: handle.filePath(Self.fileName(identifier))
-                )
-            }
+            try read(file, into: buffer, at: offset, once: true, identifier: identifier)
         } _: { (found) throws(WormholeError) in
             try envelope(of: found, identifier: identifier, sender: sender)
         }
@@ -722,20 +713,26 @@ public final class FileTransiting: Transiting {
         _ body: (Result<MailboxFormat.Found, MailboxFormat.FileProblem>) throws(WormholeError) -> Value
     ) throws(WormholeError) -> Value {
         try MailboxFormat.withNewestRecord(size: size) { (buffer, offset) throws(WormholeError) in
-            try read(file, into: buffer, at: offset, identifier: identifier)
+            try read(file, into: buffer, at: offset, once: false, identifier: identifier)
         } _: { (found) throws(WormholeError) in
             try body(found)
         }
     }
 
-    /// Fills `buffer` from `offset` of a mailbox file; returns the bytes read, fewer at the file's end.
+    /// Fills `buffer` from `offset` of a mailbox file (with one `pread` when `once`); returns the bytes read, fewer
+    /// at the file's end.
     private func read(
         _ file: Descriptor,
         into buffer: UnsafeMutableRawBufferPointer,
         at offset: Int,
+        once: Bool,
         identifier: String
     ) throws(WormholeError) -> Int {
-        switch file.read(filling: buffer, at: offset) {
+        let read =
+            once
+            ? file.read(into: buffer.baseAddress!, count: buffer.count, at: UInt64(offset))
+            : file.read(filling: buffer, at: offset)
+        switch read {
         case .success(let count): return count
         case .failure(let errno):
             throw WormholeError.fileSystem(

@@ -299,14 +299,7 @@ package enum MailboxFormat {
         // puts on the stack, and would be allocated on every pass and every read.
         return try ScratchMemory.withBytes(max(size, 1)) { (buffer) throws(WormholeError) -> Value in
             let count = try read(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), 0)
-            let whole = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
-            return try findNewest(
-                size: size,
-                header: part(of: whole, at: 0, count: headerSize),
-                head: { header, slot in part(of: whole, at: header.slotOffset(slot), count: recordHeaderSize) },
-                record: { header, slot, count in part(of: whole, at: header.slotOffset(slot), count: count) },
-                body
-            )
+            return try findNewest(inWhole: UnsafeRawBufferPointer(rebasing: buffer[0..<count]), size: size, body)
         }
     }
 
@@ -320,15 +313,23 @@ package enum MailboxFormat {
         try ScratchMemory.withBytes(ScratchMemory.keptByteCount) { (buffer) throws(WormholeError) -> Value? in
             let count = try read(buffer, 0)
             guard count < buffer.count else { return nil }
-            let whole = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
-            return try findNewest(
-                size: count,
-                header: part(of: whole, at: 0, count: headerSize),
-                head: { header, slot in part(of: whole, at: header.slotOffset(slot), count: recordHeaderSize) },
-                record: { header, slot, count in part(of: whole, at: header.slotOffset(slot), count: count) },
-                body
-            )
+            return try findNewest(inWhole: UnsafeRawBufferPointer(rebasing: buffer[0..<count]), size: count, body)
         }
+    }
+
+    /// The reader's rule on a file read whole into `whole` (fewer bytes than `size` where it was cut short meanwhile).
+    private static func findNewest<Value>(
+        inWhole whole: UnsafeRawBufferPointer,
+        size: Int,
+        _ body: (Result<Found, FileProblem>) throws(WormholeError) -> Value
+    ) throws(WormholeError) -> Value {
+        try findNewest(
+            size: size,
+            header: part(of: whole, at: 0, count: headerSize),
+            head: { header, slot in part(of: whole, at: header.slotOffset(slot), count: recordHeaderSize) },
+            record: { header, slot, count in part(of: whole, at: header.slotOffset(slot), count: count) },
+            body
+        )
     }
 
     /// `count` bytes of `whole` from `offset`: fewer, or none, where the file was cut short meanwhile. (A function of

@@ -99,6 +99,33 @@ struct MailboxWakeTests {
         }
     }
 
+    /// A listener of "note" (its errors collected) that received `texts` from a writer that accepts other users'
+    /// files, so that it writes on after the file changed hands.
+    struct TrustingPair {
+        let wormhole: Wormhole
+        let writer: Wormhole
+        let received: Collector<String>
+        let errors: Collector<WormholeError.Code>
+        let listener: MessageListener
+    }
+
+    func listenerAndTrustingWriter(receiving texts: [String]) throws -> TrustingPair {
+        let wormhole = try makeWormhole()
+        let received = Collector<String>()
+        let errors = Collector<WormholeError.Code>()
+        let listener = try wormhole.listenForMessage(
+            withIdentifier: "note",
+            as: String.self,
+            errorHandler: { errors.append($0.code) }
+        ) { received.append($0) }
+        let writer = try makeWormhole(.init(fileOptions: FileTransiting.Options(trustsOtherOwners: true)))
+        for text in texts {
+            try writer.passMessageObject(text, identifier: "note")
+            #expect(eventually { received.values.last == text })
+        }
+        return TrustingPair(wormhole: wormhole, writer: writer, received: received, errors: errors, listener: listener)
+    }
+
     @Test(
         "A mailbox file given to another user while listened to is refused at the listener's next read",
         .enabled(if: geteuid() == 0, "only root may give a file to another user")
@@ -107,25 +134,12 @@ struct MailboxWakeTests {
     // says the file may have changed: a change of owner is such an event, so the next read checks again.
     func ownerChangedWhileListening() async throws {
         try await offThePool {
-            let wormhole = try makeWormhole()
-            let received = Collector<String>()
-            let errors = Collector<WormholeError.Code>()
-            let listener = try wormhole.listenForMessage(
-                withIdentifier: "note",
-                as: String.self,
-                errorHandler: { errors.append($0.code) }
-            ) { received.append($0) }
-            // A writer that accepts other users' files, so that it writes on after the file changed hands.
-            let writer = try makeWormhole(.init(fileOptions: FileTransiting.Options(trustsOtherOwners: true)))
-            for text in ["first", "second", "third"] {
-                try writer.passMessageObject(text, identifier: "note")
-                #expect(eventually { received.values.last == text })
-            }
+            let pair = try listenerAndTrustingWriter(receiving: ["first", "second", "third"])
             #expect(chown(directory("wormhole/note.msg"), 54_321, 54_321) == 0)
-            try writer.passMessageObject("given away", identifier: "note")
-            #expect(eventually { errors.values.contains(.untrustedFile) }, "\(errors.values)")
-            #expect(received.values == ["first", "second", "third"])
-            listener.cancel()
+            try pair.writer.passMessageObject("given away", identifier: "note")
+            #expect(eventually { pair.errors.values.contains(.untrustedFile) }, "\(pair.errors.values)")
+            #expect(pair.received.values == ["first", "second", "third"])
+            pair.listener.cancel()
         }
     }
 
@@ -137,19 +151,8 @@ struct MailboxWakeTests {
     // trust what the last check found.
     func readOffTheInotifyThreadChecks() async throws {
         try await offThePool {
-            let wormhole = try makeWormhole()
-            let files = try #require(wormhole.transiting as? FileTransiting)
-            let received = Collector<String>()
-            let listener = try wormhole.listenForMessage(
-                withIdentifier: "note",
-                as: String.self,
-                errorHandler: { _ in }
-            ) { received.append($0) }
-            let writer = try makeWormhole(.init(fileOptions: FileTransiting.Options(trustsOtherOwners: true)))
-            for text in ["first", "second"] {
-                try writer.passMessageObject(text, identifier: "note")
-                #expect(eventually { received.values.last == text })
-            }
+            let pair = try listenerAndTrustingWriter(receiving: ["first", "second"])
+            let files = try #require(pair.wormhole.transiting as? FileTransiting)
             #expect(try files.readMessageOnWake(identifier: "note")?.payload == Data(#""second""#.utf8))
             #expect(chown(directory("wormhole/note.msg"), 54_321, 54_321) == 0)
             #expect {
@@ -157,7 +160,7 @@ struct MailboxWakeTests {
             } throws: {
                 ($0 as? WormholeError)?.code == .untrustedFile
             }
-            listener.cancel()
+            pair.listener.cancel()
         }
     }
 
