@@ -102,7 +102,7 @@ final class MailboxFileNotifier: Notifier, PreparesObservation {
                 path: files.handle.filePath(FileTransiting.fileName(identifier))
             )
         }
-        // While the path is watched, a read that the watch's events woke may skip the checks of a descriptor checked
+        // While the path is watched, a read in a handler of the inotify thread may skip the checks of a descriptor checked
         // before: the events say when the file may have been replaced, or had its links, owner or mode changed.
         let watching = WatchedEntry(files.openEntry(identifier))
         let observation = try InotifyMonitor.shared.observe(

@@ -36,10 +36,10 @@ final class InotifyMonitor: Sendable {
     /// Watches the file at `path`, which `create` creates if it is missing (again if it is replaced); the handler
     /// runs after each modification of it.
     ///
-    /// `watched`, when given, is told whether the file at `path` is watched: true once the watch is made, then again
-    /// (true, or false when the path cannot be watched now) each time an event says the file may no longer be the
-    /// one watched or had its links, owner or mode changed, and after the kernel dropped events; true when a path
-    /// that could not be watched is watched again. It is called with the monitor's lock held, after the path is
+    /// `watched`, when given, is told whether the file at `path` is watched: true once the watch is made (false if
+    /// that watch is already broken), then again (true, or false when the path cannot be watched now) each time an
+    /// event says the file may no longer be the one watched or had its links, owner or mode changed, and after the
+    /// kernel dropped events; true when a path that could not be watched is watched again. It is called with the monitor's lock held, after the path is
     /// watched anew and before the handlers of the same wake-up run, and never after the observation is cancelled.
     func observe(
         path: String,
