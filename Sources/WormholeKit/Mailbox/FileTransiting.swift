@@ -219,7 +219,10 @@ public final class FileTransiting: Transiting {
                         closeCached(&cached)  // replaced or removed: open the file that has the name now
                         continue
                     }
-                    if beforeCheck != 0, status.size < ScratchMemory.keptByteCount {
+                    if beforeCheck != 0, status.size >= ScratchMemory.keptByteCount {
+                        // Past what a trusted read reads whole: checked each time, with no read wasted before.
+                        entry.checked(0)
+                    } else if beforeCheck != 0 {
                         // Trusted only as the file at the path, which is the one watched: a file renamed away keeps
                         // its link, and no watch would see it change hands.
                         guard case .success(let atPath) = handle.status(ofEntry: name),

@@ -104,9 +104,9 @@ struct Inotify: Sendable {
     ///
     /// With `waiting`, the first `read` blocks until an event comes; without, the caller knows that events are
     /// queued (``wait(timeoutMilliseconds:)`` said so). Either way the descriptor is read again only when the last
-    /// read left less room than one largest event and a look at the epoll instance finds more, so that no later read blocks (that look
-    /// consumes a pending ``wake()``, which only matters to a wait with a time-out, and the caller's next wait is
-    /// chosen afresh).
+    /// read left less room than one largest event and a look at the epoll instance finds more, so that no later read
+    /// blocks (that look consumes a pending ``wake()``, which only matters to a wait with a time-out, and the
+    /// caller's next wait is chosen afresh).
     func readEvents(
         into buffer: UnsafeMutableRawBufferPointer,
         waiting: Bool,

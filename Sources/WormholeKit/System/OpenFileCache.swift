@@ -67,7 +67,7 @@ final class OpenFileCache: Sendable {
         }
 
         /// Records, holding `descriptor`'s lock, that the open descriptor passed its checks (`beforeCheck` is what
-        /// ``beforeCheck()`` gave before them).
+        /// ``beforeCheck()`` gave before them; 0 leaves it untrusted).
         func checked(_ beforeCheck: UInt64) { trusted = (opens, beforeCheck) }
 
         /// Whether the open descriptor may be read again without its checks, holding `descriptor`'s lock: it passed

@@ -164,6 +164,26 @@ struct MailboxWakeTests {
         }
     }
 
+    @Test("A listened mailbox whose file grows past 16 KiB wakes its listener for every message, large or small")
+    // A woken listener reads a small file whole with one `pread` and no `fstat`; a file past that memory (its slots
+    // grown, and kept for the small messages after) is checked and read by its size each time.
+    func largeFileWakes() async throws {
+        try await offThePool {
+            let wormhole = try makeWormhole()
+            let received = Collector<Int>()
+            let listener = try wormhole.listenForMessage(withIdentifier: "big", as: String.self) {
+                received.append($0.count)
+            }
+            let writer = try makeWormhole()
+            for count in [10, 20, 40_000, 40_001, 40_002, 30, 31] {
+                try writer.passMessageObject(String(repeating: "y", count: count), identifier: "big")
+                #expect(eventually { received.values.last == count }, "\(received.values)")
+            }
+            #expect(try #require(contents("big.msg")).count > 16 * 1024)
+            listener.cancel()
+        }
+    }
+
     @Test("A damaged mailbox cleared (its file removed) and passed to at once, again and again, keeps waking")
     // The listener watches the path again after each removal; where the file system gives the new file the old one's
     // inode number, only the watch descriptor tells the files apart, which is what the monitor compares.
