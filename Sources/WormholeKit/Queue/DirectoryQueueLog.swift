@@ -16,6 +16,9 @@ final class DirectoryQueueLog: QueueLog {
     let sender: [UInt8]
     let logger: Logger
     let wakeSource: WakeSource
+    /// Whether an append posts to `wakeSource`'s notifier: a plain flag, so that an append to a log whose consumers
+    /// watch the file itself copies no enum or existential.
+    private let appendsPost: Bool
     /// The descriptor appends write to (-1 until the first append), and the buffer they encode records into, kept
     /// between appends: one lock per append, and no allocation per message.
     private let appender = Locked<(descriptor: Int32, records: ReusableBuffer)>(
@@ -46,6 +49,7 @@ final class DirectoryQueueLog: QueueLog {
         self.sender = Array(sender.utf8.prefix(Int(UInt16.max)))
         self.logger = logger
         self.wakeSource = wakeSource
+        if case .notifier = wakeSource { appendsPost = true } else { appendsPost = false }
     }
 
     deinit {
@@ -91,7 +95,7 @@ final class DirectoryQueueLog: QueueLog {
             return true
         }
         // An empty batch appends nothing, and wakes nobody.
-        if appended, case .notifier(let notifier) = wakeSource {
+        if appended, appendsPost, case .notifier(let notifier) = wakeSource {
             do throws(WormholeError) {
                 try notifier.post("queue." + identifier)
             } catch {

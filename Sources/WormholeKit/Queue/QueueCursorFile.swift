@@ -248,18 +248,28 @@ package final class QueueCursorFile: Sendable {
         func put<T: FixedWidthInteger>(_ value: T, _ at: Int) {
             slot.storeBytes(of: value.littleEndian, toByteOffset: at, as: T.self)
         }
+        // The three checksums cover bytes 8 to 16, 32 and 44: each continues the one before, so that every byte is
+        // checksummed once.
+        func checksum(_ range: Range<Int>, continuing crc: UInt32 = 0) -> UInt32 {
+            CRC32C.checksum(UnsafeRawBufferPointer(rebasing: slot[range]), continuing: crc)
+        }
         put(magic, 0)
         put(offset, 8)
-        put(CRC32C.checksum(UnsafeRawBufferPointer(rebasing: slot[8..<16])), 4)
+        var crc = checksum(8..<16)
+        put(crc, 4)
         if let last {
             put(last.start, 16)
             put(last.timestampNanoseconds, 24)
-            put(CRC32C.checksum(UnsafeRawBufferPointer(rebasing: slot[8..<32])), 32)
+            crc = checksum(16..<32, continuing: crc)
+            put(crc, 32)
+            put(generation, 36)
+            crc = checksum(32..<44, continuing: crc)
         } else {
             for index in 16..<36 { slot[index] = 0 }
+            put(generation, 36)
+            crc = checksum(16..<44, continuing: crc)
         }
-        put(generation, 36)
-        put(CRC32C.checksum(UnsafeRawBufferPointer(rebasing: slot[8..<44])), 44)
+        put(crc, 44)
     }
 
     // MARK: Writing

@@ -183,25 +183,25 @@ public final class WormholeQueue: Sendable {
         )
     }
 
-    private static let bytes: @Sendable (QueueRecord) -> Result<QueueMessage<Data>, WormholeError> = { record in
-        .success(QueueMessage(record: record, value: record.payload))
+    // A decoder throws its error rather than returning a `Result`: a consumer of single messages then copies no
+    // `Result` in and out per message.
+    private static let bytes: @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Data> = { record in
+        QueueMessage(record: record, value: record.payload)
     }
 
     private func decoder<Message: Decodable & Sendable>(
         for type: Message.Type
-    ) -> @Sendable (QueueRecord) -> Result<QueueMessage<Message>, WormholeError> {
-        { [coder, identifier] record in
+    ) -> @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Message> {
+        { [coder, identifier] (record) throws(WormholeError) in
             do {
-                return .success(QueueMessage(record: record, value: try coder.decode(type, from: record.payload)))
+                return QueueMessage(record: record, value: try coder.decode(type, from: record.payload))
             } catch {
-                return .failure(
-                    WormholeError(
-                        .decodingFailed,
-                        "Queue message at offset \(record.offset) is not a \(Message.self) (from \(record.sender)): "
-                            + "\(error).",
-                        identifier: identifier,
-                        underlyingError: error
-                    )
+                throw WormholeError(
+                    .decodingFailed,
+                    "Queue message at offset \(record.offset) is not a \(Message.self) (from \(record.sender)): "
+                        + "\(error).",
+                    identifier: identifier,
+                    underlyingError: error
                 )
             }
         }
@@ -220,7 +220,7 @@ public final class WormholeQueue: Sendable {
         batchSize: Int,
         execution: CallbackExecution,
         errorHandler: (@Sendable (WormholeError) -> Void)?,
-        decode: @escaping @Sendable (QueueRecord) -> Result<QueueMessage<Value>, WormholeError>,
+        decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Value>,
         handler: MessageHandler<Value>
     ) throws(WormholeError) -> QueueConsumer {
         try MessageIdentifier.validate(consumer)
@@ -233,28 +233,32 @@ public final class WormholeQueue: Sendable {
         ) { [self] records in
             switch handler {
             case .each(let handle):
-                // A batch of one, as read for this handler: a failure leaves it unacknowledged.
-                for record in records {
-                    switch decode(record) {
-                    case .success(let message):
-                        do {
-                            try handle(message)
-                        } catch {
-                            reportHandlerFailure(error, count: 1, from: message.offset, to: errorHandler)
-                            return false
-                        }
-                    case .failure(let error):
+                // A batch of one, as read for this handler: a failure leaves it unacknowledged. By index, so that no
+                // record is copied out of the batch.
+                for index in records.indices {
+                    let message: QueueMessage<Value>
+                    do throws(WormholeError) {
+                        message = try decode(records[index])
+                    } catch {
                         reportPassedOver(error, to: errorHandler)
+                        continue
+                    }
+                    do {
+                        try handle(message)
+                    } catch {
+                        reportHandlerFailure(error, count: 1, from: message.offset, to: errorHandler)
+                        return false
                     }
                 }
                 return true
             case .batches(let handle):
                 var messages: [QueueMessage<Value>] = []
                 messages.reserveCapacity(records.count)
-                for record in records {
-                    switch decode(record) {
-                    case .success(let decoded): messages.append(decoded)
-                    case .failure(let error): reportPassedOver(error, to: errorHandler)
+                for index in records.indices {
+                    do throws(WormholeError) {
+                        messages.append(try decode(records[index]))
+                    } catch {
+                        reportPassedOver(error, to: errorHandler)
                     }
                 }
                 guard !messages.isEmpty else { return true }
@@ -311,9 +315,7 @@ public final class WormholeQueue: Sendable {
     ) async throws(WormholeError) -> QueueSequence<Message> {
         try MessageIdentifier.validate(consumer)
         let decode = decoder(for: type)
-        return try await QueueSequence.open(log: log, consumer: consumer) { (record) throws(WormholeError) in
-            try decode(record).get()
-        }
+        return try await QueueSequence.open(log: log, consumer: consumer, decode: decode)
     }
 
     /// Messages of the consumers that have no error handler.

@@ -149,9 +149,13 @@ final class NotificationHub: Sendable {
     }
 
     /// Registers a live endpoint of this process and returns its id, once the server knows it and this process
-    /// listens on the endpoint's channel.
+    /// listens on the endpoint's channel; or, with the server away, once an attempt to make the listening connection
+    /// failed: the endpoint is then pending, and that connection, when it is made, registers it with the others.
+    ///
+    /// So a listener started while the server is away holds its caller (often a task, on the cooperative pool) for
+    /// one attempt to connect, not for the 10 s of ``startListening(untilAnAttemptFails:)``, as an observer does.
     func register(_ endpoint: Endpoint) throws(WormholeError) -> String {
-        try startListening()
+        try startListening(untilAnAttemptFails: true)
         try wantLiveChannel(liveChannel(for: endpoint.identifier))
         let id: String
         do throws(WormholeError) {
@@ -172,12 +176,13 @@ final class NotificationHub: Sendable {
             return state.backendPID.flatMap { pid in state.aliveKey.map { (pid, $0) } }
         }
         guard let (pid, key) = listening else {
-            state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
-            throw WormholeError(
-                .serverUnavailable,
-                "The PostgreSQL server \(connections.server) is not reachable now; the endpoint was not registered.",
-                identifier: endpoint.identifier
+            // Pending: the next listening connection writes the rows of every endpoint in `endpoints`, holding
+            // `endpointRowsLock` until it has said it listens (``writeEndpointRowsAgain(on:pid:key:)``), so this one
+            // is either among them or finds that connection here.
+            logger.info(
+                "PostgreSQL engine: \(connections.server) is not reachable now; the live endpoint of \(endpoint.identifier) is registered once it is"
             )
+            return id
         }
         do {
             try connections.query(
@@ -200,19 +205,26 @@ final class NotificationHub: Sendable {
         return id
     }
 
-    /// Forgets a live endpoint: senders no longer count it once this returns.
+    /// Forgets a live endpoint: senders no longer count it once this returns (with the server away: once the server
+    /// finds the lost session gone, as for every endpoint of this process).
     func unregister(_ id: String) {
         endpointRowsLock.lock()
-        let endpoint = state.withLock { $0.endpoints.removeValue(forKey: id) }
-        do {
-            try connections.query(
-                "DELETE FROM wormhole.live_endpoints WHERE grp = \(group) AND endpoint = \(id)",
-                doing: "removing a live endpoint"
-            )
-        } catch {
-            // The row looks alive while this process's listening session lives: senders would count it, and a request
-            // could go to it and wait out its time-out. The listening loop removes it at its next tick.
-            logger.debug("PostgreSQL engine: removing live endpoint \(id) failed, tried again shortly: \(error)")
+        let (endpoint, connected) = state.withLock { ($0.endpoints.removeValue(forKey: id), $0.backendPID != nil) }
+        if connected {
+            do {
+                try connections.query(
+                    "DELETE FROM wormhole.live_endpoints WHERE grp = \(group) AND endpoint = \(id)",
+                    doing: "removing a live endpoint"
+                )
+            } catch {
+                // The row looks alive while this process's listening session lives: senders would count it, and a
+                // request could go to it and wait out its time-out. The listening loop removes it at its next tick.
+                logger.debug("PostgreSQL engine: removing live endpoint \(id) failed, tried again shortly: \(error)")
+                state.withLock { _ = $0.unremovedEndpoints.insert(id) }
+            }
+        } else {
+            // No listening connection: a statement would wait for the server. The row, if the endpoint has one, is
+            // removed at the next connection's first tick.
             state.withLock { _ = $0.unremovedEndpoints.insert(id) }
         }
         endpointRowsLock.unlock()
@@ -566,6 +578,12 @@ final class NotificationHub: Sendable {
                 on: connection,
                 doing: "registering live endpoints again"
             )
+        }
+        // Said before the lock is let go: an endpoint registered from here on writes its own row (with this
+        // connection's key); one registered before is among those just written.
+        state.withLock { state in
+            state.backendPID = pid
+            state.aliveKey = key
         }
     }
 

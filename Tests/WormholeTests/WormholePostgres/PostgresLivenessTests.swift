@@ -221,6 +221,51 @@ struct PostgresCommitTests {
         #expect(eventually(timeout: 6) { received.values == [7] }, "\(received.values)")
     }
 
+    @Test(
+        "A live listener registered while the server is away returns once the first connection fails, and is reachable once its connection is made; one cancelled meanwhile never is"
+    )
+    func liveListenerRegisteredDuringOutage() async throws {
+        try await offThePool { try liveListenerRegisteredDuringOutageBody() }
+    }
+
+    func liveListenerRegisteredDuringOutageBody() throws {
+        let server = try LocalPostgresServer()
+        defer { server.close() }
+        let group = uniqueGroup("live-outage")
+        let listening = try PostgresEngine(url: server.url, group: group)
+        defer { listening.close() }
+        let sending = try PostgresEngine(url: server.url, group: group)
+        defer { sending.close() }
+        server.stop()
+        let received = Collector<Int>()
+        let listeningWormhole = Wormhole(engine: listening, sender: "listener")
+        // Waits for one attempt at the listening connection (refused at once here), not for the connection: before,
+        // it waited 10 s and then failed with serverUnavailable.
+        let registering = ContinuousClock.now
+        let listener = try listeningWormhole.listenForLiveMessages(
+            withIdentifier: "ticks",
+            as: Int.self,
+            on: .notifierThread
+        ) { received.append($0) }
+        defer { listener.cancel() }
+        // Pending as well, and cancelled before the server comes back, without waiting for it: never registered.
+        let gone = try listeningWormhole.listenForLiveMessageData(withIdentifier: "gone", on: .notifierThread) { _ in }
+        let cancelling = ContinuousClock.now
+        gone.cancel()
+        let registration = cancelling - registering
+        let cancellation = ContinuousClock.now - cancelling
+        #expect(registration < .seconds(5), "registering took \(registration)")
+        #expect(cancellation < .seconds(2), "cancelling took \(cancellation)")
+        try server.start()
+        // The listening connection, once made again (its back-off reaches 2 s while the server is away), writes the
+        // pending endpoint's row and listens on its channel: the message then reaches it.
+        let wormhole = Wormhole(engine: sending, sender: "sender")
+        #expect(eventually(timeout: 15) { (try? wormhole.sendMessage(1, identifier: "ticks")) == 1 })
+        #expect(eventually { received.values.contains(1) }, "\(received.values)")
+        let unreachable = #expect(throws: WormholeError.self) { try wormhole.sendMessage(2, identifier: "gone") }
+        #expect(unreachable?.code == .notReachable, "\(String(describing: unreachable))")
+    }
+
     @Test("A request waits for a server that does not answer no longer than its own time-out")
     func requestBoundedByItsTimeOut() async throws {
         try await offThePool { try requestBoundedByItsTimeOutBody() }
