@@ -189,36 +189,45 @@ struct PostgresCommitTests {
         try await offThePool { try listenerRegisteredDuringOutageBody() }
     }
 
-    func listenerRegisteredDuringOutageBody() throws {
-        // A server of its own, stopped while a listener registers: its notifications start only once the listening
-        // connection is made, and a message passed before that reaches it only if that connection wakes it.
+    /// Runs `body` with a server of its own, stopped, and two engines of one group opened on it before it stopped.
+    func duringOutage(
+        _ body: (_ server: LocalPostgresServer, _ first: PostgresEngine, _ second: PostgresEngine) throws -> Void
+    ) throws {
         let server = try LocalPostgresServer()
         defer { server.close() }
         let group = uniqueGroup("outage")
-        let listening = try PostgresEngine(url: server.url, group: group)
-        defer { listening.close() }
-        let passing = try PostgresEngine(url: server.url, group: group)
-        defer { passing.close() }
+        let first = try PostgresEngine(url: server.url, group: group)
+        defer { first.close() }
+        let second = try PostgresEngine(url: server.url, group: group)
+        defer { second.close() }
         server.stop()
-        let received = Collector<Int>()
-        // Waits for the first attempt at a listening connection only (refused at once here), then registers all the
-        // same. Before, it waited 10 s for a connection; the bound below is far from both.
-        let registering = ContinuousClock.now
-        let listener = try Wormhole(engine: listening, sender: "listener").listenForMessage(
-            withIdentifier: "news",
-            as: Int.self,
-            on: .notifierThread
-        ) { received.append($0) }
-        defer { listener.cancel() }
-        let registration = ContinuousClock.now - registering
-        #expect(registration < .seconds(5), "registering took \(registration)")
-        try server.start()
-        // Passed as soon as the server takes it, most likely before the listening connection is made again (its
-        // back-off reaches 2 s while the server is away).
-        let wormhole = Wormhole(engine: passing, sender: "passer")
-        #expect(eventually { (try? wormhole.passMessageObject(7, identifier: "news")) != nil })
-        // The safety poll would deliver it 10 s after the connection; the connection's own wake-up, within seconds.
-        #expect(eventually(timeout: 6) { received.values == [7] }, "\(received.values)")
+        try body(server, first, second)
+    }
+
+    func listenerRegisteredDuringOutageBody() throws {
+        // Stopped while a listener registers: its notifications start only once the listening connection is made,
+        // and a message passed before that reaches it only if that connection wakes it.
+        try duringOutage { server, listening, passing in
+            let received = Collector<Int>()
+            // Waits for the first attempt at a listening connection only (refused at once here), then registers all the
+            // same. Before, it waited 10 s for a connection; the bound below is far from both.
+            let registering = ContinuousClock.now
+            let listener = try Wormhole(engine: listening, sender: "listener").listenForMessage(
+                withIdentifier: "news",
+                as: Int.self,
+                on: .notifierThread
+            ) { received.append($0) }
+            defer { listener.cancel() }
+            let registration = ContinuousClock.now - registering
+            #expect(registration < .seconds(5), "registering took \(registration)")
+            try server.start()
+            // Passed as soon as the server takes it, most likely before the listening connection is made again (its
+            // back-off reaches 2 s while the server is away).
+            let wormhole = Wormhole(engine: passing, sender: "passer")
+            #expect(eventually { (try? wormhole.passMessageObject(7, identifier: "news")) != nil })
+            // The safety poll would deliver it 10 s after the connection; the connection's own wake-up, within seconds.
+            #expect(eventually(timeout: 6) { received.values == [7] }, "\(received.values)")
+        }
     }
 
     @Test(
@@ -229,41 +238,37 @@ struct PostgresCommitTests {
     }
 
     func liveListenerRegisteredDuringOutageBody() throws {
-        let server = try LocalPostgresServer()
-        defer { server.close() }
-        let group = uniqueGroup("live-outage")
-        let listening = try PostgresEngine(url: server.url, group: group)
-        defer { listening.close() }
-        let sending = try PostgresEngine(url: server.url, group: group)
-        defer { sending.close() }
-        server.stop()
-        let received = Collector<Int>()
-        let listeningWormhole = Wormhole(engine: listening, sender: "listener")
-        // Waits for one attempt at the listening connection (refused at once here), not for the connection: before,
-        // it waited 10 s and then failed with serverUnavailable.
-        let registering = ContinuousClock.now
-        let listener = try listeningWormhole.listenForLiveMessages(
-            withIdentifier: "ticks",
-            as: Int.self,
-            on: .notifierThread
-        ) { received.append($0) }
-        defer { listener.cancel() }
-        // Pending as well, and cancelled before the server comes back, without waiting for it: never registered.
-        let gone = try listeningWormhole.listenForLiveMessageData(withIdentifier: "gone", on: .notifierThread) { _ in }
-        let cancelling = ContinuousClock.now
-        gone.cancel()
-        let registration = cancelling - registering
-        let cancellation = ContinuousClock.now - cancelling
-        #expect(registration < .seconds(5), "registering took \(registration)")
-        #expect(cancellation < .seconds(2), "cancelling took \(cancellation)")
-        try server.start()
-        // The listening connection, once made again (its back-off reaches 2 s while the server is away), writes the
-        // pending endpoint's row and listens on its channel: the message then reaches it.
-        let wormhole = Wormhole(engine: sending, sender: "sender")
-        #expect(eventually(timeout: 15) { (try? wormhole.sendMessage(1, identifier: "ticks")) == 1 })
-        #expect(eventually { received.values.contains(1) }, "\(received.values)")
-        let unreachable = #expect(throws: WormholeError.self) { try wormhole.sendMessage(2, identifier: "gone") }
-        #expect(unreachable?.code == .notReachable, "\(String(describing: unreachable))")
+        try duringOutage { server, listening, sending in
+            let received = Collector<Int>()
+            let listeningWormhole = Wormhole(engine: listening, sender: "listener")
+            // Waits for one attempt at the listening connection (refused at once here), not for the connection: before,
+            // it waited 10 s and then failed with serverUnavailable.
+            let registering = ContinuousClock.now
+            let listener = try listeningWormhole.listenForLiveMessages(
+                withIdentifier: "ticks",
+                as: Int.self,
+                on: .notifierThread
+            ) { received.append($0) }
+            defer { listener.cancel() }
+            // Pending as well, and cancelled before the server comes back, without waiting for it: never registered.
+            let gone = try listeningWormhole.listenForLiveMessageData(withIdentifier: "gone", on: .notifierThread) {
+                _ in
+            }
+            let cancelling = ContinuousClock.now
+            gone.cancel()
+            let registration = cancelling - registering
+            let cancellation = ContinuousClock.now - cancelling
+            #expect(registration < .seconds(5), "registering took \(registration)")
+            #expect(cancellation < .seconds(2), "cancelling took \(cancellation)")
+            try server.start()
+            // The listening connection, once made again (its back-off reaches 2 s while the server is away), writes the
+            // pending endpoint's row and listens on its channel: the message then reaches it.
+            let wormhole = Wormhole(engine: sending, sender: "sender")
+            #expect(eventually(timeout: 15) { (try? wormhole.sendMessage(1, identifier: "ticks")) == 1 })
+            #expect(eventually { received.values.contains(1) }, "\(received.values)")
+            let unreachable = #expect(throws: WormholeError.self) { try wormhole.sendMessage(2, identifier: "gone") }
+            #expect(unreachable?.code == .notReachable, "\(String(describing: unreachable))")
+        }
     }
 
     @Test("A request waits for a server that does not answer no longer than its own time-out")
