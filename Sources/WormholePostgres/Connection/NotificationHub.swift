@@ -67,6 +67,10 @@ final class NotificationHub: Sendable {
         var connections = 0
         /// How many attempts to listen failed (the server away, say): a registration waits for no more than the first.
         var failedAttempts = 0
+        /// Why the last attempt to listen failed, until one succeeds: a live endpoint registered meanwhile is pending
+        /// only when the server could not be reached, and gets this error otherwise (the schema missing, a role with
+        /// no grant), which waiting would not mend.
+        var lastFailure: WormholeError?
         /// The observers registered while no listening connection could be made (an attempt failed, or their wait ran out): the
         /// first connection wakes them, as a reconnection wakes every observer, for what was posted before it
         /// listened. (Not the others: each waited for that connection, and was promised only what came after.)
@@ -171,16 +175,21 @@ final class NotificationHub: Sendable {
         endpointRowsLock.lock()
         defer { endpointRowsLock.unlock() }
         let id = Self.randomID()
-        let listening = state.withLock { state in
+        let (listening, failure) = state.withLock { state in
             state.endpoints[id] = endpoint
-            return state.backendPID.flatMap { pid in state.aliveKey.map { (pid, $0) } }
+            return (state.backendPID.flatMap { pid in state.aliveKey.map { (pid, $0) } }, state.lastFailure)
         }
         guard let (pid, key) = listening else {
+            if let failure, failure.code != .serverUnavailable {
+                state.withLock { _ = $0.endpoints.removeValue(forKey: id) }
+                throw failure
+            }
             // Pending: the next listening connection writes the rows of every endpoint in `endpoints`, holding
             // `endpointRowsLock` until it has said it listens (``writeEndpointRowsAgain(on:pid:key:)``), so this one
             // is either among them or finds that connection here.
-            logger.info(
-                "PostgreSQL engine: \(connections.server) is not reachable now; the live endpoint of \(endpoint.identifier) is registered once it is"
+            logger.notice(
+                "PostgreSQL engine: the live endpoint of \(endpoint.identifier) is registered once the server is reachable",
+                metadata: ["server": "\(connections.server)", "cause": "\(failure?.message ?? "not connected yet")"]
             )
             return id
         }
@@ -195,6 +204,10 @@ final class NotificationHub: Sendable {
                 doing: "registering a live endpoint"
             )
         } catch {
+            // The listening connection went meanwhile: pending, as with the server away; the next connection writes
+            // its row again (over one this insert may have committed, with the key of a session that ended).
+            let connectionWent = state.withLock { $0.backendPID != pid }
+            if connectionWent, error.code == .serverUnavailable { return id }
             // The insert may have committed before its answer was lost (a time-out): its row would look alive.
             state.withLock { state in
                 _ = state.endpoints.removeValue(forKey: id)
@@ -368,7 +381,8 @@ final class NotificationHub: Sendable {
     ///
     /// With `untilAnAttemptFails`, for an observer that the first connection will wake, the wait also ends once an
     /// attempt to connect failed (the server away): the caller's thread, often a task's, is not held while the engine
-    /// tries again. Endpoints and requests, which need the connection itself, wait for it.
+    /// tries again; so does a live endpoint, pending until a connection writes its row. Requests, which need the
+    /// connection itself, wait for it.
     private func startListening(untilAnAttemptFails: Bool = false) throws(WormholeError) {
         let start = state.withLock { state -> Bool? in
             if state.closed { return nil }
@@ -401,6 +415,7 @@ final class NotificationHub: Sendable {
                 try listenOnce(resetBackOff: { backOff = .milliseconds(50) })
             } catch {
                 logger.info("PostgreSQL engine: listening on \(connections.server) stopped: \(error)")
+                state.withLock { $0.lastFailure = error }
             }
             state.withLock { state in
                 state.failedAttempts += 1
@@ -477,6 +492,7 @@ final class NotificationHub: Sendable {
             state.connection = connection
             state.wake = wake
             state.connections += 1
+            state.lastFailure = nil
             defer { state.unheardObservers = [] }
             let unheard = state.unheardObservers.compactMap { state.observers[$0.name]?[$0.id] }
             return (state.connections == 1, unheard)

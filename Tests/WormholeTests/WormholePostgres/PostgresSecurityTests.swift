@@ -90,6 +90,35 @@ struct PostgresSecurityTests {
         #expect(try wormholeA.identifiers() == ["box"])
     }
 
+    @Test(
+        "A live listener of a role that lost a grant gets the server's refusal at once, not a registration left pending"
+    )
+    func liveListenerRefusedAtOnce() async throws { try await offThePool { try liveListenerRefusedAtOnceBody() } }
+
+    func liveListenerRefusedAtOnceBody() throws {
+        let server = try requireTestServer()
+        let roles = try GrantedRoles(server, prefix: "refused")
+        defer { roles.close() }
+        let engine = try PostgresEngine(
+            url: Self.url(server, user: roles.one),
+            group: roles.groupA,
+            setsUpSchema: false
+        )
+        defer { engine.close() }
+        // The listening connection's first statements on the endpoints' table (sweeping those of processes gone)
+        // are refused from now on: waiting for the server would not mend that.
+        try server.psql("REVOKE DELETE ON wormhole.live_endpoints FROM \(roles.one)")
+        let started = ContinuousClock.now
+        let refused = wormholeError {
+            _ = try Wormhole(engine: engine, sender: "one").listenForLiveMessageData(withIdentifier: "ticks") { _ in }
+        }
+        let waited = ContinuousClock.now - started
+        #expect(refused?.code == .serverRejected, "\(String(describing: refused))")
+        #expect(refused?.message.contains("42501") == true, "\(String(describing: refused))")
+        // One attempt to listen, where it waited 10 s before saying the server was not reachable.
+        #expect(waited < .seconds(5), "registering took \(waited)")
+    }
+
     @Test("A store's history is the group's: a granted role writes and reads it, another group's role sees none of it")
     func storeIsolation() async throws { try await offThePool { try storeIsolationBody() } }
 
