@@ -233,12 +233,11 @@ public final class WormholeQueue: Sendable {
         ) { [self] records in
             switch handler {
             case .each(let handle):
-                // A batch of one, as read for this handler: a failure leaves it unacknowledged. By index, so that no
-                // record is copied out of the batch.
-                for index in records.indices {
+                // A batch of one, as read for this handler: a failure leaves it unacknowledged.
+                for record in records {
                     let message: QueueMessage<Value>
                     do throws(WormholeError) {
-                        message = try decode(records[index])
+                        message = try decode(record)
                     } catch {
                         reportPassedOver(error, to: errorHandler)
                         continue
@@ -254,9 +253,9 @@ public final class WormholeQueue: Sendable {
             case .batches(let handle):
                 var messages: [QueueMessage<Value>] = []
                 messages.reserveCapacity(records.count)
-                for index in records.indices {
+                for record in records {
                     do throws(WormholeError) {
-                        messages.append(try decode(records[index]))
+                        messages.append(try decode(record))
                     } catch {
                         reportPassedOver(error, to: errorHandler)
                     }
