@@ -78,8 +78,14 @@ public final class PostgresAdministration: Sendable {
                 on: connection,
                 doing: what
             )
+            // By OID (schema version 5): a role of that name made again after one was dropped is another role,
+            // which this grant, made anew, now names.
             try connections.run(
-                "INSERT INTO wormhole.group_roles (grp, role) VALUES (\(group), \(role)) ON CONFLICT DO NOTHING",
+                """
+                INSERT INTO wormhole.group_roles (grp, role, role_oid)
+                SELECT \(group), rolname, oid FROM pg_catalog.pg_roles WHERE rolname = \(role)
+                ON CONFLICT (grp, role) DO UPDATE SET role_oid = EXCLUDED.role_oid
+                """,
                 on: connection,
                 doing: what
             )
@@ -145,14 +151,27 @@ public final class PostgresAdministration: Sendable {
                     throw WormholeError(.serverRejected, "Unexpected columns while \(what): \(error).")
                 }
             }
+            // Grants whose role was dropped: they grant nothing (by OID, schema version 5), and say who had it.
+            var gone: [String] = []
+            for grantRow in try connections.query(
+                """
+                SELECT r.role::text FROM wormhole.group_roles r
+                WHERE r.grp = \(name) AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles a WHERE a.oid = r.role_oid)
+                ORDER BY r.role
+                """,
+                doing: what
+            ) {
+                gone.append(try decode(String.self, grantRow, doing: what))
+            }
             groups.append(
                 PostgresStatus.Group(
                     name: name,
-                    mailboxes: Int(mailboxes),
-                    suites: Int(suites),
-                    stagedTransfers: Int(transfers),
+                    mailboxes: Int(clamping: mailboxes),
+                    suites: Int(clamping: suites),
+                    stagedTransfers: Int(clamping: transfers),
                     queues: queues,
-                    liveEndpoints: endpoints
+                    liveEndpoints: endpoints,
+                    grantsOfDroppedRoles: gone
                 )
             )
         }
@@ -191,6 +210,9 @@ public struct PostgresStatus: Sendable, Codable, Equatable {
         public var queues: [QueueStatus]
         /// Its live endpoints.
         public var liveEndpoints: [Endpoint]
+        /// The roles granted the group that no longer exist: their grants grant nothing, not even to a new role of
+        /// the same name. Only the tables' owner sees every grant; another role sees its own.
+        public var grantsOfDroppedRoles: [String]
     }
 
     /// The schema's version: 0 when it was never set up.

@@ -88,9 +88,11 @@ final class Connections: Sendable {
             preconditionFailure("Connections of a client are borrowed, not opened.")
         }
         var configuration = location.configuration
-        configuration.options.connectTimeout = .seconds(10)
-        configuration.options.additionalStartupParameters +=
-            [("application_name", "wormhole")] + sessionParameters + parameters
+        // The URL's `application_name`, when it has one, comes after ours: the server keeps the last. The time-out
+        // is the URL's `connect_timeout`, else postgres-nio's 10 s.
+        configuration.options.additionalStartupParameters =
+            [("application_name", "wormhole")] + configuration.options.additionalStartupParameters
+            + sessionParameters + parameters
         let id = nextID.add(1, ordering: .relaxed).oldValue
         let future = PostgresConnection.connect(
             on: eventLoops.next(),

@@ -288,6 +288,30 @@ enum Schema {
         StoreSchema.migration,
         // Version 4: the stores' purge keeps merged history for a grace period, for passing consumers.
         StoreSchema.graceMigration,
+        // Version 5: a grant names its role by OID. `pg_has_role` of a role's name raises when no role has that name,
+        // so one dropped role broke every check of the groups it was granted, for every other role; and a new role
+        // given the old name inherited the grant. Of an OID, it is false for a role that is gone, and a new role has
+        // a new OID. Grants of roles gone before this migration keep no OID, and grant nothing.
+        [
+            "ALTER TABLE wormhole.group_roles ADD COLUMN role_oid oid",
+            """
+            UPDATE wormhole.group_roles r SET role_oid = a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = r.role
+            """,
+            """
+            CREATE OR REPLACE FUNCTION wormhole.may_use(group_name text) RETURNS boolean
+            LANGUAGE sql STABLE SECURITY INVOKER SET search_path = pg_catalog, wormhole AS $$
+                SELECT EXISTS (
+                    SELECT 1 FROM wormhole.group_roles r
+                    WHERE r.grp = group_name AND pg_has_role(current_user, r.role_oid, 'MEMBER')
+                )
+            $$
+            """,
+            "DROP POLICY own_grants ON wormhole.group_roles",
+            """
+            CREATE POLICY own_grants ON wormhole.group_roles
+            USING (pg_catalog.pg_has_role(current_user, role_oid, 'MEMBER'))
+            """,
+        ],
     ]
 
     /// Runs the migrations this database lacks; returns the version it is at now.

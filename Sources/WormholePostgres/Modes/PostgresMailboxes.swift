@@ -42,7 +42,13 @@ final class PostgresTransiting: Transiting {
         NotifiedByWrite.record(name)
         let sequence = try decode(Int64.self, rows.first, doing: "writing the mailbox \(identifier)")
         return Envelope(
-            sequence: UInt64(sequence),
+            sequence: try RowValues.count(
+                sequence,
+                "sequence",
+                of: "mailboxes",
+                row: row(identifier),
+                identifier: identifier
+            ),
             generation: 0,
             sender: sender,
             timestampNanoseconds: now,
@@ -57,20 +63,14 @@ final class PostgresTransiting: Transiting {
             [PostgresData(string: engine.group), PostgresData(string: identifier)],
             doing: "reading the mailbox \(identifier)"
         )
-        guard let row = rows.first else { return nil }
+        guard let found = rows.first else { return nil }
+        let (sequence, sender, time, payload): (Int64, String, Int64, ByteBuffer)
         do {
-            var columns = row.columns()
-            let sequence = try columns.decode(Int64.self)
-            let sender = try columns.decode(String.self)
-            let time = try columns.decode(Int64.self)
-            let payload = try columns.decode(ByteBuffer.self)
-            return Envelope(
-                sequence: UInt64(sequence),
-                generation: 0,
-                sender: sender,
-                timestampNanoseconds: time,
-                payload: Data(buffer: payload)
-            )
+            var columns = found.columns()
+            sequence = try columns.decode(Int64.self)
+            sender = try columns.decode(String.self)
+            time = try columns.decode(Int64.self)
+            payload = try columns.decode(ByteBuffer.self)
         } catch {
             throw WormholeError(
                 .corruptMessage,
@@ -79,7 +79,32 @@ final class PostgresTransiting: Transiting {
                 underlyingError: SendableDescription(error)
             )
         }
+        // A writer of this package never stores more; a reader takes no more into memory.
+        guard payload.readableBytes <= Self.sizeLimit else {
+            throw RowValues.corrupt(
+                "a payload of \(payload.readableBytes) bytes (past 64 MiB)",
+                of: "mailboxes",
+                row: row(identifier),
+                identifier: identifier
+            )
+        }
+        return Envelope(
+            sequence: try RowValues.count(
+                sequence,
+                "sequence",
+                of: "mailboxes",
+                row: row(identifier),
+                identifier: identifier
+            ),
+            generation: 0,
+            sender: sender,
+            timestampNanoseconds: time,
+            payload: Data(buffer: payload)
+        )
     }
+
+    /// What names a mailbox's row in an error.
+    private func row(_ identifier: String) -> String { "the mailbox \(identifier) of group \(engine.group)" }
 
     func deleteMessage(identifier: String) throws(WormholeError) {
         NotifiedByWrite.forget()

@@ -71,7 +71,17 @@ final class PostgresQueueLog: QueueLog {
             doing: "opening the consumer \(consumer) of \(identifier)"
         )
         let position = try decode(Int64.self, rows.first, doing: "opening the consumer \(consumer)")
-        return PostgresQueueCursor(log: self, consumer: consumer, position: UInt64(position))
+        return PostgresQueueCursor(
+            log: self,
+            consumer: consumer,
+            position: try RowValues.count(
+                position,
+                "position",
+                of: "queue_consumers",
+                row: consumerRow(consumer),
+                identifier: identifier
+            )
+        )
     }
 
     func status() throws(WormholeError) -> QueueStatus {
@@ -96,25 +106,32 @@ final class PostgresQueueLog: QueueLog {
         )
         var consumers: [QueueStatus.Consumer] = []
         for row in rows {
-            do {
-                let (name, position, bytes, count) = try row.decode((String, Int64, Int64, Int64).self)
-                consumers.append(
-                    QueueStatus.Consumer(
-                        name: name,
-                        offset: UInt64(position),
-                        lagBytes: UInt64(bytes),
-                        lagMessages: Int(count)
-                    )
-                )
-            } catch {
+            let (name, position, bytes, count): (String, Int64, Int64, Int64)
+            do { (name, position, bytes, count) = try row.decode((String, Int64, Int64, Int64).self) } catch {
                 throw WormholeError(.serverRejected, "Unexpected columns while \(what): \(error).")
             }
+            let table = "queue_consumers"
+            consumers.append(
+                QueueStatus.Consumer(
+                    name: name,
+                    offset: try RowValues.count(position, "position", of: table, row: consumerRow(name)),
+                    // Sums and counts the server made: never negative, but checked as every number read.
+                    lagBytes: try RowValues.count(bytes, "a lag in bytes", of: table, row: consumerRow(name)),
+                    lagMessages: Int(clamping: try RowValues.count(count, "a lag", of: table, row: consumerRow(name)))
+                )
+            )
         }
+        let endOffset = try decode(Int64.self, end.first, doing: what)
         return QueueStatus(
             identifier: identifier,
-            endOffset: UInt64(try decode(Int64.self, end.first, doing: what)),
+            endOffset: try RowValues.count(endOffset, "next_offset", of: "queues", row: "the queue \(identifier)"),
             consumers: consumers
         )
+    }
+
+    /// What names a consumer's row in an error.
+    func consumerRow(_ consumer: String) -> String {
+        "the consumer \(consumer) of the queue \(identifier) of group \(engine.group)"
     }
 
     func reclaimSpace() throws(WormholeError) {
@@ -230,7 +247,9 @@ final class PostgresQueueCursor: QueueCursor {
             : "acknowledging \(log.identifier) as \(consumer)"
         var binds = [
             PostgresData(string: engine.group), PostgresData(string: log.identifier), PostgresData(string: consumer),
-            end.map { PostgresData(int64: Int64($0)) } ?? .null,
+            try end.map { (end) throws(WormholeError) in
+                PostgresData(int64: try RowValues.bigint(end, "The end acknowledged", identifier: log.identifier))
+            } ?? .null,
         ]
         // Returns once the acknowledgement has committed: the server sends a statement's end at the Sync after
         // it, when it commits (FORMAT.md, "Queues").
@@ -266,7 +285,14 @@ final class PostgresQueueCursor: QueueCursor {
                 identifier: log.identifier
             )
         }
-        stored.withLock { $0 = UInt64(position) }
+        let checked = try RowValues.count(
+            position,
+            "position",
+            of: "queue_consumers",
+            row: log.consumerRow(consumer),
+            identifier: log.identifier
+        )
+        stored.withLock { $0 = checked }
         if end != nil { reclaimIfDue() }
         return records
     }
@@ -280,23 +306,16 @@ final class PostgresQueueCursor: QueueCursor {
         records.reserveCapacity(rows.count)
         var position: Int64?
         for row in rows {
+            let (offset, sender, time, payload): (Int64, String, Int64, ByteBuffer)
             do {
                 var columns = row.columns()
                 position = try columns.decode(Int64.self)
-                let offset = try columns.decode(Int64.self)
-                guard offset >= 0 else { continue }
-                let sender = try columns.decode(String.self)
-                let time = try columns.decode(Int64.self)
-                let payload = try columns.decode(ByteBuffer.self)
-                records.append(
-                    QueueRecord(
-                        offset: UInt64(offset),
-                        end: UInt64(offset) + 1,
-                        sender: sender,
-                        timestampNanoseconds: time,
-                        payload: Data(buffer: payload)
-                    )
-                )
+                offset = try columns.decode(Int64.self)
+                // -1: the function's row that says there is no record, for the position alone.
+                if offset == -1 { continue }
+                sender = try columns.decode(String.self)
+                time = try columns.decode(Int64.self)
+                payload = try columns.decode(ByteBuffer.self)
             } catch {
                 throw WormholeError(
                     .corruptMessage,
@@ -304,8 +323,47 @@ final class PostgresQueueCursor: QueueCursor {
                     identifier: log.identifier
                 )
             }
+            try checkRecord(offset: offset, bytes: payload.readableBytes, after: records.last, from: position)
+            records.append(
+                QueueRecord(
+                    offset: UInt64(offset),
+                    end: UInt64(offset) + 1,
+                    sender: sender,
+                    timestampNanoseconds: time,
+                    payload: Data(buffer: payload)
+                )
+            )
         }
         return (position, records)
+    }
+
+    /// Checks a record a read returned before it is handed over: its offset in range, at or past the consumer's
+    /// position and past the record before it (the function reads in offset order, so anything else is a row someone
+    /// crafted), and its payload within what a writer of this package stores.
+    private func checkRecord(
+        offset: Int64,
+        bytes: Int,
+        after previous: QueueRecord?,
+        from position: Int64?
+    ) throws(WormholeError) {
+        let row = "the record \(offset) of the queue \(log.identifier) of group \(log.engine.group)"
+        let checked = try RowValues.count(offset, "offset", of: "queue_records", row: row, identifier: log.identifier)
+        guard position.map({ offset >= $0 }) ?? false, previous.map({ checked >= $0.end }) ?? true else {
+            throw RowValues.corrupt(
+                "an offset before the consumer's position or the record read before it",
+                of: "queue_records",
+                row: row,
+                identifier: log.identifier
+            )
+        }
+        guard bytes <= PostgresQueueLog.recordLimit else {
+            throw RowValues.corrupt(
+                "a payload of \(bytes) bytes (past 64 MiB)",
+                of: "queue_records",
+                row: row,
+                identifier: log.identifier
+            )
+        }
     }
 
     /// When this cursor last told the server that its consumer is at work.

@@ -53,7 +53,7 @@ final class PostgresSuiteStore: SuiteStore {
                     )
                 }
             }
-            return SuiteState(version: UInt64(version), values: values)
+            return SuiteState(version: try checkedVersion(version), values: values)
         }
         // Makes the row if it is missing, and locks it until the transaction ends: no update comes in between.
         let locked = try engine.connections.run(
@@ -78,7 +78,18 @@ final class PostgresSuiteStore: SuiteStore {
                 throw WormholeError(.corruptMessage, "Unexpected columns while \(what): \(error).", identifier: name)
             }
         }
-        return SuiteState(version: UInt64(version), values: values)
+        return SuiteState(version: try checkedVersion(version), values: values)
+    }
+
+    /// The suite's version as read: in range, and not the last `bigint`, so that an update can add one.
+    private func checkedVersion(_ version: Int64, _ column: String = "version") throws(WormholeError) -> UInt64 {
+        try RowValues.count(
+            version,
+            column,
+            of: "suites",
+            row: "the suite \(name) of group \(engine.group)",
+            identifier: name
+        )
     }
 
     func update(
@@ -154,8 +165,8 @@ final class PostgresSuiteStore: SuiteStore {
             let rows = try engine.connections.run(
                 """
                 SELECT version, keys, set_keys, set_values, sender, direction, time_ns FROM wormhole.suite_changes
-                WHERE grp = \(engine.group) AND suite = \(name) AND version > \(Int64(version))
-                    AND version <= \(Int64(state.version))
+                WHERE grp = \(engine.group) AND suite = \(name) AND version > \(Int64(clamping: version))
+                    AND version <= \(Int64(clamping: state.version))
                 ORDER BY version
                 """,
                 on: connection,
@@ -163,21 +174,11 @@ final class PostgresSuiteStore: SuiteStore {
             )
             var changes: [SuiteChange] = []
             for row in rows {
+                let (number, keys, setKeys, setValues, sender, direction, time):
+                    (Int64, [String], [String], [String], String, String?, Int64)
                 do {
-                    let (number, keys, setKeys, setValues, sender, direction, time) = try row.decode(
+                    (number, keys, setKeys, setValues, sender, direction, time) = try row.decode(
                         (Int64, [String], [String], [String], String, String?, Int64).self
-                    )
-                    var values = SuiteValues()
-                    for (key, value) in zip(setKeys, setValues) { values.setJSON(Data(value.utf8), forKey: key) }
-                    changes.append(
-                        SuiteChange(
-                            version: UInt64(number),
-                            keys: Set(keys),
-                            sender: sender,
-                            direction: direction,
-                            timestampNanoseconds: time,
-                            values: values
-                        )
                     )
                 } catch {
                     throw WormholeError(
@@ -186,6 +187,35 @@ final class PostgresSuiteStore: SuiteStore {
                         identifier: name
                     )
                 }
+                // A change's keys name what it set: values for keys it does not name, or two lists of different
+                // lengths, were not written by this package.
+                let changed = Set(keys)
+                guard setKeys.count == setValues.count, setKeys.allSatisfy(changed.contains) else {
+                    throw RowValues.corrupt(
+                        "set_keys and set_values that do not match its keys",
+                        of: "suite_changes",
+                        row: "the change \(number) of the suite \(name) of group \(engine.group)",
+                        identifier: name
+                    )
+                }
+                var values = SuiteValues()
+                for (key, value) in zip(setKeys, setValues) { values.setJSON(Data(value.utf8), forKey: key) }
+                changes.append(
+                    SuiteChange(
+                        version: try RowValues.count(
+                            number,
+                            "version",
+                            of: "suite_changes",
+                            row: "a change of the suite \(name) of group \(engine.group)",
+                            identifier: name
+                        ),
+                        keys: changed,
+                        sender: sender,
+                        direction: direction,
+                        timestampNanoseconds: time,
+                        values: values
+                    )
+                )
             }
             // Whole or nothing: a gap means the oldest changes were trimmed.
             guard changes.first?.version == version + 1, changes.count == Int(state.version - version) else {

@@ -153,10 +153,23 @@ final class PostgresTransferStaging: TransferStaging {
         let files = FileManager.default
         switch state {
         case "delivered":
-            if let recorded { return ReceivedFile(transfer: transfer, path: recorded) }
+            guard let recorded else { break }
+            // The row's word is checked on the file itself: only a file this receiver made in its destination is
+            // handed over again. The chunks went with the delivery, so anything else cannot be delivered anew.
+            guard Self.isDelivery(of: transfer, at: recorded, in: destination) else {
+                throw WormholeError(
+                    .untrustedFile,
+                    "The row of transfer \(transfer.id) says it was delivered to \(recorded.debugDescription), which is "
+                        + "not a file this receiver made in \(destination): the row was changed by another program with "
+                        + "the group's rights, or the file was moved. It is not handed over.",
+                    path: recorded
+                )
+            }
+            return ReceivedFile(transfer: transfer, path: recorded)
         case "delivering":
-            // Killed after the rename and before recording it: the file is there, whole.
-            if let recorded, (try? files.attributesOfItem(atPath: recorded)[.size] as? UInt64) == transfer.size {
+            // Killed after the rename and before recording it: the file is there, whole. A path that is not this
+            // receiver's file is not believed: the transfer is delivered again from its chunks, which are still there.
+            if let recorded, Self.isDelivery(of: transfer, at: recorded, in: destination) {
                 // Killed between naming the copy (a link) and removing its hidden name: that goes now.
                 unlink(destination + "/." + transfer.id + ".part")
                 try flushName(of: recorded)
@@ -205,6 +218,17 @@ final class PostgresTransferStaging: TransferStaging {
                 )
                 guard let row = chunk.first else { break }
                 let bytes = try decode(ByteBuffer.self, row, doing: what)
+                // Checked as they arrive, before they are written: a chunk no sender makes, or one past the size the
+                // transfer announced, never reaches the disk.
+                guard bytes.readableBytes <= Self.chunkSize, written + UInt64(bytes.readableBytes) <= transfer.size
+                else {
+                    throw RowValues.corrupt(
+                        "chunk \(index) of \(bytes.readableBytes) bytes, past the transfer's \(transfer.size) bytes "
+                            + "or the 1 MiB a sender writes",
+                        of: "transfer_chunks",
+                        row: "transfer \(transfer.id) of group \(engine.group)"
+                    )
+                }
                 do {
                     try output.write(contentsOf: bytes.readableBytesView)
                 } catch {
@@ -251,6 +275,31 @@ final class PostgresTransferStaging: TransferStaging {
         }
         try markDelivered(transfer, path: path)
         return ReceivedFile(transfer: transfer, path: path)
+    }
+
+    /// Whether `path` is a file this receiver made for `transfer` in `destination`: a plain name in that directory
+    /// (under its spelling, or another spelling of it), a regular file reached without a link, with one link, this
+    /// user's, of the transfer's size.
+    static func isDelivery(of transfer: FileTransfer, at path: String, in destination: String) -> Bool {
+        let name = (path as NSString).lastPathComponent
+        guard !name.isEmpty, name != ".", name != "..", !name.utf8.contains(0) else {
+            return false
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        guard path == directory + "/" + name, sameDirectory(directory, destination) else { return false }
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return false }
+        return (status.st_mode & S_IFMT) == S_IFREG && status.st_nlink == 1 && status.st_uid == geteuid()
+            && status.st_size >= 0 && UInt64(status.st_size) == transfer.size
+    }
+
+    /// Whether two paths name one directory: the same string, or the same device and inode.
+    private static func sameDirectory(_ one: String, _ other: String) -> Bool {
+        if one == other { return true }
+        var first = stat()
+        var second = stat()
+        guard stat(one, &first) == 0, stat(other, &second) == 0 else { return false }
+        return first.st_dev == second.st_dev && first.st_ino == second.st_ino
     }
 
     /// Picks a free name in `destination` and records it in the transfer's row, claiming the transfer (`delivering`);

@@ -1,0 +1,264 @@
+import Foundation
+import Testing
+import WormholeCLI
+import WormholeKit
+import WormholePostgres
+
+/// What the PostgreSQL engine does when another holder of the group's rights (or of none) does not behave: rows
+/// written by hand are checked before use, a transfer's row cannot hand over a file outside its destination, a
+/// dropped role breaks no group, and a URL means what libpq makes of it.
+@Suite("PostgreSQL engine: hostile and stuck peers", .serialized, .timeLimit(.minutes(3)))
+struct PostgresHostilePeerTests {
+    // MARK: Rows written by hand
+
+    @Test("Numbers no writer of this package writes give a typed error naming the row, never a trap")
+    func craftedNumbers() async throws { try await offThePool { try craftedNumbersBody() } }
+
+    func craftedNumbersBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("crafted")
+        let engine = try PostgresEngine(url: server.url, group: group)
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "member")
+        func update(_ sql: String) throws { _ = try server.psql(sql + " AND grp = '\(group)'") }
+
+        // A mailbox whose sequence was set negative: a trap before, now an error for that mailbox only.
+        try wormhole.passMessageObject("kept", identifier: "box")
+        try wormhole.passMessageObject("other", identifier: "other")
+        try update("UPDATE wormhole.mailboxes SET sequence = -7 WHERE identifier = 'box'")
+        let mailbox = wormholeError { _ = try wormhole.message(withIdentifier: "box", as: String.self) }
+        #expect(mailbox?.code == .corruptMessage, "\(String(describing: mailbox))")
+        #expect(mailbox?.message.contains("wormhole.mailboxes") == true, "\(String(describing: mailbox))")
+        #expect(mailbox?.message.contains("sequence = -7") == true, "\(String(describing: mailbox))")
+        #expect(try wormhole.message(withIdentifier: "other", as: String.self) == "other", "the rest is served")
+        // At the end of bigint's range, where one more would not fit: refused too.
+        try update("UPDATE wormhole.mailboxes SET sequence = 9223372036854775807 WHERE identifier = 'box'")
+        #expect(wormholeError { _ = try wormhole.messageData(withIdentifier: "box") }?.code == .corruptMessage)
+
+        // A queue consumer's position set negative: opening and reading it are refused.
+        let queue = try wormhole.queue("jobs")
+        try queue.enqueue("first")
+        try queue.enqueue("second")
+        let cursor = try queue.log.openCursor(consumer: "worker")
+        try update("UPDATE wormhole.queue_consumers SET position = -3 WHERE queue = 'jobs'")
+        let position = wormholeError { _ = try cursor.read(maximumCount: 10) }
+        #expect(position?.code == .corruptMessage, "\(String(describing: position))")
+        #expect(position?.message.contains("queue_consumers") == true, "\(String(describing: position))")
+        #expect(wormholeError { _ = try queue.log.openCursor(consumer: "worker") }?.code == .corruptMessage)
+        let status = wormholeError { _ = try queue.status() }
+        #expect(status?.code == .corruptMessage, "\(String(describing: status))")
+        try update("UPDATE wormhole.queue_consumers SET position = 0 WHERE queue = 'jobs'")
+
+        // A record moved to the last offset: acknowledging one past it would not fit in a bigint.
+        try update("UPDATE wormhole.queue_records SET \"offset\" = 9223372036854775807 WHERE \"offset\" = 1")
+        let record = wormholeError { _ = try queue.log.openCursor(consumer: "worker").read(maximumCount: 10) }
+        #expect(record?.code == .corruptMessage, "\(String(describing: record))")
+        #expect(record?.message.contains("queue_records") == true, "\(String(describing: record))")
+        // A consumer that handles records reports it and stops on it, without a trap; the first record came.
+        let handled = Collector<String>()
+        let errors = Collector<WormholeError>()
+        let consumer = try queue.consume(consumer: "handler", as: String.self, errorHandler: { errors.append($0) }) {
+            handled.append($0.value)
+        }
+        #expect(eventually { errors.count >= 1 })
+        consumer.cancel()
+        #expect(errors.values.first?.code == .corruptMessage, "\(errors.values)")
+
+        // A suite's version set negative, and a change whose values name keys it did not change.
+        let suite = try wormhole.suite("settings")
+        try suite.set("dark", forKey: "theme")
+        try suite.set(2, forKey: "size")
+        try update("UPDATE wormhole.suites SET version = -1 WHERE suite = 'settings'")
+        let version = wormholeError { _ = try suite.value(forKey: "theme", as: String.self) }
+        #expect(version?.code == .corruptMessage, "\(String(describing: version))")
+        #expect(version?.message.contains("wormhole.suites") == true, "\(String(describing: version))")
+        try update("UPDATE wormhole.suites SET version = 2 WHERE suite = 'settings'")
+        #expect(try suite.value(forKey: "theme", as: String.self) == "dark")
+        try update(
+            "UPDATE wormhole.suite_changes SET set_keys = ARRAY['forged'], set_values = ARRAY['1'] WHERE version = 2"
+        )
+        let change = wormholeError { _ = try suite.store.changes(after: 0) }
+        #expect(change?.code == .corruptMessage, "\(String(describing: change))")
+        #expect(change?.message.contains("suite_changes") == true, "\(String(describing: change))")
+    }
+
+    @Test("The tool reading a crafted mailbox row fails with a message, not a signal")
+    func craftedRowThroughTheTool() async throws { try await offThePool { try craftedRowThroughTheToolBody() } }
+
+    func craftedRowThroughTheToolBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("crafted-tool")
+        let engine = try PostgresEngine(url: server.url, group: group)
+        defer { engine.close() }
+        try Wormhole(engine: engine, sender: "member").passMessageObject("kept", identifier: "box")
+        _ = try server.psql("UPDATE wormhole.mailboxes SET sequence = -7 WHERE grp = '\(group)'")
+        let tool = try WormholeTool.run(["read", "box", "--postgres", server.url, "--group", group], timeout: 60)
+        // 1 is the tool's failure; a trap ends it by a signal (SIGILL or SIGTRAP), which is not 1.
+        #expect(tool.status == 1, "exit \(tool.status): \(tool.error)")
+        #expect(tool.error.contains("sequence = -7"), "\(tool.error)")
+    }
+
+    // MARK: Transfers
+
+    @Test("A transfer's row naming a file outside the destination hands nothing over; a claimed one is delivered again")
+    func transferPathsAreChecked() async throws { try await offThePool { try transferPathsAreCheckedBody() } }
+
+    func transferPathsAreCheckedBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("transfer-paths")
+        let scratch = TemporaryDirectory()
+        let secret = scratch("id_ed25519")
+        try Data("private key".utf8).write(to: URL(fileURLWithPath: secret))
+        let source = scratch("report.txt")
+        try Data("report text".utf8).write(to: URL(fileURLWithPath: source))  // as long as the secret
+        let inbox = scratch("inbox")
+
+        let senderEngine = try PostgresEngine(url: server.url, group: group)
+        defer { senderEngine.close() }
+        let exports = try Wormhole(engine: senderEngine, sender: "app").transfers("exports")
+        let delivered = try exports.send(file: source)
+        let claimed = try exports.send(file: source)
+        // As a member could: one row says it was delivered to the secret, another that its delivery is under way
+        // there (the file is there, of the right size, as a receiver killed after naming it would find).
+        _ = try server.psql(
+            """
+            UPDATE wormhole.transfers SET state = CASE id WHEN '\(delivered.id)' THEN 'delivered' ELSE 'delivering' END,
+                path = '\(secret)'
+            WHERE grp = '\(group)'
+            """
+        )
+        #expect(try server.psql("SELECT count(*) FROM wormhole.transfers WHERE grp = '\(group)'") == "2")
+
+        let receiverEngine = try PostgresEngine(url: server.url, group: group)
+        defer { receiverEngine.close() }
+        let received = Collector<ReceivedFile>()
+        let errors = Collector<WormholeError>()
+        let receiver = try Wormhole(engine: receiverEngine, sender: "viewer").transfers("exports").receive(
+            consumer: "viewer",
+            into: inbox,
+            errorHandler: { errors.append($0) }
+        ) { received.append($0) }
+        defer { receiver.cancel() }
+        #expect(eventually { received.count >= 1 })
+        #expect(errors.values.map(\.code) == [.untrustedFile], "\(errors.values)")
+        #expect(errors.values.first?.message.contains(delivered.id) == true)
+        // The claimed one came from its chunks, into the destination; the secret was never handed over.
+        #expect(received.values.map(\.transfer.id) == [claimed.id])
+        #expect(received.values.map(\.path) == [inbox + "/report.txt"])
+        #expect(try String(contentsOfFile: inbox + "/report.txt", encoding: .utf8) == "report text")
+        #expect(try String(contentsOfFile: secret, encoding: .utf8) == "private key")
+    }
+
+    // MARK: Roles
+
+    @Test("A dropped role breaks none of its groups, and a new role of its name inherits no grant")
+    func droppedRole() async throws { try await offThePool { try droppedRoleBody() } }
+
+    func droppedRoleBody() throws {
+        let server = try requireTestServer()
+        let roles = try GrantedRoles(server, prefix: "dropped")
+        defer { roles.close() }
+        let third = PostgresSecurityTests.uniqueRole()
+        defer { PostgresSecurityTests.dropRoles([third], on: server) }
+        try server.psql("CREATE ROLE \(third) LOGIN", database: "postgres")
+        try roles.administration.grant(group: roles.groupA, to: third)
+        let url = PostgresSecurityTests.url(server, user: roles.one)
+        let engine = try PostgresEngine(url: url, group: roles.groupA, setsUpSchema: false)
+        try Wormhole(engine: engine, sender: "one").passMessageObject("before", identifier: "box")
+        engine.close()
+
+        // Dropped, as an administrator does: its privileges first, then the role. Its grant's row stays.
+        PostgresSecurityTests.dropRoles([third], on: server)
+        let again = try PostgresEngine(url: url, group: roles.groupA, setsUpSchema: false)
+        defer { again.close() }
+        let wormhole = Wormhole(engine: again, sender: "one")
+        #expect(try wormhole.message(withIdentifier: "box", as: String.self) == "before")
+        try wormhole.passMessageObject("after", identifier: "box")
+        #expect(try roles.administration.status(group: roles.groupA).groups.first?.grantsOfDroppedRoles == [third])
+
+        // A new role of that name is another role: the old grant is not its.
+        try server.psql("CREATE ROLE \(third) LOGIN", database: "postgres")
+        let refused = wormholeError {
+            _ = try PostgresEngine(
+                url: PostgresSecurityTests.url(server, user: third),
+                group: roles.groupA,
+                setsUpSchema: false
+            )
+        }
+        #expect(refused?.code == .serverRejected, "\(String(describing: refused))")
+        // Granted anew, it is.
+        try roles.administration.grant(group: roles.groupA, to: third)
+        let granted = try PostgresEngine(
+            url: PostgresSecurityTests.url(server, user: third),
+            group: roles.groupA,
+            setsUpSchema: false
+        )
+        #expect(try Wormhole(engine: granted).message(withIdentifier: "box", as: String.self) == "after")
+        granted.close()
+        #expect(try roles.administration.status(group: roles.groupA).groups.first?.grantsOfDroppedRoles == [])
+    }
+
+    // MARK: URLs
+
+    @Test("A password holding % @ : / # ? and a space, percent-encoded as RFC 3986 says, connects")
+    func passwordDecodedOnce() async throws { try await offThePool { try passwordDecodedOnceBody() } }
+
+    func passwordDecodedOnceBody() throws {
+        if let reason = LocalPostgresServer.unavailableReason() { try Test.cancel(Comment(rawValue: reason)) }
+        let password = "p%41 @:/#?%"
+        let server = try LocalPostgresServer(password: password)
+        defer { server.close() }
+        let encoded = "p%2541%20%40%3A%2F%23%3F%25"
+        let url = "postgres://wormhole:\(encoded)@\(server.host):\(server.port)/wormhole?sslmode=disable"
+        let location = try PostgresLocation(url: url)
+        #expect(location.configuration.password == password)
+        #expect(!location.description.contains(encoded))
+        let engine = try PostgresEngine(url: url, group: uniqueGroup("password"))
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine)
+        try wormhole.passMessageObject("in", identifier: "box")
+        #expect(try wormhole.message(withIdentifier: "box", as: String.self) == "in")
+        // A % that starts no escape: Foundation on Linux reads it as itself (Apple's may refuse the URL, with an
+        // error that does not echo it); decoded twice, it would have been no password at all.
+        do {
+            let bare = try PostgresLocation(url: "postgres://wormhole:p%zz%@localhost/wormhole")
+            #expect(bare.configuration.password == "p%zz%")
+        } catch {
+            #expect(error.code == .serverUnavailable && !error.message.contains("p%zz"), "\(error)")
+        }
+    }
+
+    @Test("URL parameters: libpq's names are read, any other is refused, sslrootcert=system insists on verify-full")
+    func urlParameters() throws {
+        let base = "postgres://app@db.example.com:6432/app"
+        let location = try PostgresLocation(
+            url: base + "?host=other.example.com&port=7000&user=worker&dbname=jobs&connect_timeout=3"
+                + "&application_name=reports&sslmode=disable"
+        )
+        #expect(location.configuration.host == "other.example.com")
+        #expect(location.configuration.port == 7000)
+        #expect(location.configuration.username == "worker")
+        #expect(location.configuration.database == "jobs")
+        #expect(location.configuration.options.connectTimeout == .seconds(3))
+        #expect(location.configuration.options.additionalStartupParameters.map(\.1) == ["reports"])
+        let socket = try PostgresLocation(url: base + "?host=/run/postgresql")
+        #expect(socket.configuration.unixSocketPath == "/run/postgresql/.s.PGSQL.6432")
+
+        for (query, expected) in [
+            ("sslmod=require", "sslmod"),
+            ("target_session_attrs=read-write", "target_session_attrs"),
+            ("sslmode=verify-fulll", "verify-fulll"),
+            ("sslrootcert=system&sslmode=require", "verify-full"),
+            ("sslcert=/tmp/client.crt", "sslkey"),
+            ("sslcert=/nonexistent.crt&sslkey=/nonexistent.key", "/nonexistent.crt"),
+            ("port=99999", "99999"),
+            ("connect_timeout=soon", "soon"),
+        ] {
+            let error = wormholeError { _ = try PostgresLocation(url: base + "?" + query) }
+            #expect(error?.code == .serverUnavailable, "\(query): \(String(describing: error))")
+            #expect(error?.message.contains(expected) == true, "\(query): \(String(describing: error))")
+        }
+        // sslrootcert=system alone means verify-full, and is accepted.
+        _ = try PostgresLocation(url: base + "?sslrootcert=system")
+    }
+}
