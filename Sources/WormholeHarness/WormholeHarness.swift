@@ -18,7 +18,7 @@ struct WormholeHarness: ParsableCommand {
             Bench.self, BenchCase.self, CrashTest.self, Exercise.self, ExerciseStore.self, ExercisePostgresStore.self,
             PostgresStoreBench.self,
             CrashVictim.self, BenchPeer.self, BenchPeerStore.self, BenchCasePeer.self, PostgresServerCommand.self,
-            PostgresBenchCase.self, PostgresBenchCasePeer.self, PowerLoss.self, PowerWorkload.self,
+            PostgresBenchCase.self, PostgresBenchCasePeer.self, PowerLoss.self, PowerWorkload.self, StoppedHolder.self,
         ]
     )
 }

@@ -45,7 +45,17 @@ public final class CoordinatedFileTransiting: Transiting {
         }
         // A fresh open file description per call: flock locks held through one description do not exclude
         // each other, so threads of this process must not share one.
-        if case .failure(let errno) = lock.descriptor.lock(exclusive: exclusive) {
+        let limit = files.options.lockWaitLimit
+        switch lock.descriptor.lock(exclusive: exclusive, waitingAtMost: limit) {
+        case .success(true): break
+        case .success(false):
+            throw WormholeError.lockWaitExpired(
+                "take the coordination lock",
+                limit: limit,
+                descriptor: lock.descriptor,
+                path: path
+            )
+        case .failure(let errno):
             throw WormholeError.fileSystem(errno, "take the coordination lock", path: path)
         }
         return try body()

@@ -54,6 +54,14 @@ public final class FileTransiting: Transiting {
         /// The Unix group given to the files and directories the wormhole creates; nil (the default) leaves them
         /// the creating user's group. See ``shared(withGroup:synchronizesWrites:)``.
         public var group: UInt32?
+        /// How long a write waits for another process to let go of a file's lock (a mailbox's, a suite's, or the
+        /// coordination lock); 5 seconds by default.
+        ///
+        /// Writers hold these locks for one write, microseconds; a longer wait means the holder is stuck: stopped by
+        /// a signal or a debugger, frozen in a cgroup, or suspended. The write then fails with
+        /// ``WormholeError/Code/timedOut``, naming the file and, where the kernel tells it (`/proc/locks` on Linux),
+        /// the process that holds the lock; nothing is written, so the call can be made again.
+        public var lockWaitLimit: Duration
 
         /// Creates options; every parameter has the default described on its property.
         public init(
@@ -62,7 +70,8 @@ public final class FileTransiting: Transiting {
             directoryPermissions: UInt16 = 0o700,
             trustsOtherOwners: Bool = false,
             maximumMessageSize: Int = 16 << 20,
-            group: UInt32? = nil
+            group: UInt32? = nil,
+            lockWaitLimit: Duration = .seconds(5)
         ) {
             self.synchronizesWrites = synchronizesWrites
             self.filePermissions = filePermissions
@@ -70,6 +79,7 @@ public final class FileTransiting: Transiting {
             self.trustsOtherOwners = trustsOtherOwners
             self.maximumMessageSize = maximumMessageSize
             self.group = group
+            self.lockWaitLimit = lockWaitLimit
         }
 
         /// Options for a directory shared on purpose by the processes of several users of one Unix group: daemons
@@ -514,7 +524,17 @@ public final class FileTransiting: Transiting {
                     }
                 }
                 let file = Descriptor(rawValue: cached)
-                if case .failure(let errno) = file.lock(exclusive: true) {
+                switch file.lock(exclusive: true, waitingAtMost: options.lockWaitLimit) {
+                case .success(true): break
+                case .success(false):
+                    throw WormholeError.lockWaitExpired(
+                        "lock the mailbox file",
+                        limit: options.lockWaitLimit,
+                        descriptor: file,
+                        identifier: identifier,
+                        path: handle.filePath(name)
+                    )
+                case .failure(let errno):
                     closeCached(&cached)
                     throw WormholeError.fileSystem(
                         errno,

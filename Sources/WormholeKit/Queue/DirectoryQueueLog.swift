@@ -326,7 +326,7 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         // before the lock was taken is made again.
         var opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
         var attempts = 1
-        while !opened.holdWhileInUse(), attempts < 3 {
+        while try !opened.holdWhileInUse(), attempts < 3 {
             opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
             attempts += 1
         }

@@ -116,11 +116,29 @@ package final class QueueCursorFile: Sendable {
     /// before it drops a consumer it has not seen within the retention (``isInUse()``). Waits while a reclaiming
     /// process decides (it holds the exclusive lock for that moment), then returns whether the file still has its
     /// name: false when reclaiming dropped it meanwhile, and the consumer must open it again.
-    package func holdWhileInUse() -> Bool {
-        _ = Descriptor(rawValue: descriptor).lock(exclusive: false)
-        guard case .success(let status) = Descriptor(rawValue: descriptor).status() else { return true }
+    ///
+    /// The wait has a limit, ``reclaimingWaitLimit``: a reclaiming process stopped while it decides fails the
+    /// consumer's opening with ``WormholeError/Code/timedOut`` rather than holding it up.
+    package func holdWhileInUse() throws(WormholeError) -> Bool {
+        let file = Descriptor(rawValue: descriptor)
+        switch file.lock(exclusive: false, waitingAtMost: Self.reclaimingWaitLimit) {
+        case .success(true): break
+        case .success(false):
+            throw WormholeError.lockWaitExpired(
+                "open the consumer (a process reclaiming the queue's space holds its file)",
+                limit: Self.reclaimingWaitLimit,
+                descriptor: file,
+                path: path
+            )
+        case .failure: return true  // as before: a lock that cannot be had at all leaves the consumer unmarked
+        }
+        guard case .success(let status) = file.status() else { return true }
         return status.linkCount > 0
     }
+
+    /// How long opening a consumer waits for a reclaiming process that holds its file's lock: it holds it only while
+    /// it decides whether to drop the file.
+    static let reclaimingWaitLimit = Duration.seconds(5)
 
     /// Whether a consumer's cursor has this file open (it holds a shared lock). When not, this file's own
     /// description takes the exclusive lock and keeps it until it is closed, so that no consumer starts on the file

@@ -153,15 +153,24 @@ final class DirectorySuiteStore: SuiteStore {
     /// Waits, holding no lock of this process, until the process that holds the suite file's lock lets it go; `copy`
     /// (a duplicate of the cached descriptor, closed here) shares its open file, so the lock taken here is the one
     /// the next try under this process's lock finds held (a file replaced meanwhile is locked afresh then).
+    ///
+    /// The wait has a limit (``FileTransiting/Options/lockWaitLimit``): a holder stopped while it holds the lock
+    /// makes the update fail with ``WormholeError/Code/timedOut``, with nothing written.
     private func waitForLock(_ copy: Descriptor) throws(WormholeError) {
         defer { copy.close() }
-        while true {
-            switch copy.lock(exclusive: true) {
-            case .success: return
-            case .failure(.interrupted): continue
-            case .failure(let errno):
-                throw WormholeError.fileSystem(errno, "lock the suite", identifier: name, path: path)
-            }
+        let limit = files.options.lockWaitLimit
+        switch copy.lock(exclusive: true, waitingAtMost: limit) {
+        case .success(true): return  // kept: the next try, on the same open file, finds it this process's
+        case .success(false):
+            throw WormholeError.lockWaitExpired(
+                "lock the suite",
+                limit: limit,
+                descriptor: copy,
+                identifier: name,
+                path: path
+            )
+        case .failure(let errno):
+            throw WormholeError.fileSystem(errno, "lock the suite", identifier: name, path: path)
         }
     }
 

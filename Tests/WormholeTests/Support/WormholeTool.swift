@@ -23,6 +23,7 @@ enum WormholeTool {
     static let harnessCommands: Set<String> = [
         "bench", "bench-case", "crash-test", "exercise", "exercise-store", "crash-victim", "bench-peer",
         "bench-peer-store", "bench-case-peer", "power-loss", "power-workload", "exercise-postgres-store",
+        "stopped-holder",
     ]
 
     /// The executable that runs `arguments`.
