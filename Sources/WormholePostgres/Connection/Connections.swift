@@ -686,8 +686,12 @@ final class Connections: Sendable {
 struct PreparedStatement: Sendable {
     let sql: String
 
-    /// A notification: the channel and the payload.
-    static let notify = PreparedStatement(sql: "SELECT pg_catalog.pg_notify($1::text, $2::text)")
+    /// A hint (`n…`): the group, the channel's suffix (empty: the group's channel, as its row names it now) and the
+    /// text.
+    static let notifyHint = PreparedStatement(sql: "SELECT wormhole.notify($1::text, $2::text, $3::text)")
+
+    /// A sealed notification (``NotificationSeal``): the group, the channel's suffix and the text.
+    static let notifySealed = PreparedStatement(sql: "SELECT wormhole.notify_sealed($1::text, $2::text, $3::text)")
 }
 
 /// A row of a prepared statement's result, read column by column with ``columns()``.

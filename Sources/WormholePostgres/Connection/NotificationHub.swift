@@ -8,7 +8,7 @@ import WormholeKit
 
 /// One engine's `LISTEN` connection: it wakes the observers of names (mailboxes, queues, suites) when a notification
 /// arrives on the group's channel, and hands the live endpoints of this process what arrives on the channels of their
-/// identifiers (``liveChannel(for:)``) and the replies to its requests on its own reply channel.
+/// identifiers (``liveSuffix(for:)``) and the replies to its requests on its own reply channel.
 ///
 /// Notifications are hints; the tables hold the data. So when the connection drops (a server restart, a network
 /// cut), the hub reconnects with back-off and then wakes every observer once, which re-reads from its position; the
@@ -81,6 +81,13 @@ final class NotificationHub: Sendable {
         var unremovedEndpoints: Set<String> = []
         /// How many times in a row removing them failed.
         var failedRemovals = 0
+        /// The group's key, as the listening connection read it, and which sealed notifications it takes.
+        var seal: NotificationSeal?
+        var replayGuard: ReplayGuard?
+        /// The group's channel as its row named it when the listening connection started (a rotation changes it).
+        var groupChannel: String?
+        /// When a rotation hint was last checked: one a second at most.
+        var lastRotationCheck: ContinuousClock.Instant?
     }
 
     let connections: Connections
@@ -95,8 +102,10 @@ final class NotificationHub: Sendable {
     /// listeners on the current connection. Its lock is held across the `LISTEN` round trips, so that registering an
     /// endpoint and reconnecting never miss a channel.
     private struct LiveChannels {
+        /// By suffix (``liveSuffix(for:)``): the channel is the group's, as the connection read it, and the suffix.
         var wanted: [String: Int] = [:]
         var connection: PostgresConnection?
+        var groupChannel = ""
         var listening: [String: PostgresListenContext] = [:]
     }
     private nonisolated(unsafe) var liveChannels = LiveChannels()
@@ -160,12 +169,12 @@ final class NotificationHub: Sendable {
     /// one attempt to connect, not for the 10 s of ``startListening(untilAnAttemptFails:)``, as an observer does.
     func register(_ endpoint: Endpoint) throws(WormholeError) -> String {
         try startListening(untilAnAttemptFails: true)
-        try wantLiveChannel(liveChannel(for: endpoint.identifier))
+        try wantLiveChannel(Self.liveSuffix(for: endpoint.identifier))
         let id: String
         do throws(WormholeError) {
             id = try registerRow(endpoint)
         } catch {
-            releaseLiveChannel(liveChannel(for: endpoint.identifier))
+            releaseLiveChannel(Self.liveSuffix(for: endpoint.identifier))
             throw error
         }
         return id
@@ -241,33 +250,32 @@ final class NotificationHub: Sendable {
             state.withLock { _ = $0.unremovedEndpoints.insert(id) }
         }
         endpointRowsLock.unlock()
-        if let endpoint { releaseLiveChannel(liveChannel(for: endpoint.identifier)) }
+        if let endpoint { releaseLiveChannel(Self.liveSuffix(for: endpoint.identifier)) }
     }
 
     // MARK: Live channels
 
-    /// The channel of the live messages and requests of `identifier`: the group's channel, `_l` and a 64-bit FNV-1a
-    /// hash of the identifier in hexadecimal. Only the processes with an endpoint for it listen there, so a live
-    /// message wakes no other process of the group (an identifier whose hash is the same shares the channel, and is
-    /// told apart by the notification).
-    func liveChannel(for identifier: String) -> String { Self.liveChannel(channel, identifier) }
-
-    static func liveChannel(_ groupChannel: String, _ identifier: String) -> String {
+    /// The suffix of the channel of the live messages and requests of `identifier`: `_l` and a 64-bit FNV-1a hash of
+    /// the identifier in hexadecimal, after the group's channel. Only the processes with an endpoint for it listen
+    /// there, so a live message wakes no other process of the group (an identifier whose hash is the same shares the
+    /// channel, and is told apart by the notification). Senders give the suffix; the server puts the group's channel,
+    /// as its row names it now, in front (`wormhole.notify_sealed`).
+    static func liveSuffix(for identifier: String) -> String {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         for byte in identifier.utf8 {
             hash ^= UInt64(byte)
             hash &*= 0x100_0000_01b3
         }
-        return groupChannel + "_l" + hexadecimal(hash)
+        return "_l" + hexadecimal(hash)
     }
 
-    /// The channel where replies to `replyEndpoint`'s requests go: the group's channel, `_r` and the first 16
-    /// characters of that id, which are hexadecimal digits (a reply id that is not gets the hash of it instead).
-    static func replyChannel(_ groupChannel: String, _ replyEndpoint: String) -> String {
+    /// The suffix of the channel where replies to `replyEndpoint`'s requests go: `_r` and the first 16 characters of
+    /// that id, which are hexadecimal digits (a reply id that is not gets the hash of it instead).
+    static func replySuffix(_ replyEndpoint: String) -> String {
         let prefix = replyEndpoint.prefix(16)
         guard prefix.count == 16, prefix.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) })
-        else { return liveChannel(groupChannel, replyEndpoint) + "r" }
-        return groupChannel + "_r" + prefix
+        else { return liveSuffix(for: replyEndpoint) + "r" }
+        return "_r" + prefix
     }
 
     private static func hexadecimal(_ value: UInt64) -> String {
@@ -283,7 +291,7 @@ final class NotificationHub: Sendable {
         liveChannels.wanted[name, default: 0] += 1
         guard let connection = liveChannels.connection, liveChannels.listening[name] == nil else { return }
         do throws(WormholeError) {
-            liveChannels.listening[name] = try listen(on: name, connection)
+            liveChannels.listening[name] = try listen(on: liveChannels.groupChannel + name, connection)
         } catch {
             liveChannels.wanted[name, default: 1] -= 1
             if liveChannels.wanted[name] == 0 { liveChannels.wanted.removeValue(forKey: name) }
@@ -305,17 +313,22 @@ final class NotificationHub: Sendable {
         liveChannels.listening.removeValue(forKey: name)?.stop()
     }
 
-    /// Listens on every live channel wanted, on a new listening connection (or none, when it ended).
-    private func listenOnLiveChannels(_ connection: PostgresConnection?) throws(WormholeError) {
+    /// Listens on every live channel wanted, on a new listening connection (or none, when it ended), after the
+    /// group's channel as that connection read it.
+    private func listenOnLiveChannels(
+        _ connection: PostgresConnection?,
+        groupChannel: String = ""
+    ) throws(WormholeError) {
         liveChannelsLock.lock()
         defer { liveChannelsLock.unlock() }
         for context in liveChannels.listening.values { context.stop() }
         liveChannels.listening = [:]
         liveChannels.connection = connection
+        liveChannels.groupChannel = groupChannel
         guard let connection else { return }
         do throws(WormholeError) {
             for name in liveChannels.wanted.keys {
-                liveChannels.listening[name] = try listen(on: name, connection)
+                liveChannels.listening[name] = try listen(on: groupChannel + name, connection)
             }
         } catch {
             // Until the next connection, registrations only add to what is wanted.
@@ -340,7 +353,7 @@ final class NotificationHub: Sendable {
             )
         }
         let context = connection.addListener(channel: name) { [weak self] _, notification in
-            self?.route(notification.payload)
+            self?.route(notification.payload, sentBy: notification.backendPID)
         }
         // postgres-nio sends a `LISTEN` for the listener without saying when it took effect; this one, after it on
         // the same connection, returns only once both have, so that nothing sent after this returns is missed.
@@ -449,11 +462,19 @@ final class NotificationHub: Sendable {
         guard !state.withLock({ $0.closed }) else { return }
         let wake = DispatchSemaphore(value: 0)
         connection.closeFuture.whenComplete { _ in wake.signal() }
-        let groupListener = try listen(on: channel, connection)
+        // The group's channel and key as its row has them now (a rotation changes both), and a snapshot taken before
+        // any `LISTEN`: what this connection hears comes from transactions that were not over at it.
+        let (groupChannel, seal, replayGuard) = try readGroupKey(on: connection)
+        state.withLock { state in
+            state.groupChannel = groupChannel
+            state.seal = seal
+            state.replayGuard = replayGuard
+        }
+        let groupListener = try listen(on: groupChannel, connection)
         defer { groupListener.stop() }
-        let replies = try listen(on: Self.replyChannel(channel, replyEndpoint), connection)
+        let replies = try listen(on: groupChannel + Self.replySuffix(replyEndpoint), connection)
         defer { replies.stop() }
-        try listenOnLiveChannels(connection)
+        try listenOnLiveChannels(connection, groupChannel: groupChannel)
         defer { try? listenOnLiveChannels(nil) }
         let pid = try decode(
             Int32.self,
@@ -608,34 +629,49 @@ final class NotificationHub: Sendable {
         for observer in observers { observer.wake() }
     }
 
-    /// Routes one notification, on the event loop: wakes observers and hands live envelopes over.
-    private func route(_ payload: String) {
-        guard let kind = payload.first else { return }
+    /// Routes one notification, on the event loop: wakes observers and hands live envelopes over. `sender` is the
+    /// backend that sent it, as the server says.
+    private func route(_ notification: String, sentBy sender: Int32) {
+        guard let kind = notification.first else { return }
+        if kind == "n" {
+            let name = String(notification.dropFirst())
+            let observers = state.withLock { $0.observers[name].map { Array($0.values) } ?? [] }
+            for observer in observers { observer.wake() }
+            return
+        }
+        if kind == "r" {
+            checkRotation()
+            return
+        }
+        // What carries data is taken only sealed, fresh and from the backend it names; anything else is a hint at
+        // most. The head is read first, from the notification as it came (the body starts it): the seal is checked
+        // only for what this process wants.
         if kind == "Q" {
-            // An append that carries its records: they go to the queue's takers, then its observers wake.
-            guard let queue = CarriedAppend.identifier(of: payload) else { return }
+            // An append that carries its records: they go to the queue's takers, then its observers wake. Unsealed (a
+            // forgery, a replay, an older build's), it only wakes them: they read the table.
+            guard let queue = CarriedAppend.identifier(of: notification) else { return }
             let (takers, observers) = state.withLock { state in
                 (
                     state.recordTakers[queue].map { Array($0.values) } ?? [],
                     state.observers["queue." + queue].map { Array($0.values) } ?? []
                 )
             }
-            if !takers.isEmpty, let append = CarriedAppend(notification: payload) {
-                let records = append.records
-                for taker in takers { taker(records) }
+            if !takers.isEmpty {
+                if let opened = unsealed(notification, sentBy: sender),
+                    let append = CarriedAppend(notification: String(opened)), append.identifier == queue
+                {
+                    let records = append.records
+                    for taker in takers { taker(records) }
+                } else {
+                    refusedNotification()
+                }
             }
-            for observer in observers { observer.wake() }
-            return
-        }
-        if kind == "n" {
-            let name = String(payload.dropFirst())
-            let observers = state.withLock { $0.observers[name].map { Array($0.values) } ?? [] }
             for observer in observers { observer.wake() }
             return
         }
         // Every process of the group hears every notification, its own included: what no endpoint here wants is
         // skipped after its head, without reading its body.
-        guard let head = LiveEnvelope.peek(payload) else {
+        guard let head = LiveEnvelope.peek(notification) else {
             logger.debug("PostgreSQL engine: an unreadable notification was ignored")
             return
         }
@@ -652,7 +688,10 @@ final class NotificationHub: Sendable {
         } else if targets.isEmpty {
             return
         }
-        guard let envelope = LiveEnvelope(notification: payload) else {
+        guard let opened = unsealed(notification, sentBy: sender) else { return refusedNotification() }
+        guard let envelope = LiveEnvelope(notification: String(opened)), envelope.kind == head.kind,
+            envelope.identifier == head.identifier, envelope.target == head.target
+        else {
             logger.debug("PostgreSQL engine: an unreadable notification was ignored")
             return
         }
@@ -661,6 +700,19 @@ final class NotificationHub: Sendable {
             for endpoint in targets { endpoint.receive(envelope) }
         case .reply:
             if let waiter = replies.withLock({ $0[envelope.requestID] }) { waiter(envelope) }
+        }
+    }
+
+    /// Counts a notification carrying data that was not taken, and says so once in a while.
+    private func refusedNotification() {
+        let count = refused.add(1, ordering: .relaxed).newValue
+        if count == 1 || count % 1000 == 0 {
+            logger.warning(
+                """
+                PostgreSQL engine: \(count) notifications carrying data were not taken: not sealed with the group's \
+                key (forged, or from an older build), replayed, or sent by another backend than the one they name
+                """
+            )
         }
     }
 
@@ -674,6 +726,78 @@ final class NotificationHub: Sendable {
         if case .location = connections.source { connection?.closeQuietly() }
         wake?.signal()
         listening.broadcast()
+    }
+
+    /// How many notifications carrying data were refused: not sealed, sealed with another key, replayed, or sent by
+    /// another backend than the one they name.
+    let refused = Atomic<Int>(0)
+
+    /// The body of a sealed notification that this connection takes (``NotificationSeal``, ``ReplayGuard``); nil
+    /// for any other.
+    private func unsealed(_ notification: String, sentBy sender: Int32) -> Substring? {
+        state.withLock { state -> Substring? in
+            guard let seal = state.seal, let opened = seal.open(notification),
+                state.replayGuard?.admit(opened.origin, code: opened.code, sentBy: sender) == true
+            else { return nil }
+            return opened.body
+        }
+    }
+
+    /// Reads the group's channel and key, and a snapshot for the replay guard, on the listening connection.
+    private func readGroupKey(
+        on connection: PostgresConnection
+    ) throws(WormholeError) -> (String, NotificationSeal, ReplayGuard) {
+        let what = "reading the group's channel and key"
+        let rows = try connections.run(
+            """
+            SELECT g.channel, g.key_inner, g.key_outer, pg_current_snapshot()::text
+            FROM wormhole.groups g WHERE g.grp = \(group)
+            """,
+            on: connection,
+            doing: what
+        )
+        guard let row = rows.first else {
+            throw WormholeError(
+                .serverRejected,
+                "The group \(group) is not visible to this role (42501): it was never granted to it, or was revoked."
+            )
+        }
+        let (channel, inner, outer, snapshot): (String, ByteBuffer, ByteBuffer, String)
+        do { (channel, inner, outer, snapshot) = try row.decode((String, ByteBuffer, ByteBuffer, String).self) } catch {
+            throw WormholeError(.serverRejected, "Unexpected columns while \(what): \(error).")
+        }
+        guard channel.hasPrefix("wormhole_"),
+            let seal = NotificationSeal(inner: Array(inner.readableBytesView), outer: Array(outer.readableBytesView)),
+            let replayGuard = ReplayGuard(snapshot: snapshot)
+        else {
+            throw RowValues.corrupt("a channel or key this package never writes", of: "groups", row: "group \(group)")
+        }
+        return (channel, seal, replayGuard)
+    }
+
+    /// A rotation hint (`r`, sent by a revocation on the old channel): when the group's row names another channel
+    /// now, the listening connection is closed, and the next one listens on the new channel with the new key and wakes
+    /// every observer, which reads again whatever came meanwhile. Checked once a second at most, off the event loop: a
+    /// forged hint costs one query.
+    private func checkRotation() {
+        let due = state.withLock { state -> Bool in
+            if let last = state.lastRotationCheck, ContinuousClock.now - last < .seconds(1) { return false }
+            state.lastRotationCheck = .now
+            return true
+        }
+        guard due else { return }
+        DispatchQueue.global().async { [weak self] in
+            guard let self else { return }
+            let current = try? connections.query(
+                "SELECT channel FROM wormhole.groups WHERE grp = \(group)",
+                doing: "checking the group's channel"
+            ).first.map { try decode(String.self, $0, doing: "checking the group's channel") }
+            let (listening, connection) = state.withLock { ($0.groupChannel, $0.connection) }
+            // Gone from view (revoked) or changed: this connection's channel is no longer the group's.
+            guard current != listening else { return }
+            logger.info("PostgreSQL engine: the group's channel was rotated; listening again on the new one")
+            connection?.closeQuietly()
+        }
     }
 
     static func randomID() -> String {

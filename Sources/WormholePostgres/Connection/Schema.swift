@@ -312,6 +312,8 @@ enum Schema {
             USING (pg_catalog.pg_has_role(current_user, role_oid, 'MEMBER'))
             """,
         ],
+        // Version 6: sealed notifications, and notifications on the channel the group's row names now.
+        sealedNotificationsMigration,
     ]
 
     /// Runs the migrations this database lacks; returns the version it is at now.

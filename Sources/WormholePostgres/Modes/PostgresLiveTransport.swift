@@ -234,7 +234,7 @@ final class PostgresLiveTransport: LiveTransport {
             .liveSend,
             [
                 PostgresData(string: engine.group), PostgresData(string: identifier),
-                PostgresData(string: engine.hub.liveChannel(for: identifier)),
+                PostgresData(string: NotificationHub.liveSuffix(for: identifier)),
                 PostgresData(string: envelope.notification),
             ],
             doing: "sending a live message"
@@ -354,7 +354,7 @@ final class PostgresLiveTransport: LiveTransport {
             .liveRequest,
             [
                 PostgresData(string: engine.group), PostgresData(string: identifier),
-                PostgresData(string: engine.hub.liveChannel(for: identifier)), PostgresData(string: afterTarget),
+                PostgresData(string: NotificationHub.liveSuffix(for: identifier)), PostgresData(string: afterTarget),
             ],
             doing: "sending a request"
         )
@@ -433,7 +433,7 @@ final class PostgresLiveTransport: LiveTransport {
     /// Sends a reply without waiting for it: an answer may come from any thread, including Swift's cooperative pool.
     private static func answer(_ request: LiveEnvelope, failed: Bool, _ bytes: Data, _ engine: PostgresCore) {
         // To the requester's reply channel: no other process of the group hears it.
-        let replyChannel = NotificationHub.replyChannel(engine.channel, request.replyTo)
+        let replySuffix = NotificationHub.replySuffix(request.replyTo)
         var reply = LiveEnvelope(kind: .reply, identifier: request.identifier)
         reply.target = request.replyTo
         reply.requestID = request.requestID
@@ -443,8 +443,11 @@ final class PostgresLiveTransport: LiveTransport {
         if bytes.count <= inlineLimit, inline.notification.utf8.count <= notificationLimit {
             reply = inline
             engine.connections.submit(
-                .notify,
-                [PostgresData(string: replyChannel), PostgresData(string: reply.notification)],
+                .notifySealed,
+                [
+                    PostgresData(string: engine.group), PostgresData(string: replySuffix),
+                    PostgresData(string: reply.notification),
+                ],
                 doing: "replying to a request"
             )
         } else {
@@ -454,7 +457,7 @@ final class PostgresLiveTransport: LiveTransport {
                 """
                 WITH body AS (INSERT INTO wormhole.live_bodies (grp, id, body)
                     VALUES (\(engine.group), \(id), \(ByteBuffer(data: bytes))) RETURNING 1)
-                SELECT pg_notify(\(replyChannel), \(reply.notification)) FROM body
+                SELECT wormhole.notify_sealed(\(engine.group), \(replySuffix), \(reply.notification)) FROM body
                 """,
                 doing: "replying to a request"
             )
@@ -463,12 +466,15 @@ final class PostgresLiveTransport: LiveTransport {
 }
 
 extension PreparedStatement {
-    /// A live message (`wormhole.live_send`): the group, the identifier, its channel and the notification.
-    static let liveSend = PreparedStatement(sql: "SELECT wormhole.live_send($1::text, $2::text, $3::text, $4::text)")
+    /// A live message (`wormhole.live_send_sealed`): the group, the identifier, its channel's suffix and the
+    /// notification, which the server seals.
+    static let liveSend = PreparedStatement(
+        sql: "SELECT wormhole.live_send_sealed($1::text, $2::text, $3::text, $4::text)"
+    )
 
     /// A request: one responder of the identifier, chosen at random among the live ones, notified in the same
-    /// statement (the group, the identifier, its channel and the notification after its target). Returns the
-    /// responder's liveness key, or no row when none answers.
+    /// statement (the group, the identifier, its channel's suffix and the notification after its target), sealed by
+    /// the server. Returns the responder's liveness key, or no row when none answers.
     static let liveRequest = PreparedStatement(
         sql: """
             WITH chosen AS (
@@ -476,7 +482,7 @@ extension PreparedStatement {
                 WHERE e.grp = $1::text AND e.identifier = $2::text AND e.kind = 'respond'
                     AND e.alive_key IS NOT NULL AND NOT pg_catalog.pg_try_advisory_xact_lock_shared(e.alive_key)
                 ORDER BY pg_catalog.random() LIMIT 1)
-            SELECT c.alive_key, (SELECT pg_catalog.pg_notify($3::text,
+            SELECT c.alive_key, (SELECT wormhole.notify_sealed($1::text, $3::text,
                 'L' || pg_catalog.octet_length(c.endpoint) || ':' || c.endpoint || $4::text
             )) IS NULL FROM chosen c
             """

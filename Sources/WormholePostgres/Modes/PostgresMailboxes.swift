@@ -35,7 +35,7 @@ final class PostgresTransiting: Transiting {
             [
                 PostgresData(string: engine.group), PostgresData(string: identifier), PostgresData(string: sender),
                 PostgresData(int64: now), PostgresData(type: .bytea, value: ByteBuffer(data: payload)),
-                PostgresData(string: engine.channel), PostgresData(string: "n" + name),
+                PostgresData(string: ""), PostgresData(string: "n" + name),
             ],
             doing: "writing the mailbox \(identifier)"
         )
@@ -152,8 +152,8 @@ final class PostgresNotifier: Notifier {
         // The write just made on this thread notified this name already.
         if NotifiedByWrite.take(name) { return }
         try engine.connections.execute(
-            .notify,
-            [PostgresData(string: engine.channel), PostgresData(string: "n" + name)],
+            .notifyHint,
+            [PostgresData(string: engine.group), PostgresData(string: ""), PostgresData(string: "n" + name)],
             doing: "notifying \(name)"
         )
     }
@@ -181,7 +181,8 @@ enum NotifiedByWrite {
 
 extension PreparedStatement {
     /// A mailbox's write and its notification, in one statement: the group, the identifier, the sender, the time,
-    /// the payload, the channel and the notification. Returns the new sequence number.
+    /// the payload, the channel's suffix (empty: the group's channel, as its row names it) and the notification.
+    /// Returns the new sequence number.
     static let mailboxWrite = PreparedStatement(
         sql: """
             WITH written AS (
@@ -190,7 +191,7 @@ extension PreparedStatement {
                 ON CONFLICT (grp, identifier) DO UPDATE SET sequence = m.sequence + 1, sender = EXCLUDED.sender,
                     time_ns = EXCLUDED.time_ns, payload = EXCLUDED.payload
                 RETURNING sequence)
-            SELECT sequence, pg_catalog.pg_notify($6::text, $7::text) IS NULL FROM written
+            SELECT sequence, wormhole.notify($1::text, $6::text, $7::text) IS NULL FROM written
             """
     )
 

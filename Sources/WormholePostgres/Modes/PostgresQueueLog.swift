@@ -48,7 +48,7 @@ final class PostgresQueueLog: QueueLog {
             PostgresData(string: engine.group), PostgresData(string: identifier), PostgresData(string: sender),
             PostgresData(int64: now),
             PostgresData(array: buffers.map { PostgresData(type: .bytea, value: $0) }, elementType: .bytea),
-            PostgresData(string: engine.channel), PostgresData(string: "n" + notificationName),
+            PostgresData(string: ""), PostgresData(string: "n" + notificationName),
             carried.map(PostgresData.init(string:)) ?? .null,
         ]
         let what = "appending to the queue \(identifier)"
@@ -505,12 +505,12 @@ struct CarriedAppend: Sendable, Equatable {
 }
 
 extension PreparedStatement {
-    /// An append (`wormhole.queue_append`): the group, the queue, the sender, the time, the payloads, the channel,
-    /// the notification and the records it carries (or null).
+    /// An append (`wormhole.queue_append_sealed`): the group, the queue, the sender, the time, the payloads, the
+    /// channel's suffix (empty), the notification and the records it carries (or null), which the server seals.
     static let queueAppend = PreparedStatement(
         sql: """
-            SELECT wormhole.queue_append($1::text, $2::text, $3::text, $4::bigint, $5::bytea[], $6::text, $7::text,
-                $8::text)
+            SELECT wormhole.queue_append_sealed($1::text, $2::text, $3::text, $4::bigint, $5::bytea[], $6::text,
+                $7::text, $8::text)
             """
     )
 
@@ -528,8 +528,8 @@ extension PreparedStatement {
                 SELECT $1::text, $2::text, head.first + p.ordinal - 1, $3::text, $4::bigint, p.payload
                 FROM head, pg_catalog.unnest($5::bytea[]) WITH ORDINALITY AS p(payload, ordinal)
             )
-            SELECT head.first, pg_catalog.pg_notify($6::text,
-                CASE WHEN $8::text IS NULL THEN $7::text ELSE 'Q' || head.first || ':' || $8::text END)
+            SELECT head.first, CASE WHEN $8::text IS NULL THEN wormhole.notify($1::text, $6::text, $7::text)
+                ELSE wormhole.notify_sealed($1::text, $6::text, 'Q' || head.first || ':' || $8::text) END
             FROM head
             """
     )

@@ -141,7 +141,7 @@ final class PostgresSuiteStore: SuiteStore {
                 bumped AS (
                     UPDATE wormhole.suites SET version = \(version) WHERE grp = \(engine.group) AND suite = \(name)
                     RETURNING 1)
-                SELECT pg_notify(\(engine.channel), \("nsuite." + name)) IS NULL
+                SELECT wormhole.notify(\(engine.group), '', \("nsuite." + name)) IS NULL
                 """,
                 on: connection,
                 doing: what

@@ -71,15 +71,89 @@ struct LiveEnvelopeTests {
     func channels() {
         let group = "wormhole_" + String(repeating: "0123456789abcdef", count: 2)
         let identifiers = ["", "cursor", "Cursor", String(repeating: "é", count: 100), "a\"b;DROP TABLE x"]
-        let names = identifiers.map { NotificationHub.liveChannel(group, $0) }
+        let names = identifiers.map { group + NotificationHub.liveSuffix(for: $0) }
         #expect(Set(names).count == identifiers.count)
-        let reply = NotificationHub.replyChannel(group, NotificationHub.randomID())
-        let odd = NotificationHub.replyChannel(group, "not hexadecimal at all")
+        let reply = group + NotificationHub.replySuffix(NotificationHub.randomID())
+        let odd = group + NotificationHub.replySuffix("not hexadecimal at all")
         for name in names + [reply, odd] {
             #expect(name.hasPrefix(group + "_") && name.utf8.count <= 63, "\(name)")
             #expect(name.utf8.allSatisfy { $0 == 0x5f || (0x30...0x39).contains($0) || (0x61...0x7a).contains($0) })
         }
-        #expect(NotificationHub.liveChannel(group, "cursor") == names[1], "the same identifier, the same channel")
+        #expect(group + NotificationHub.liveSuffix(for: "cursor") == names[1], "the same identifier, the same channel")
+    }
+}
+
+/// Sealed notifications: an HMAC under the group's key, and the guard against replays (FORMAT.md).
+@Suite("Sealed PostgreSQL notifications")
+struct NotificationSealTests {
+    /// The pads of the key 0, 1, …, 31 (then zeros), as `wormhole.fill_group_key` makes them.
+    static let seal: NotificationSeal = {
+        let key = (0..<64).map { $0 < 32 ? UInt8($0) : 0 }
+        return NotificationSeal(inner: key.map { $0 ^ 0x36 }, outer: key.map { $0 ^ 0x5c })!
+    }()
+
+    @Test("HMAC-SHA256 from the pads is RFC 4231's HMAC-SHA256")
+    func knownAnswer() {
+        // RFC 4231, test case 2: the key "Jefe", the data "what do ya want for nothing?".
+        let key = Array("Jefe".utf8) + [UInt8](repeating: 0, count: 60)
+        let seal = NotificationSeal(inner: key.map { $0 ^ 0x36 }, outer: key.map { $0 ^ 0x5c })!
+        let code = seal.code(of: "what do ya want for nothing?".utf8)
+        let hex = code.map { String(format: "%02x", $0) }.joined()
+        #expect(hex == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+        #expect(NotificationSeal(inner: [1], outer: key) == nil, "pads of 64 bytes only")
+    }
+
+    @Test("A sealed notification opens to its body and origin; any change to it, or another key, does not")
+    func openAndTamper() throws {
+        let origin = NotificationSeal.Origin(backendPID: 4242, transaction: 987_654)
+        let body = "Q7:4:jobs3:app2:10" + "4:b25l"
+        let sealed = Self.seal.seal(body, origin: origin)
+        let opened = try #require(Self.seal.open(sealed))
+        #expect(opened.body == body[...])
+        #expect(opened.origin == origin)
+        // A body with a `~` of its own still opens: the last one starts the seal.
+        let tilde = Self.seal.seal("L0:m3:a~b0:0:0:0-", origin: origin)
+        #expect(Self.seal.open(tilde)?.body == "L0:m3:a~b0:0:0:0-")
+        // Every byte changed, the origin changed, a truncation, another key: refused.
+        let bytes = Array(sealed.utf8)
+        for index in bytes.indices {
+            var changed = bytes
+            changed[index] = changed[index] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+            #expect(Self.seal.open(String(decoding: changed, as: UTF8.self)) == nil, "byte \(index) changed")
+        }
+        let otherPID = sealed.replacingOccurrences(of: "~4242:", with: "~4243:")
+        #expect(Self.seal.open(otherPID) == nil)
+        #expect(Self.seal.open(String(sealed.dropLast(4))) == nil)
+        #expect(Self.seal.open(body) == nil, "unsealed")
+        let key = [UInt8](repeating: 7, count: 64)
+        let other = NotificationSeal(inner: key.map { $0 ^ 0x36 }, outer: key.map { $0 ^ 0x5c })!
+        #expect(other.open(sealed) == nil)
+    }
+
+    @Test("The replay guard: transactions over before LISTEN, another backend, an older or repeated one are refused")
+    func replayGuard() throws {
+        // xmin 100, xmax 110, transactions 103 and 105 in progress.
+        var guardian = try #require(ReplayGuard(snapshot: "100:110:103,105"))
+        func origin(_ pid: Int32, _ xid: UInt64) -> NotificationSeal.Origin {
+            NotificationSeal.Origin(backendPID: pid, transaction: xid)
+        }
+        func admit(_ origin: NotificationSeal.Origin, code: Substring, sentBy sender: Int32) -> Bool {
+            guardian.admit(origin, code: code, sentBy: sender)
+        }
+        #expect(!admit(origin(1, 104), code: "a", sentBy: 1), "over before the snapshot")
+        #expect(!admit(origin(1, 99), code: "a", sentBy: 1), "before xmin")
+        #expect(admit(origin(1, 103), code: "a", sentBy: 1), "in progress at the snapshot")
+        #expect(admit(origin(2, 110), code: "b", sentBy: 2), "begun after it")
+        #expect(!admit(origin(2, 111), code: "c", sentBy: 3), "sent by another backend than it names")
+        #expect(!admit(origin(2, 110), code: "b", sentBy: 2), "the same one again")
+        #expect(admit(origin(2, 110), code: "b2", sentBy: 2), "another of the same transaction")
+        #expect(admit(origin(2, 120), code: "d", sentBy: 2))
+        #expect(!admit(origin(2, 115), code: "e", sentBy: 2), "older than the last from that backend")
+        #expect(admit(origin(1, 105), code: "f", sentBy: 1), "another backend's order is its own")
+        for text in ["", "1:2", "a:2:", "1:b:", "1:2:x", "1:2:3,,4"] {
+            #expect(ReplayGuard(snapshot: text) == nil, "\(text)")
+        }
+        #expect(ReplayGuard(snapshot: "5:5:") != nil)
     }
 }
 
