@@ -190,10 +190,19 @@ package final class LocalPostgresServer: Sendable {
     /// - Throws: ``LocalPostgresServerError`` with what `psql` wrote when it fails.
     @discardableResult
     package func psql(_ sql: String, database: String = "wormhole", user: String = "postgres") throws -> String {
-        let arguments = [
-            "-h", directory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-A", "-t",
-            "-v", "ON_ERROR_STOP=1", "-c", sql,
-        ]
+        try psql(commands: [sql], database: database, user: user)
+    }
+
+    /// Runs each of `commands` with `psql`, as ``psql(_:database:user:)`` does, one after the other in one session,
+    /// each its own transaction: a `LISTEN` in one takes effect before the next runs, and what it hears is printed
+    /// (`Asynchronous notification "CHANNEL" with payload "…" received from server process with PID N.`).
+    @discardableResult
+    package func psql(commands: [String], database: String = "wormhole", user: String = "postgres") throws -> String {
+        let arguments =
+            [
+                "-h", directory, "-p", "\(port)", "-U", user, "-d", database, "-X", "-q", "-A", "-t",
+                "-v", "ON_ERROR_STOP=1",
+            ] + commands.flatMap { ["-c", $0] }
         let result = FinishedCommand.run(
             tools.prefix + [tools.psql] + arguments,
             timeout: Self.commandTimeout,

@@ -8,8 +8,8 @@ import WormholePostgres
 struct PostgresCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "postgres",
-        abstract: "Set up a PostgreSQL database for wormholes across hosts, grant groups, show their state.",
-        subcommands: [Setup.self, Grant.self, Status.self]
+        abstract: "Set up a PostgreSQL database for wormholes across hosts, grant and revoke groups, show their state.",
+        subcommands: [Setup.self, Grant.self, Revoke.self, Rotate.self, Status.self]
     )
 
     /// The server, from `--postgres` or `WORMHOLE_POSTGRES_URL`.
@@ -74,6 +74,54 @@ struct PostgresCommand: ParsableCommand {
             defer { administration.close() }
             try administration.grant(group: group, to: role)
             Output.line("The role \(role) may use the group \(group).")
+        }
+    }
+
+    struct Revoke: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Take a group from a role, and rotate the group's channel and key.",
+            discussion: """
+                The role's processes lose the group at once: their live endpoints go, and they cannot read the new \
+                channel or key. The group's other processes move to the new channel by themselves and read again \
+                what came meanwhile; a live message sent in the moment of the move may be lost.
+                """
+        )
+
+        @OptionGroup var server: Server
+
+        @Option(name: .long, help: ArgumentHelp("The group.", valueName: "id"))
+        var group: String
+
+        @Option(name: .long, help: ArgumentHelp("The role, or the name a dropped role had.", valueName: "role"))
+        var role: String
+
+        func run() throws {
+            let administration = try server.administration()
+            defer { administration.close() }
+            let revoked = try administration.revoke(group: group, from: role)
+            Output.line(
+                revoked
+                    ? "The role \(role) may no longer use the group \(group); its channel and key are new."
+                    : "The role \(role) had no grant of the group \(group); its channel and key are new all the same."
+            )
+        }
+    }
+
+    struct Rotate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Give a group a new channel and key, as after a leak (its processes move by themselves)."
+        )
+
+        @OptionGroup var server: Server
+
+        @Option(name: .long, help: ArgumentHelp("The group.", valueName: "id"))
+        var group: String
+
+        func run() throws {
+            let administration = try server.administration()
+            defer { administration.close() }
+            try administration.rotate(group: group)
+            Output.line("The group \(group) has a new channel and key.")
         }
     }
 

@@ -92,6 +92,86 @@ public final class PostgresAdministration: Sendable {
         }
     }
 
+    /// Takes `group` from `role` (granted by ``grant(group:to:)``), and rotates the group's channel and key
+    /// (``rotate(group:)``), so that the role's processes, which knew both, hear and seal nothing of the group's
+    /// from now on.
+    ///
+    /// The role's live endpoints in the group are removed (a request is never sent to them again), as is the
+    /// endpoint of any session whose user may no longer use the group. The role keeps its privileges on the tables,
+    /// which it may need for other groups; row-level security hides this group's rows from it.
+    ///
+    /// - Parameter role: The role's name; for a role that was dropped, the name it had.
+    /// - Returns: Whether a grant was removed.
+    /// - Throws: `WormholeError.Code.serverRejected` when there is no such group or this user may not change it.
+    @discardableResult
+    public func revoke(group: String, from role: String) throws(WormholeError) -> Bool {
+        try GroupName.validate(group)
+        let what = "revoking \(group) from \(role)"
+        return try connections.transaction(doing: what) { (connection) throws(WormholeError) -> Bool in
+            let removed = try connections.run(
+                "DELETE FROM wormhole.group_roles WHERE grp = \(group) AND role = \(role) RETURNING 1",
+                on: connection,
+                doing: what
+            )
+            // Endpoints of sessions whose user is no longer a member of any role granted the group.
+            try connections.run(
+                """
+                DELETE FROM wormhole.live_endpoints e WHERE e.grp = \(group) AND EXISTS (
+                    SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = e.backend_pid
+                        AND NOT EXISTS (SELECT 1 FROM wormhole.group_roles r WHERE r.grp = e.grp
+                            AND pg_catalog.pg_has_role(a.usesysid, r.role_oid, 'MEMBER')))
+                """,
+                on: connection,
+                doing: what
+            )
+            try rotate(group: group, on: connection, doing: what)
+            return !removed.isEmpty
+        }
+    }
+
+    /// Gives `group` a new notification channel and a new key, as after a leak of either: the group's running
+    /// processes move to the new channel by themselves (a hint on the old one tells them; each then listens anew and
+    /// reads again what came meanwhile), and whoever knew only the old ones hears nothing more and can seal nothing.
+    ///
+    /// A live message or request sent in the moment of the move may be lost, as during a reconnection; mailboxes,
+    /// queues, suites and stores lose nothing.
+    ///
+    /// - Throws: `WormholeError.Code.serverRejected` when there is no such group or this user may not change it.
+    public func rotate(group: String) throws(WormholeError) {
+        try GroupName.validate(group)
+        let what = "rotating the channel of \(group)"
+        try connections.transaction(doing: what) { (connection) throws(WormholeError) in
+            try rotate(group: group, on: connection, doing: what)
+        }
+    }
+
+    /// The rotation, in the caller's transaction: the row locked, a new channel and key (`wormhole.fill_group_key`
+    /// makes the key when it is set to null), and the hint `r` on the old channel, sent at the commit.
+    private func rotate(group: String, on connection: PostgresConnection, doing what: String) throws(WormholeError) {
+        let old = try connections.run(
+            "SELECT channel FROM wormhole.groups WHERE grp = \(group) FOR UPDATE",
+            on: connection,
+            doing: what
+        )
+        guard let row = old.first else {
+            throw WormholeError(
+                .serverRejected,
+                "There is no group \(group) on this server, or this role cannot see it."
+            )
+        }
+        let channel = try decode(String.self, row, doing: what)
+        try connections.run(
+            """
+            UPDATE wormhole.groups
+            SET channel = 'wormhole_' || md5(gen_random_uuid()::text || clock_timestamp()::text), key_inner = NULL
+            WHERE grp = \(group)
+            """,
+            on: connection,
+            doing: what
+        )
+        try connections.run("SELECT pg_notify(\(channel), 'r')", on: connection, doing: what)
+    }
+
     /// The groups this role sees, with their mailboxes, queues (and their consumers' lag) and live endpoints.
     ///
     /// - Parameter group: One group only, or every group when nil.

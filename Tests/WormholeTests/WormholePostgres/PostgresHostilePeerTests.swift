@@ -2,7 +2,8 @@ import Foundation
 import Testing
 import WormholeCLI
 import WormholeKit
-import WormholePostgres
+
+@testable import WormholePostgres
 
 /// What the PostgreSQL engine does when another holder of the group's rights (or of none) does not behave: rows
 /// written by hand are checked before use, a transfer's row cannot hand over a file outside its destination, a
@@ -96,6 +97,249 @@ struct PostgresHostilePeerTests {
         // 1 is the tool's failure; a trap ends it by a signal (SIGILL or SIGTRAP), which is not 1.
         #expect(tool.status == 1, "exit \(tool.status): \(tool.error)")
         #expect(tool.error.contains("sequence = -7"), "\(tool.error)")
+    }
+
+    // MARK: Notifications
+
+    /// A group's channel, as its row names it now.
+    static func channel(of group: String, _ server: LocalPostgresServer) throws -> String {
+        try server.psql("SELECT channel FROM wormhole.groups WHERE grp = '\(group)'")
+    }
+
+    /// `text` as an SQL string literal.
+    static func literal(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "''") + "'" }
+
+    /// What `psql` printed of the notifications it heard, in order: each one's payload.
+    static func heard(_ output: String) -> [String] {
+        let start = "with payload \""
+        let end = "\" received from server process with PID"
+        return output.split(separator: "\n").compactMap { line in
+            guard line.hasPrefix("Asynchronous notification"), let from = line.range(of: start),
+                let to = line.range(of: end, options: .backwards), from.upperBound <= to.lowerBound
+            else { return nil }
+            return String(line[from.upperBound..<to.lowerBound])
+        }
+    }
+
+    @Test("Forged queue and live notifications from a role of another group deliver nothing and skip no record")
+    func forgedNotifications() async throws { try await offThePool { try forgedNotificationsBody() } }
+
+    func forgedNotificationsBody() throws {
+        let server = try requireTestServer()
+        let roles = try GrantedRoles(server, prefix: "forged")
+        defer { roles.close() }
+        let engine = try PostgresEngine(
+            url: PostgresSecurityTests.url(server, user: roles.one),
+            group: roles.groupA,
+            setsUpSchema: false
+        )
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "one")
+        let queue = try wormhole.queue("jobs")
+        let handled = Collector<String>()
+        let consumer = try queue.consume(consumer: "worker", as: String.self) { handled.append($0.value) }
+        defer { consumer.cancel() }
+        let ticks = Collector<String>()
+        let listener = try wormhole.listenForLiveMessages(withIdentifier: "ticks", as: String.self) { ticks.append($0) }
+        defer { listener.cancel() }
+        try queue.enqueue("real 0")
+        #expect(eventually { handled.values == ["real 0"] })
+
+        // Role two, of group B only, given the channel's name (a member since removed, a leaked log line), sends
+        // what an append of "forged" at offset 1 would carry, unsealed and with a seal of its own making, and a
+        // live message.
+        let channel = try Self.channel(of: roles.groupA, server)
+        let forgedRecord = CarriedAppend(
+            identifier: "jobs",
+            firstOffset: 1,
+            sender: "forger",
+            timestampNanoseconds: 0,
+            payloads: [Data("\"forged\"".utf8)]
+        ).notification
+        var forgedTick = LiveEnvelope(kind: .message, identifier: "ticks")
+        forgedTick.sender = "forger"
+        forgedTick.body = Data("\"forged\"".utf8).base64EncodedString()
+        let fakeSeal = "~1:1:" + Data(count: 32).base64EncodedString()
+        for text in [forgedRecord, forgedRecord + fakeSeal] {
+            try server.psql("SELECT pg_notify(\(Self.literal(channel)), \(Self.literal(text)))", user: roles.two)
+        }
+        let liveChannel = channel + NotificationHub.liveSuffix(for: "ticks")
+        for text in [forgedTick.notification, forgedTick.notification + fakeSeal] {
+            try server.psql("SELECT pg_notify(\(Self.literal(liveChannel)), \(Self.literal(text)))", user: roles.two)
+        }
+        #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) >= 4 }, "the forgeries were heard")
+
+        // The real records come, every one, and the live message sent after the forgery.
+        try queue.enqueue("real 1")
+        try queue.enqueue("real 2")
+        #expect(try wormhole.sendMessage("real", identifier: "ticks") == 1)
+        #expect(eventually { handled.values.count >= 3 && ticks.values.count >= 1 })
+        #expect(handled.values == ["real 0", "real 1", "real 2"], "a forgery was handled, or a record skipped")
+        #expect(ticks.values == ["real"])
+    }
+
+    @Test("Replayed sealed notifications, by a role of another group or by a member, deliver nothing")
+    func replayedNotifications() async throws { try await offThePool { try replayedNotificationsBody() } }
+
+    func replayedNotificationsBody() throws {
+        let server = try requireTestServer()
+        let roles = try GrantedRoles(server, prefix: "replayed")
+        defer { roles.close() }
+        let engine = try PostgresEngine(
+            url: PostgresSecurityTests.url(server, user: roles.one),
+            group: roles.groupA,
+            setsUpSchema: false
+        )
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "one")
+        let ticks = Collector<String>()
+        let listener = try wormhole.listenForLiveMessages(withIdentifier: "ticks", as: String.self) { ticks.append($0) }
+        defer { listener.cancel() }
+        let queue = try wormhole.queue("jobs")
+        let handled = Collector<String>()
+        let consumer = try queue.consume(consumer: "worker", as: String.self) { handled.append($0.value) }
+        defer { consumer.cancel() }
+
+        // Role two listens on the group's channels, as one who learnt the name may, while role one sends.
+        let channel = try Self.channel(of: roles.groupA, server)
+        let liveChannel = channel + NotificationHub.liveSuffix(for: "ticks")
+        let captured = Locked<String?>(nil)
+        let capture = Thread {
+            let output = try? server.psql(
+                commands: ["LISTEN \"\(channel)\"", "LISTEN \"\(liveChannel)\"", "SELECT pg_sleep(2.5)", "SELECT 1"],
+                user: roles.two
+            )
+            captured.withLock { $0 = output ?? "" }
+        }
+        capture.start()
+        Thread.sleep(forTimeInterval: 1)
+        #expect(try wormhole.sendMessage("once", identifier: "ticks") == 1)
+        try queue.enqueue("job")
+        #expect(eventually { ticks.values == ["once"] && handled.values == ["job"] })
+        #expect(eventually { captured.withLock { $0 } != nil })
+        let heard = Self.heard(captured.withLock { $0 } ?? "").filter { $0.hasPrefix("L") || $0.hasPrefix("Q") }
+        #expect(heard.count == 2, "\(captured.withLock { $0 } ?? "")")
+        #expect(heard.allSatisfy { $0.contains("~") }, "sealed: \(heard)")
+
+        // Sent again as they were, by the outsider and by a member of the group, on their channels.
+        let refusedBefore = engine.core.hub.refused.load(ordering: .relaxed)
+        for user in [roles.two, roles.one] {
+            for text in heard {
+                let target = text.hasPrefix("L") ? liveChannel : channel
+                try server.psql("SELECT pg_notify(\(Self.literal(target)), \(Self.literal(text)))", user: user)
+            }
+        }
+        #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) >= refusedBefore + 2 })
+        #expect(try wormhole.sendMessage("twice", identifier: "ticks") == 1)
+        #expect(eventually { ticks.values.count >= 2 })
+        #expect(ticks.values == ["once", "twice"], "a replay was delivered")
+        #expect(handled.values == ["job"])
+        capture.cancel()
+    }
+
+    @Test("Revoking a role while its processes and the group's run: the group moves to a new channel, loses nothing")
+    func revokedWhileRunning() async throws { try await offThePool { try revokedWhileRunningBody() } }
+
+    func revokedWhileRunningBody() throws {
+        let server = try requireTestServer()
+        let roles = try GrantedRoles(server, prefix: "revoked")
+        defer { roles.close() }
+        let third = PostgresSecurityTests.uniqueRole()
+        defer { PostgresSecurityTests.dropRoles([third], on: server) }
+        try server.psql("CREATE ROLE \(third) LOGIN", database: "postgres")
+        try roles.administration.grant(group: roles.groupA, to: third)
+
+        func open(_ user: String) throws -> PostgresEngine {
+            try PostgresEngine(
+                url: PostgresSecurityTests.url(server, user: user),
+                group: roles.groupA,
+                setsUpSchema: false
+            )
+        }
+        let member = try open(roles.one)
+        defer { member.close() }
+        let writer = try open(roles.one)
+        defer { writer.close() }
+        let revoked = try open(third)
+        defer { revoked.close() }
+        let memberWormhole = Wormhole(engine: member, sender: "member")
+        let writerWormhole = Wormhole(engine: writer, sender: "writer")
+        let revokedWormhole = Wormhole(engine: revoked, sender: "revoked")
+
+        let boxes = Collector<String>()
+        let boxListener = try memberWormhole.listenForMessage(withIdentifier: "box", as: String.self) {
+            boxes.append($0)
+        }
+        defer { boxListener.cancel() }
+        let handled = Collector<Int>()
+        let consumer = try memberWormhole.queue("jobs").consume(consumer: "worker", as: Int.self) {
+            handled.append($0.value)
+        }
+        defer { consumer.cancel() }
+        let ticks = Collector<String>()
+        let memberTicks = try memberWormhole.listenForLiveMessages(withIdentifier: "ticks", as: String.self) {
+            ticks.append($0)
+        }
+        defer { memberTicks.cancel() }
+        let revokedTicks = Collector<String>()
+        let revokedListener = try revokedWormhole.listenForLiveMessages(withIdentifier: "ticks", as: String.self) {
+            revokedTicks.append($0)
+        }
+        defer { revokedListener.cancel() }
+        #expect(try writerWormhole.sendMessage("before", identifier: "ticks") == 2)
+        #expect(eventually { ticks.values == ["before"] && revokedTicks.values == ["before"] })
+        let oldChannel = try Self.channel(of: roles.groupA, server)
+
+        // Jobs flow while the grant goes; the revoked role listens on the old channel meanwhile.
+        let jobs = Thread {
+            for index in 0..<60 {
+                try? writerWormhole.queue("jobs").enqueue(index)
+                Thread.sleep(forTimeInterval: 0.01)
+            }
+        }
+        jobs.start()
+        Thread.sleep(forTimeInterval: 0.2)
+        #expect(try roles.administration.revoke(group: roles.groupA, from: third))
+        #expect(try !roles.administration.revoke(group: roles.groupA, from: third), "already revoked")
+        let newChannel = try Self.channel(of: roles.groupA, server)
+        #expect(newChannel != oldChannel && newChannel.hasPrefix("wormhole_"))
+        let overheard = Locked<String?>(nil)
+        let eavesdropper = Thread {
+            let output = try? server.psql(
+                commands: ["LISTEN \"\(oldChannel)\"", "SELECT pg_sleep(2)", "SELECT 1"],
+                user: third
+            )
+            overheard.withLock { $0 = output ?? "" }
+        }
+        eavesdropper.start()
+        Thread.sleep(forTimeInterval: 0.5)
+
+        // The group's processes moved by themselves: every job, the mailbox, live messages on the new channel.
+        #expect(eventually(timeout: 20) { handled.values.count >= 60 }, "\(handled.values.count) jobs of 60")
+        #expect(handled.values == Array(0..<60), "every job once, in order")
+        try writerWormhole.passMessageObject("after", identifier: "box")
+        #expect(eventually { boxes.values.last == "after" })
+        #expect(eventually { (try? writerWormhole.sendMessage("after", identifier: "ticks")) == 1 })
+        #expect(eventually { ticks.values.contains("after") })
+        #expect(revokedTicks.values == ["before"])
+
+        // The revoked role: no row of the group, no endpoint left, nothing heard on the old channel, no write.
+        #expect(
+            try server.psql("SELECT count(*) FROM wormhole.groups WHERE grp = '\(roles.groupA)'", user: third) == "0"
+        )
+        let endpoints = try server.psql(
+            """
+            SELECT count(*) FROM wormhole.live_endpoints e JOIN pg_stat_activity a ON a.pid = e.backend_pid
+            WHERE e.grp = '\(roles.groupA)' AND a.usename = '\(third)'
+            """
+        )
+        #expect(endpoints == "0")
+        #expect(eventually { overheard.withLock { $0 } != nil })
+        #expect(Self.heard(overheard.withLock { $0 } ?? "").isEmpty, "\(overheard.withLock { $0 } ?? "")")
+        let refused = wormholeError { try revokedWormhole.passMessageObject("revoked", identifier: "box") }
+        #expect(refused?.code == .serverRejected, "\(String(describing: refused))")
+        #expect(boxes.values.last == "after")
+        #expect(try roles.administration.status(group: roles.groupA).groups.first?.grantsOfDroppedRoles == [])
     }
 
     // MARK: Transfers
