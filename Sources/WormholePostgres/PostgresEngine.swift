@@ -44,7 +44,9 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     ///     allowed to create the schema `wormhole`); when false, `WormholeError.Code.serverRejected` tells to run
     ///     `wormhole postgres setup`.
     ///   - timeout: How long one statement may take before the call fails with `WormholeError.Code.serverUnavailable`
-    ///     (within a live request, its own time-out, when shorter, after which it gives `timedOut`).
+    ///     (within a live request, its own time-out, when shorter, after which it gives `timedOut`). The server is
+    ///     told too (`statement_timeout` and `lock_timeout`, 100 and 200 ms shorter; `idle_in_transaction_session_timeout`,
+    ///     twice as long and at least a minute), so that it stops what the engine gave up on.
     ///   - logger: Where the engine logs reconnections and lost notifications; never a password.
     /// - Throws: `WormholeError` with `WormholeError.Code.serverUnavailable` when the server cannot be reached,
     ///   `WormholeError.Code.serverRejected` when it refuses the role or the group,

@@ -81,6 +81,26 @@ final class Connections: Sendable {
         if closed.load(ordering: .relaxed) { throw Self.closedError }
     }
 
+    /// What the server bounds itself on the engine's own connections, set when each opens: a statement, and a wait
+    /// for a lock, end on the server a little before the engine's time-out (100 and 200 ms), so that the server stops work
+    /// the client gave up on (a client's time-out closes the connection, which a busy backend notices only when it
+    /// next writes to it) and the connection stays usable (the error is SQLSTATE 57014 or 55P03); a session idle in a
+    /// transaction ends after twice the time-out, and at least a minute (a store's transaction runs the caller's code
+    /// between its statements). A time-out of a day or more sets nothing. Connections borrowed from a
+    /// `PostgresClient` keep the settings the client's configuration gives them.
+    static func serverTimeLimits(for timeout: Duration) -> [(String, String)] {
+        let (seconds, attoseconds) = timeout.components
+        guard seconds >= 0, seconds < 86_400 else { return [] }
+        let milliseconds = seconds * 1_000 + attoseconds / 1_000_000_000_000_000
+        let statement = max(100, milliseconds - 100)
+        // A lock's wait a little shorter still, so that a statement held up by a lock says so.
+        let lock = max(50, statement - 100)
+        return [
+            ("statement_timeout", "\(statement)"), ("lock_timeout", "\(lock)"),
+            ("idle_in_transaction_session_timeout", "\(max(60_000, 2 * milliseconds))"),
+        ]
+    }
+
     /// Opens a new connection, with ``sessionParameters`` and `parameters` set for its session.
     func connect(parameters: [(String, String)] = []) throws(WormholeError) -> PostgresConnection {
         try ensureOpen()
@@ -92,7 +112,7 @@ final class Connections: Sendable {
         // is the URL's `connect_timeout`, else postgres-nio's 10 s.
         configuration.options.additionalStartupParameters =
             [("application_name", "wormhole")] + configuration.options.additionalStartupParameters
-            + sessionParameters + parameters
+            + Self.serverTimeLimits(for: timeout) + sessionParameters + parameters
         let id = nextID.add(1, ordering: .relaxed).oldValue
         let future = PostgresConnection.connect(
             on: eventLoops.next(),
@@ -635,10 +655,14 @@ final class Connections: Sendable {
             case "28P01": advice = " Check the user and password of the URL."
             case "28000":
                 advice = " The server's pg_hba.conf refuses this connection: check the user, the host and sslmode."
+            case "57014":
+                advice = " It ran past the engine's time-out, and the server ended it (statement_timeout); try again."
+            case "55P03":
+                advice = " Another session held a lock it needed for longer than the engine's time-out (lock_timeout)."
             default: break
             }
             let code: WormholeError.Code =
-                state.hasPrefix("28") || state.hasPrefix("57") || state.hasPrefix("08")
+                state.hasPrefix("28") || state.hasPrefix("57") || state.hasPrefix("08") || state == "55P03"
                 ? .serverUnavailable : .serverRejected
             return WormholeError(
                 code,

@@ -451,8 +451,11 @@ final class NotificationHub: Sendable {
     private func listenOnce(resetBackOff: () -> Void) throws(WormholeError) {
         // The server's keep-alives find a client that vanished (a cut link) within seconds instead of hours, so that
         // its endpoints stop counting; this side finds a dead server by its pings, which time out.
+        // `tcp_user_timeout` (15 s) also drops a client whose socket stopped taking data (a process stopped with
+        // SIGSTOP, whose buffers are full): keep-alives alone are answered by its kernel.
         let dedicated = try connections.dedicatedConnection(parameters: [
             ("tcp_keepalives_idle", "5"), ("tcp_keepalives_interval", "2"), ("tcp_keepalives_count", "3"),
+            ("tcp_user_timeout", "15000"),
         ])
         let connection = dedicated.connection
         // Cleanly: the hub closed while the connection still works. (Runs after the listeners' own ends below, whose

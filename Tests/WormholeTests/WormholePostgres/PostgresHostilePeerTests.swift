@@ -342,6 +342,63 @@ struct PostgresHostilePeerTests {
         #expect(try roles.administration.status(group: roles.groupA).groups.first?.grantsOfDroppedRoles == [])
     }
 
+    // MARK: Time limits on the server
+
+    @Test("The server ends a statement, and a wait for a lock, at the engine's time-out; the connection goes on")
+    func serverTimeLimits() async throws { try await offThePool { try serverTimeLimitsBody() } }
+
+    func serverTimeLimitsBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("limits")
+        let engine = try PostgresEngine(url: server.url, group: group, timeout: .seconds(1))
+        defer { engine.close() }
+        let connections = engine.core.connections
+        let settings = try connections.query(
+            """
+            SELECT current_setting('statement_timeout') || ' ' || current_setting('lock_timeout') || ' '
+                || current_setting('idle_in_transaction_session_timeout')
+            """,
+            doing: "reading the session's limits"
+        )
+        #expect(try decode(String.self, settings.first, doing: "reading") == "900ms 800ms 1min")
+
+        // A statement past the limit is ended by the server itself: its error, and no backend still at it.
+        let started = ContinuousClock.now
+        let sleeping = wormholeError { _ = try connections.query("SELECT pg_sleep(10)", doing: "sleeping") }
+        #expect(sleeping?.message.contains("57014") == true, "\(String(describing: sleeping))")
+        #expect(ContinuousClock.now - started < .seconds(5))
+        let active = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10)' AND state = 'active'"
+        #expect(try server.psql(active) == "0")
+
+        // A suite's row locked by another session (psql, in a transaction it keeps open for 3 s): the update waits
+        // no longer than the limit, and fails with the server's lock time-out.
+        let wormhole = Wormhole(engine: engine, sender: "limits")
+        let suite = try wormhole.suite("settings")
+        try suite.set("before", forKey: "key")
+        let holder = Thread {
+            _ = try? server.psql(commands: [
+                "BEGIN", "SELECT 1 FROM wormhole.suites WHERE grp = '\(group)' FOR UPDATE", "SELECT pg_sleep(3)",
+                "COMMIT",
+            ])
+        }
+        holder.start()
+        #expect(
+            eventually {
+                (try? server.psql("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3)'")) == "1"
+            }
+        )
+        let locked = wormholeError { try suite.set("while locked", forKey: "key") }
+        #expect(locked?.message.contains("55P03") == true, "\(String(describing: locked))")
+        #expect(
+            eventually(timeout: 10) {
+                (try? server.psql("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(3)'")) == "0"
+            }
+        )
+        // The engine's connections work on.
+        try suite.set("after", forKey: "key")
+        #expect(try suite.value(forKey: "key", as: String.self) == "after")
+    }
+
     // MARK: Transfers
 
     @Test("A transfer's row naming a file outside the destination hands nothing over; a claimed one is delivered again")
