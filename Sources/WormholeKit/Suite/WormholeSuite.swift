@@ -94,7 +94,9 @@ public final class WormholeSuite: Sendable {
 
     /// Changes any number of keys in one step, atomically for every process: `body` sees the current values, and no
     /// other process's update comes in between its read and its write. The observers are told once, with every key
-    /// it changed. `body` runs under the suite's lock: it reads and changes `values`, and must not call this suite.
+    /// it changed. `body` reads and changes `values`, and must not call this suite. On a directory and in memory it
+    /// runs once, under the suite's lock; on PostgreSQL it runs with no lock held, and runs again when another
+    /// update came in between (so that a process stopped in it holds nobody up): keep it free of other effects.
     ///
     /// ```swift
     /// try settings.update { values in

@@ -399,6 +399,54 @@ struct PostgresHostilePeerTests {
         #expect(try suite.value(forKey: "key", as: String.self) == "after")
     }
 
+    @Test("A suite update whose closure is held up holds up no other update; it runs again, over the other's change")
+    func suiteUpdateHoldsNoLock() async throws { try await offThePool { try suiteUpdateHoldsNoLockBody() } }
+
+    func suiteUpdateHoldsNoLockBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("optimistic")
+        let slowEngine = try PostgresEngine(url: server.url, group: group)
+        defer { slowEngine.close() }
+        let quickEngine = try PostgresEngine(url: server.url, group: group)
+        defer { quickEngine.close() }
+        let slow = try Wormhole(engine: slowEngine, sender: "slow").suite("counters")
+        let quick = try Wormhole(engine: quickEngine, sender: "quick").suite("counters")
+        try quick.set(0, forKey: "count")
+
+        let runs = Locked(0)
+        let inside = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let updated = DispatchSemaphore(value: 0)
+        let slowThread = Thread {
+            try? slow.update { values in
+                let run = runs.withLock { (count: inout Int) -> Int in
+                    count += 1
+                    return count
+                }
+                if run == 1 {
+                    inside.signal()
+                    _ = release.wait(timeout: .now() + 20)  // held in its closure, as a stopped process would be
+                }
+                try values.set((values["count", as: Int.self] ?? 0) + 10, forKey: "count")
+            }
+            updated.signal()
+        }
+        slowThread.start()
+        #expect(inside.wait(timeout: .now() + 10) == .success)
+        // While the slow closure is held, another process's update goes through at once.
+        let started = ContinuousClock.now
+        try quick.update { values in try values.set((values["count", as: Int.self] ?? 0) + 1, forKey: "count") }
+        #expect(ContinuousClock.now - started < .seconds(2), "the update waited for the held closure")
+        #expect(try quick.value(forKey: "count", as: Int.self) == 1)
+        release.signal()
+        #expect(updated.wait(timeout: .now() + 20) == .success)
+        // The slow update saw it had been overtaken, ran again over the new value, and both changes are there.
+        #expect(runs.withLock { $0 } == 2)
+        #expect(try quick.value(forKey: "count", as: Int.self) == 11)
+        let changes = try #require(try quick.store.changes(after: 0).changes)
+        #expect(changes.map(\.sender) == ["quick", "quick", "slow"])
+    }
+
     // MARK: Transfers
 
     @Test("A transfer's row naming a file outside the destination hands nothing over; a claimed one is delivered again")
