@@ -55,7 +55,8 @@ public final class FileTransiting: Transiting {
         /// the creating user's group. See ``shared(withGroup:synchronizesWrites:)``.
         public var group: UInt32?
         /// How long a write waits for another process to let go of a file's lock (a mailbox's, a suite's, or the
-        /// coordination lock); 5 seconds by default.
+        /// coordination lock); 5 seconds by default. While the kernel names a holder that runs (on Linux, other
+        /// writers taking it one after the other), the wait goes on up to three times as long.
         ///
         /// Writers hold these locks for one write, microseconds; a longer wait means the holder is stuck: stopped by
         /// a signal or a debugger, frozen in a cgroup, or suspended. The write then fails with

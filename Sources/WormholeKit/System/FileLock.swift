@@ -14,9 +14,10 @@ import Darwin
 /// A blocking `flock` waits for as long as the holder keeps the lock, and a process stopped while it holds one (by
 /// SIGSTOP, a debugger, a frozen cgroup) keeps it for as long as it is stopped: every writer of that file would wait
 /// with it. So no lock of the package is waited for without a limit: the lock is tried without blocking, and while
-/// someone holds it, tried again after pauses that grow from 10 µs to 1 ms, until the limit. Uncontended, that is the
-/// one system call a blocking `flock` was; the holders of these locks hold them for one write, so the first retry
-/// nearly always finds it free.
+/// someone holds it, tried again after pauses that grow from 10 µs to 1 ms, until the limit (or three times it, while
+/// the holder the kernel names runs: contended writers make progress). Uncontended, that is the one system call a
+/// blocking `flock` was; the holders of these locks hold them for one write, so the first retry nearly always finds
+/// it free.
 extension Descriptor {
     /// The first pause before the lock is tried again, and the longest.
     private static let firstPause = Duration.microseconds(10)
@@ -28,18 +29,34 @@ extension Descriptor {
         let operation = (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB
         // The clock is read only once the lock was found held: uncontended, the call is the one `flock`.
         var deadline: ContinuousClock.Instant?
+        var extensions = 0
         var pause = Self.firstPause
         while true {
             if flock(rawValue, operation) == 0 { return .success(true) }
             let error = currentErrno
             guard error == .resourceTemporarilyUnavailable || error == .interrupted else { return .failure(error) }
             let now = ContinuousClock.now
-            let end = deadline ?? now + limit
+            var end = deadline ?? now + limit
+            if now >= end {
+                // Tries that poll lose races a blocking waiter would have won: while the kernel says the lock is
+                // held by a process that runs (others writing, one after the other), the wait goes on, up to three
+                // times the limit. A holder that is stopped, or that nobody can name, ends it.
+                guard extensions < 2, Self.holderRuns(of: self) else { return .success(false) }
+                extensions += 1
+                end = now + limit
+            }
             deadline = end
-            if now >= end { return .success(false) }
             Self.sleep(min(pause, end - now))
             pause = min(pause * 2, Self.longestPause)
         }
+    }
+
+    /// Whether the kernel names a holder of the file's lock that is not stopped (Linux only).
+    private static func holderRuns(of descriptor: Descriptor) -> Bool {
+        guard case .success(let status) = descriptor.status(),
+            let holder = LockHolder.of(device: status.device, inode: status.inode)
+        else { return false }
+        return !holder.isStopped
     }
 
     private static func sleep(_ duration: Duration) {
@@ -71,8 +88,9 @@ package struct LockHolder: Sendable, Equatable, CustomStringConvertible {
         guard let text = try? String(contentsOfFile: "/proc/locks", encoding: .utf8) else { return nil }
         // `1: FLOCK  ADVISORY  WRITE 2893 fd:01:1316 0 EOF`; the device's major and minor are in hexadecimal,
         // the inode in decimal. A line with `->` is a waiter, not a holder.
-        let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
-        let minor = (device & 0xff) | ((device >> 12) & ~0xff)
+        // As glibc's `major()` and `minor()`.
+        let major = ((device >> 8) & 0xfff) | ((device >> 32) & 0xffff_f000)
+        let minor = (device & 0xff) | ((device >> 12) & 0xffff_ff00)
         for line in text.split(separator: "\n") {
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             guard fields.count >= 6, !fields.contains("->") else { continue }

@@ -81,7 +81,7 @@ final class Connections: Sendable {
         if closed.load(ordering: .relaxed) { throw Self.closedError }
     }
 
-    /// What the server bounds itself on the engine's own connections, set when each opens: a statement, and a wait
+    /// What the server bounds itself on the engine's own connections, set (`set_config`) when each opens: a statement, and a wait
     /// for a lock, end on the server a little before the engine's time-out (100 and 200 ms), so that the server stops work
     /// the client gave up on (a client's time-out closes the connection, which a busy backend notices only when it
     /// next writes to it) and the connection stays usable (the error is SQLSTATE 57014 or 55P03); a session idle in a
@@ -112,7 +112,7 @@ final class Connections: Sendable {
         // is the URL's `connect_timeout`, else postgres-nio's 10 s.
         configuration.options.additionalStartupParameters =
             [("application_name", "wormhole")] + configuration.options.additionalStartupParameters
-            + Self.serverTimeLimits(for: timeout) + sessionParameters + parameters
+            + sessionParameters + parameters
         let id = nextID.add(1, ordering: .relaxed).oldValue
         let future = PostgresConnection.connect(
             on: eventLoops.next(),
@@ -120,13 +120,37 @@ final class Connections: Sendable {
             id: id,
             logger: logger
         )
+        let connection: PostgresConnection
         do {
-            return try wait(for: future, doing: "connecting to \(location)")
+            connection = try wait(for: future, doing: "connecting to \(location)")
         } catch {
             // A connection that arrives after the time-out is closed, never left open.
             future.whenSuccess { $0.closeQuietly() }
             throw error
         }
+        // Set once the session is open, not in the startup message: PgBouncer refuses startup parameters it does not
+        // know, and these are among them. One round trip per new connection, which the pool keeps.
+        let limits = Self.serverTimeLimits(for: timeout)
+        if !limits.isEmpty {
+            var bindings = PostgresBindings()
+            var calls: [String] = []
+            for (index, (name, value)) in limits.enumerated() {
+                bindings.append(name)
+                bindings.append(value)
+                calls.append("set_config($\(2 * index + 1), $\(2 * index + 2), false)")
+            }
+            do throws(WormholeError) {
+                try run(
+                    PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: bindings),
+                    on: connection,
+                    doing: "setting the session's time limits"
+                )
+            } catch {
+                connection.closeQuietly()
+                throw error
+            }
+        }
+        return connection
     }
 
     /// Runs `body` with a connection of its own; a connection that failed is closed, not given back.

@@ -86,8 +86,8 @@ final class NotificationHub: Sendable {
         var replayGuard: ReplayGuard?
         /// The group's channel as its row named it when the listening connection started (a rotation changes it).
         var groupChannel: String?
-        /// When a rotation hint was last checked: one a second at most.
-        var lastRotationCheck: ContinuousClock.Instant?
+        /// A rotation hint (`r`) came: the listening loop compares the group's channel at once.
+        var rotationHinted = false
     }
 
     let connections: Connections
@@ -532,20 +532,47 @@ final class NotificationHub: Sendable {
             wakeEveryObserver()
         }
         var lastPoll = ContinuousClock.now
+        // A rotation that committed between the reading of the channel and the `LISTEN`s sent its hint to nobody
+        // here: the channel is compared once more now, and then at every ping.
+        guard try channelIsStill(groupChannel, on: connection) else { return }
         while !state.withLock({ $0.closed }) {
             if wake.wait(timeout: .now() + .seconds(2)) == .success {
-                // The hub closed (the loop ends) or the connection did.
+                // The hub closed (the loop ends), the connection did, or a rotation hint came.
                 if connection.isClosed { break }
+                let hinted = state.withLock { state -> Bool in
+                    defer { state.rotationHinted = false }
+                    return state.rotationHinted
+                }
+                if hinted, try !channelIsStill(groupChannel, on: connection) { return }
                 continue
             }
             if ContinuousClock.now - lastPoll >= safetyPollInterval {
                 lastPoll = .now
                 wakeEveryObserver()
             }
-            // A ping: a connection that no longer answers is given up, and the loop reconnects.
-            try connections.run("SELECT 1", on: connection, doing: "checking the listening connection")
+            // A ping, which compares the channel too: a connection that no longer answers is given up, and one whose
+            // group has another channel now (a hint missed) listens anew.
+            guard try channelIsStill(groupChannel, on: connection) else { return }
             removeUnremovedEndpoints()
         }
+    }
+
+    /// Whether the group's row still names `channel`; false when it names another, or this role no longer sees it
+    /// (revoked): then the loop starts again, and reads the new channel and key, or fails as the role now must.
+    private func channelIsStill(_ channel: String, on connection: PostgresConnection) throws(WormholeError) -> Bool {
+        let rows = try connections.run(
+            "SELECT channel FROM wormhole.groups WHERE grp = \(group)",
+            on: connection,
+            doing: "checking the listening connection"
+        )
+        let current = try rows.first.map { (row) throws(WormholeError) in
+            try decode(String.self, row, doing: "checking the group's channel")
+        }
+        guard current == channel else {
+            logger.info("PostgreSQL engine: the group's channel was rotated; listening again")
+            return false
+        }
+        return true
     }
 
     /// Removes the rows of endpoints that stopped but whose removal failed (or whose registration failed after it
@@ -643,12 +670,13 @@ final class NotificationHub: Sendable {
             return
         }
         if kind == "r" {
-            checkRotation()
+            hintRotation()
             return
         }
         // What carries data is taken only sealed, fresh and from the backend it names; anything else is a hint at
-        // most. The head is read first, from the notification as it came (the body starts it): the seal is checked
-        // only for what this process wants.
+        // most. Every one heard goes through the replay guard, wanted here or not, so that it knows the last
+        // transaction of each backend; the head is read from the notification as it came (the body starts it).
+        let opened = kind == "Q" || kind == "L" ? unsealed(notification, sentBy: sender) : nil
         if kind == "Q" {
             // An append that carries its records: they go to the queue's takers, then its observers wake. Unsealed (a
             // forgery, a replay, an older build's), it only wakes them: they read the table.
@@ -660,9 +688,7 @@ final class NotificationHub: Sendable {
                 )
             }
             if !takers.isEmpty {
-                if let opened = unsealed(notification, sentBy: sender),
-                    let append = CarriedAppend(notification: String(opened)), append.identifier == queue
-                {
+                if let opened, let append = CarriedAppend(notification: String(opened)), append.identifier == queue {
                     let records = append.records
                     for taker in takers { taker(records) }
                 } else {
@@ -691,7 +717,7 @@ final class NotificationHub: Sendable {
         } else if targets.isEmpty {
             return
         }
-        guard let opened = unsealed(notification, sentBy: sender) else { return refusedNotification() }
+        guard let opened else { return refusedNotification() }
         guard let envelope = LiveEnvelope(notification: String(opened)), envelope.kind == head.kind,
             envelope.identifier == head.identifier, envelope.target == head.target
         else {
@@ -778,29 +804,17 @@ final class NotificationHub: Sendable {
         return (channel, seal, replayGuard)
     }
 
-    /// A rotation hint (`r`, sent by a revocation on the old channel): when the group's row names another channel
-    /// now, the listening connection is closed, and the next one listens on the new channel with the new key and wakes
-    /// every observer, which reads again whatever came meanwhile. Checked once a second at most, off the event loop: a
-    /// forged hint costs one query.
-    private func checkRotation() {
-        let due = state.withLock { state -> Bool in
-            if let last = state.lastRotationCheck, ContinuousClock.now - last < .seconds(1) { return false }
-            state.lastRotationCheck = .now
-            return true
+    /// A rotation hint (`r`, sent by a revocation on the old channel): the listening loop compares the group's
+    /// channel at once (it does at every ping anyway), and when the row names another one now, listens anew, on the
+    /// new channel with the new key, and wakes every observer, which reads again whatever came meanwhile. A forged
+    /// hint costs one small query on the listening connection; hints that come while one waits count once.
+    private func hintRotation() {
+        let wake = state.withLock { state -> DispatchSemaphore? in
+            guard !state.rotationHinted else { return nil }
+            state.rotationHinted = true
+            return state.wake
         }
-        guard due else { return }
-        DispatchQueue.global().async { [weak self] in
-            guard let self else { return }
-            let current = try? connections.query(
-                "SELECT channel FROM wormhole.groups WHERE grp = \(group)",
-                doing: "checking the group's channel"
-            ).first.map { try decode(String.self, $0, doing: "checking the group's channel") }
-            let (listening, connection) = state.withLock { ($0.groupChannel, $0.connection) }
-            // Gone from view (revoked) or changed: this connection's channel is no longer the group's.
-            guard current != listening else { return }
-            logger.info("PostgreSQL engine: the group's channel was rotated; listening again on the new one")
-            connection?.closeQuietly()
-        }
+        wake?.signal()
     }
 
     static func randomID() -> String {

@@ -42,11 +42,13 @@ struct NotificationSeal: Sendable {
         let trailer = Substring(notification[bytes.index(after: tilde)...])
         let fields = trailer.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
         guard fields.count == 3, fields[0].utf8.count <= 10, fields[1].utf8.count <= 20,
-            let pid = Int32(fields[0]), pid > 0, let xid = UInt64(fields[1]),
-            let mac = Data(base64Encoded: String(fields[2])), mac.count == 32
+            let pid = Int32(fields[0]), pid > 0, let xid = UInt64(fields[1]), fields[2].utf8.count == 44
         else { return nil }
+        // Compared as the text the server wrote, not as decoded bytes: Base64 leaves the last character's low bits
+        // free, and a code with other spellings would let one notification pass for another.
         let signed = notification.utf8[..<fields[2].startIndex]
-        guard Self.constantTimeEqual(code(of: signed), mac) else { return nil }
+        let expected = Data(code(of: signed).base64EncodedString().utf8)
+        guard Self.constantTimeEqual(expected, Data(fields[2].utf8)) else { return nil }
         return (Substring(notification[..<tilde]), Origin(backendPID: pid, transaction: xid), fields[2])
     }
 
@@ -91,7 +93,7 @@ struct ReplayGuard: Sendable {
     let inProgress: Set<UInt64>
     /// The last transaction taken from each backend, and the codes of the notifications taken from it.
     private var last: [Int32: (transaction: UInt64, codes: Set<String>)] = [:]
-    /// More backends than this and the oldest entries go: the horizon still refuses everything before `LISTEN`.
+    /// More backends than this and the one seen longest ago goes: the horizon still refuses everything before `LISTEN`.
     static let backendLimit = 4_096
 
     /// The guard of a snapshot, as `pg_current_snapshot()::text` writes it (`xmin:xmax:xip,xip,…`); nil when
@@ -122,7 +124,11 @@ struct ReplayGuard: Sendable {
                 return true
             }
         }
-        if last.count >= Self.backendLimit { last.removeAll(keepingCapacity: true) }
+        if last[sender] == nil, last.count >= Self.backendLimit,
+            let oldest = last.min(by: { $0.value.transaction < $1.value.transaction })?.key
+        {
+            last.removeValue(forKey: oldest)
+        }
         last[sender] = (origin.transaction, [String(code)])
         return true
     }

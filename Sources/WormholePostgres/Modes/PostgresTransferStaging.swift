@@ -136,8 +136,11 @@ final class PostgresTransferStaging: TransferStaging {
         return ids
     }
 
-    func deliver(_ transfer: FileTransfer, into destination: String) throws(WormholeError) -> ReceivedFile? {
+    func deliver(_ transfer: FileTransfer, into given: String) throws(WormholeError) -> ReceivedFile? {
         let what = "receiving \(transfer.name)"
+        // One spelling, so that a recorded path compares with it: `/d/` and `/d` are the same destination.
+        var destination = given
+        while destination.count > 1, destination.hasSuffix("/") { destination.removeLast() }
         let rows = try engine.connections.query(
             """
             SELECT state, path FROM wormhole.transfers
@@ -169,9 +172,12 @@ final class PostgresTransferStaging: TransferStaging {
         case "delivering":
             // Killed after the rename and before recording it: the file is there, whole. A path that is not this
             // receiver's file is not believed: the transfer is delivered again from its chunks, which are still there.
+            if let recorded {
+                // Killed between naming the copy (a link) and removing its hidden name: that name goes first, so
+                // that the file has its one link again.
+                Self.removeHiddenName(destination + "/." + transfer.id + ".part", ifItIs: recorded)
+            }
             if let recorded, Self.isDelivery(of: transfer, at: recorded, in: destination) {
-                // Killed between naming the copy (a link) and removing its hidden name: that goes now.
-                unlink(destination + "/." + transfer.id + ".part")
                 try flushName(of: recorded)
                 try markDelivered(transfer, path: recorded)
                 return ReceivedFile(transfer: transfer, path: recorded)
@@ -194,8 +200,10 @@ final class PostgresTransferStaging: TransferStaging {
         // Named by the transfer: two deliveries of files of one name never write into one hidden file.
         let partial = destination + "/." + transfer.id + ".part"
         // Opened in place, never through a link: `FileManager.createFile` writes a hidden `.dat.nosync…` file and
-        // renames it, which a receiver killed in between left in the destination.
-        let descriptor = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        // renames it, which a receiver killed in between left in the destination. A new file: a hidden name left by
+        // an earlier try may be a link to a file delivered under another name, which truncating would empty.
+        unlink(partial)
+        let descriptor = open(partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
             throw WormholeError(
                 .ioFailure,
@@ -285,12 +293,25 @@ final class PostgresTransferStaging: TransferStaging {
         guard !name.isEmpty, name != ".", name != "..", !name.utf8.contains(0) else {
             return false
         }
-        let directory = (path as NSString).deletingLastPathComponent
-        guard path == directory + "/" + name, sameDirectory(directory, destination) else { return false }
+        guard path.hasSuffix("/" + name) else { return false }
+        var directory = String(path.dropLast(name.count + 1))
+        while directory.count > 1, directory.hasSuffix("/") { directory.removeLast() }
+        guard sameDirectory(directory, destination) else { return false }
         var status = stat()
         guard lstat(path, &status) == 0 else { return false }
         return (status.st_mode & S_IFMT) == S_IFREG && status.st_nlink == 1 && status.st_uid == geteuid()
             && status.st_size >= 0 && UInt64(status.st_size) == transfer.size
+    }
+
+    /// Removes the hidden name `partial` when it is a link to the file at `path` (a receiver killed between linking
+    /// the copy to its name and removing the hidden one); anything else there is left to the next copy.
+    private static func removeHiddenName(_ partial: String, ifItIs path: String) {
+        var hidden = stat()
+        var named = stat()
+        guard lstat(partial, &hidden) == 0, lstat(path, &named) == 0, hidden.st_dev == named.st_dev,
+            hidden.st_ino == named.st_ino
+        else { return }
+        unlink(partial)
     }
 
     /// Whether two paths name one directory: the same string, or the same device and inode.

@@ -498,6 +498,43 @@ struct PostgresHostilePeerTests {
         #expect(try String(contentsOfFile: secret, encoding: .utf8) == "private key")
     }
 
+    @Test("A receiver killed between naming the file and removing its hidden name: the file is handed over as it is")
+    func killedBetweenLinkAndUnlink() async throws { try await offThePool { try killedBetweenLinkAndUnlinkBody() } }
+
+    func killedBetweenLinkAndUnlinkBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("transfer-link")
+        let scratch = TemporaryDirectory()
+        let source = scratch("report.txt")
+        try Data("report text".utf8).write(to: URL(fileURLWithPath: source))
+        let inbox = scratch("inbox")
+        try FileManager.default.createDirectory(atPath: inbox, withIntermediateDirectories: true)
+        let engine = try PostgresEngine(url: server.url, group: group)
+        defer { engine.close() }
+        let transfer = try Wormhole(engine: engine, sender: "app").transfers("exports").send(file: source)
+        // What the receiver leaves when killed there: the copy whole under both names, the row `delivering` it.
+        let named = inbox + "/report.txt"
+        let hidden = inbox + "/." + transfer.id + ".part"
+        try Data("report text".utf8).write(to: URL(fileURLWithPath: hidden))
+        #expect(link(hidden, named) == 0)
+        _ = try server.psql(
+            "UPDATE wormhole.transfers SET state = 'delivering', path = '\(named)' WHERE grp = '\(group)'"
+        )
+        let received = Collector<ReceivedFile>()
+        let errors = Collector<WormholeError>()
+        let receiver = try Wormhole(engine: engine, sender: "viewer").transfers("exports").receive(
+            consumer: "viewer",
+            into: inbox + "/",  // another spelling of the same destination
+            errorHandler: { errors.append($0) }
+        ) { received.append($0) }
+        defer { receiver.cancel() }
+        #expect(eventually { received.count >= 1 })
+        #expect(errors.values.isEmpty, "\(errors.values)")
+        #expect(received.values.map(\.path) == [named])
+        #expect(TransferContract.contents(of: inbox) == ["report.txt"], "the hidden name went, no second copy")
+        #expect(try String(contentsOfFile: named, encoding: .utf8) == "report text")
+    }
+
     // MARK: Roles
 
     @Test("A dropped role breaks none of its groups, and a new role of its name inherits no grant")
