@@ -210,18 +210,29 @@ extension Schema {
         END
         $$
         """,
-        // As `wormhole.live_send`, sealed, on the live channel `p_suffix` of the group's channel.
+        // As `wormhole.live_send`, sealed, on the live channel `p_suffix` of the group's channel. The seal is made
+        // here, as `wormhole.notify_sealed` makes it, rather than by calling it: a second function call per live
+        // message cost about a tenth of its round trip.
         """
         CREATE FUNCTION wormhole.live_send_sealed(p_grp text, p_identifier text, p_suffix text, p_notification text)
         RETURNS bigint LANGUAGE plpgsql SECURITY INVOKER AS $$
         DECLARE
             v_count bigint;
+            v_channel text;
+            v_inner bytea;
+            v_outer bytea;
+            v_signed text;
         BEGIN
             SELECT count(*) INTO v_count FROM wormhole.live_endpoints e
             WHERE e.grp = p_grp AND e.identifier = p_identifier AND e.kind = 'listen'
                 AND e.alive_key IS NOT NULL AND NOT pg_catalog.pg_try_advisory_xact_lock_shared(e.alive_key);
             IF v_count > 0 THEN
-                PERFORM wormhole.notify_sealed(p_grp, p_suffix, p_notification);
+                SELECT g.channel, g.key_inner, g.key_outer INTO v_channel, v_inner, v_outer
+                FROM wormhole.groups g WHERE g.grp = p_grp;
+                v_signed := p_notification || '~' || pg_catalog.pg_backend_pid() || ':'
+                    || pg_catalog.pg_current_xact_id() || ':';
+                PERFORM pg_catalog.pg_notify(v_channel || p_suffix, v_signed || pg_catalog.encode(pg_catalog.sha256(
+                    v_outer || pg_catalog.sha256(v_inner || pg_catalog.convert_to(v_signed, 'UTF8'))), 'base64'));
             END IF;
             RETURN v_count;
         END

@@ -128,11 +128,7 @@ struct PostgresHostilePeerTests {
         let server = try requireTestServer()
         let roles = try GrantedRoles(server, prefix: "forged")
         defer { roles.close() }
-        let engine = try PostgresEngine(
-            url: PostgresSecurityTests.url(server, user: roles.one),
-            group: roles.groupA,
-            setsUpSchema: false
-        )
+        let engine = try roles.engine(roles.one, roles.groupA)
         defer { engine.close() }
         let wormhole = Wormhole(engine: engine, sender: "one")
         let queue = try wormhole.queue("jobs")
@@ -185,11 +181,7 @@ struct PostgresHostilePeerTests {
         let server = try requireTestServer()
         let roles = try GrantedRoles(server, prefix: "replayed")
         defer { roles.close() }
-        let engine = try PostgresEngine(
-            url: PostgresSecurityTests.url(server, user: roles.one),
-            group: roles.groupA,
-            setsUpSchema: false
-        )
+        let engine = try roles.engine(roles.one, roles.groupA)
         defer { engine.close() }
         let wormhole = Wormhole(engine: engine, sender: "one")
         let ticks = Collector<String>()

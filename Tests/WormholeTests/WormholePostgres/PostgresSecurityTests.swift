@@ -566,4 +566,9 @@ struct GrantedRoles {
         administration.close()
         PostgresSecurityTests.dropRoles([one, two], on: server)
     }
+
+    /// An engine of `group` as `user`, on a schema that is set up.
+    func engine(_ user: String, _ group: String) throws -> PostgresEngine {
+        try PostgresEngine(url: PostgresSecurityTests.url(server, user: user), group: group, setsUpSchema: false)
+    }
 }
