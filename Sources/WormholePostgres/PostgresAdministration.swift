@@ -100,7 +100,9 @@ public final class PostgresAdministration: Sendable {
     /// endpoint of any session whose user may no longer use the group. The role keeps its privileges on the tables,
     /// which it may need for other groups; row-level security hides this group's rows from it.
     ///
-    /// - Parameter role: The role's name; for a role that was dropped, the name it had.
+    /// - Parameters:
+    ///   - group: The group.
+    ///   - role: The role's name; for a role that was dropped, the name it had.
     /// - Returns: Whether a grant was removed.
     /// - Throws: `WormholeError.Code.serverRejected` when there is no such group or this user may not change it.
     @discardableResult
