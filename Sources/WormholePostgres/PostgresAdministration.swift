@@ -45,6 +45,13 @@ public final class PostgresAdministration: Sendable {
         try GroupName.validate(group)
         let what = "granting \(group) to \(role)"
         try connections.transaction(doing: what) { (connection) throws(WormholeError) in
+            // One grant at a time, as migrations run: two `GRANT`s on the schema at once fail ("tuple concurrently
+            // updated", XX000), as two administrators or test runs granting together found.
+            try connections.run(
+                "SELECT pg_advisory_xact_lock(\(Schema.lockKey))",
+                on: connection,
+                doing: "waiting for other grants"
+            )
             // The role's name quoted by the server, never by us.
             let rows = try connections.run(
                 "SELECT quote_ident(rolname) FROM pg_roles WHERE rolname = \(role)",
