@@ -39,7 +39,7 @@ struct StoppedHolder: ParsableCommand {
             if kind == .coordination { configuration.coordination = .coordinated }
             wormhole = try Wormhole(directory: directory, configuration: configuration)
             try wormhole.passMessageObject("holder before", identifier: name)
-            file = directory + "/" + (kind == .mailbox ? name + ".msg" : ".coordination.lock")
+            file = directory + "/" + (kind == .mailbox ? name + MailboxFormat.fileSuffix : ".coordination.lock")
         case .suite:
             wormhole = try Wormhole(directory: directory)
             try wormhole.suite(name).set("holder before", forKey: "written")

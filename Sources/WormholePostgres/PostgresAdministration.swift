@@ -210,7 +210,6 @@ public final class PostgresAdministration: Sendable {
             let core = PostgresCore(
                 connections: connections,
                 group: name,
-                channel: "",
                 logger: connections.logger,
                 ownsConnections: false
             )

@@ -131,10 +131,10 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
         try GroupName.validate(group)
         let connections = Connections(source: .client(client), timeout: timeout, logger: logger)
         // Borrowing blocks its thread until the client lends: not a thread of the cooperative pool.
-        let channel = try await runBlocking { () throws(WormholeError) in
+        try await runBlocking { () throws(WormholeError) in
             try Self.open(group, connections, setsUpSchema: setsUpSchema)
         }
-        self.init(connections: connections, group: group, channel: channel, logger: logger)
+        self.init(connections: connections, group: group, logger: logger)
     }
 
     convenience init(
@@ -146,25 +146,26 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     ) throws(WormholeError) {
         try GroupName.validate(group)
         let connections = Connections(source: .location(location), timeout: timeout, logger: logger)
-        let channel = try Self.open(group, connections, setsUpSchema: setsUpSchema)
-        self.init(connections: connections, group: group, channel: channel, logger: logger)
+        try Self.open(group, connections, setsUpSchema: setsUpSchema)
+        self.init(connections: connections, group: group, logger: logger)
     }
 
-    /// An engine on connections whose group is open, with its channel.
-    init(connections: Connections, group: String, channel: String, logger: Logger) {
+    /// An engine on connections whose group is open. (Its channel is not kept: the listening connection reads it,
+    /// and statements read it on the server, so that a rotation moves both.)
+    init(connections: Connections, group: String, logger: Logger) {
         self.group = group
-        core = PostgresCore(connections: connections, group: group, channel: channel, logger: logger)
+        core = PostgresCore(connections: connections, group: group, logger: logger)
         transiting = PostgresTransiting(engine: core)
         notifier = PostgresNotifier(engine: core)
     }
 
-    /// Checks the schema (migrating it first when `setsUpSchema`), opens `group` and returns its channel; closes
-    /// `connections` when it fails.
+    /// Checks the schema (migrating it first when `setsUpSchema`) and opens `group` (registering it when it is new,
+    /// and making sure this role sees it); closes `connections` when it fails.
     static func open(
         _ group: String,
         _ connections: Connections,
         setsUpSchema: Bool
-    ) throws(WormholeError) -> String {
+    ) throws(WormholeError) {
         do throws(WormholeError) {
             if setsUpSchema {
                 // Migrating also refuses a schema newer than this build's.
@@ -179,7 +180,7 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
                     )
                 }
             }
-            return try openGroup(group, connections)
+            _ = try openGroup(group, connections)
         } catch {
             connections.close()
             throw error
@@ -253,26 +254,23 @@ public final class PostgresEngine: WormholeEngine, Service, CustomStringConverti
     public func close() { core.close() }
 }
 
-/// What every mode of one engine shares: its connections, its listening hub, its group and channel.
+/// What every mode of one engine shares: its connections, its listening hub and its group.
 final class PostgresCore: Sendable {
     let connections: Connections
     let hub: NotificationHub
     let group: String
-    let channel: String
     let logger: Logger
     /// Whether releasing the core closes its connections (not when it borrows another's, as the administration's).
     private let ownsConnections: Bool
 
-    init(connections: Connections, group: String, channel: String, logger: Logger, ownsConnections: Bool = true) {
+    init(connections: Connections, group: String, logger: Logger, ownsConnections: Bool = true) {
         self.ownsConnections = ownsConnections
         self.connections = connections
         self.group = group
-        self.channel = channel
         self.logger = logger
         hub = NotificationHub(
             connections: connections,
             group: group,
-            channel: channel,
             safetyPollInterval: .seconds(10),
             logger: logger
         )

@@ -7,8 +7,8 @@ import Foundation
 ///
 /// - ``update(sender:direction:_:)`` is atomic across processes: `body` sees the current values, and no other update
 ///   comes between its read and its write. A store may run `body` more than once (an optimistic one runs it again
-///   when another update came in between); only the last run's values are written. A change is recorded (version + 1, with its sender, direction, keys and
-///   values) only when a value differs; then observers are woken.
+///   when another update came in between); only the last run's values are written. A change is recorded
+///   (version + 1, with its sender, direction, keys and values) only when a value differs; then observers are woken.
 /// - ``changes(after:)`` returns the changes after a version, in order, while the store still keeps them all; when it
 ///   no longer does, it returns nil for the changes and the current state, so that the caller can report the
 ///   difference.

@@ -45,19 +45,12 @@ public final class CoordinatedFileTransiting: Transiting {
         }
         // A fresh open file description per call: flock locks held through one description do not exclude
         // each other, so threads of this process must not share one.
-        let limit = files.options.lockWaitLimit
-        switch lock.descriptor.lock(exclusive: exclusive, waitingAtMost: limit) {
-        case .success(true): break
-        case .success(false):
-            throw WormholeError.lockWaitExpired(
-                "take the coordination lock",
-                limit: limit,
-                descriptor: lock.descriptor,
-                path: path
-            )
-        case .failure(let errno):
-            throw WormholeError.fileSystem(errno, "take the coordination lock", path: path)
-        }
+        try lock.descriptor.lock(
+            exclusive: exclusive,
+            waitingAtMost: files.options.lockWaitLimit,
+            toDo: "take the coordination lock",
+            path: path
+        )
         return try body()
     }
 

@@ -525,24 +525,18 @@ public final class FileTransiting: Transiting {
                     }
                 }
                 let file = Descriptor(rawValue: cached)
-                switch file.lock(exclusive: true, waitingAtMost: options.lockWaitLimit) {
-                case .success(true): break
-                case .success(false):
-                    throw WormholeError.lockWaitExpired(
-                        "lock the mailbox file",
-                        limit: options.lockWaitLimit,
-                        descriptor: file,
+                do throws(WormholeError) {
+                    try file.lock(
+                        exclusive: true,
+                        waitingAtMost: options.lockWaitLimit,
+                        toDo: "lock the mailbox file",
                         identifier: identifier,
                         path: handle.filePath(name)
                     )
-                case .failure(let errno):
-                    closeCached(&cached)
-                    throw WormholeError.fileSystem(
-                        errno,
-                        "lock the mailbox file",
-                        identifier: identifier,
-                        path: handle.filePath(name)
-                    )
+                } catch {
+                    // A descriptor that cannot be locked at all is not kept; one whose holder is stuck is.
+                    if error.code != .timedOut { closeCached(&cached) }
+                    throw error
                 }
                 let outcome: Result<(stored: Stored?, replaced: Bool)?, WormholeError>
                 do throws(WormholeError) {

@@ -121,16 +121,17 @@ package final class QueueCursorFile: Sendable {
     /// consumer's opening with ``WormholeError/Code/timedOut`` rather than holding it up.
     package func holdWhileInUse() throws(WormholeError) -> Bool {
         let file = Descriptor(rawValue: descriptor)
-        switch file.lock(exclusive: false, waitingAtMost: Self.reclaimingWaitLimit) {
-        case .success(true): break
-        case .success(false):
-            throw WormholeError.lockWaitExpired(
-                "open the consumer (a process reclaiming the queue's space holds its file)",
-                limit: Self.reclaimingWaitLimit,
-                descriptor: file,
+        do throws(WormholeError) {
+            try file.lock(
+                exclusive: false,
+                waitingAtMost: Self.reclaimingWaitLimit,
+                toDo: "open the consumer (a process reclaiming the queue's space holds its file)",
                 path: path
             )
-        case .failure: return true  // as before: a lock that cannot be had at all leaves the consumer unmarked
+        } catch {
+            // As before, a lock that cannot be had at all leaves the consumer unmarked; a stuck reclaimer is an error.
+            if error.code == .timedOut { throw error }
+            return true
         }
         guard case .success(let status) = file.status() else { return true }
         return status.linkCount > 0

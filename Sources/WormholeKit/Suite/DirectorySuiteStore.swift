@@ -158,20 +158,14 @@ final class DirectorySuiteStore: SuiteStore {
     /// makes the update fail with ``WormholeError/Code/timedOut``, with nothing written.
     private func waitForLock(_ copy: Descriptor) throws(WormholeError) {
         defer { copy.close() }
-        let limit = files.options.lockWaitLimit
-        switch copy.lock(exclusive: true, waitingAtMost: limit) {
-        case .success(true): return  // kept: the next try, on the same open file, finds it this process's
-        case .success(false):
-            throw WormholeError.lockWaitExpired(
-                "lock the suite",
-                limit: limit,
-                descriptor: copy,
-                identifier: name,
-                path: path
-            )
-        case .failure(let errno):
-            throw WormholeError.fileSystem(errno, "lock the suite", identifier: name, path: path)
-        }
+        // Kept once taken: the next try, on the same open file, finds it this process's.
+        try copy.lock(
+            exclusive: true,
+            waitingAtMost: files.options.lockWaitLimit,
+            toDo: "lock the suite",
+            identifier: name,
+            path: path
+        )
     }
 
     // MARK: Writing

@@ -25,6 +25,9 @@ extension Descriptor {
 
     /// Takes the `flock` lock (shared for readers, exclusive for writers), waiting at most `limit` for its holder;
     /// false when the limit ran out first (no lock is taken then).
+    ///
+    /// `flock` locks belong to the open file description, so two descriptors in one process exclude each other
+    /// just as two processes do, unlike POSIX record locks; threads sharing one description do not.
     package func lock(exclusive: Bool, waitingAtMost limit: Duration) -> Result<Bool, Errno> {
         let operation = (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB
         // The clock is read only once the lock was found held: uncontended, the call is the one `flock`.
@@ -48,6 +51,24 @@ extension Descriptor {
             deadline = end
             Self.sleep(min(pause, end - now))
             pause = min(pause * 2, Self.longestPause)
+        }
+    }
+
+    /// Takes the `flock` lock as ``lock(exclusive:waitingAtMost:)`` does, or throws what each call site would:
+    /// ``WormholeError/Code/timedOut`` naming the holder when the wait ran out, the file system's error otherwise.
+    package func lock(
+        exclusive: Bool,
+        waitingAtMost limit: Duration,
+        toDo what: String,
+        identifier: String? = nil,
+        path: String
+    ) throws(WormholeError) {
+        switch lock(exclusive: exclusive, waitingAtMost: limit) {
+        case .success(true): return
+        case .success(false):
+            throw .lockWaitExpired(what, limit: limit, descriptor: self, identifier: identifier, path: path)
+        case .failure(let errno):
+            throw .fileSystem(errno, what, identifier: identifier, path: path)
         }
     }
 
@@ -139,7 +160,7 @@ extension WormholeError {
         let who = holder.map { "\($0) holds it" } ?? "another process holds it"
         return WormholeError(
             .timedOut,
-            "Waited \(limit) to \(what): \(who). Nothing was written. Try again later; a process that stays stopped "
+            "Waited \(limit) or more to \(what): \(who). Nothing was written. Try again later; a process that stays stopped "
                 + "holds everyone up, so resume it (SIGCONT) or end it. The wait's limit is "
                 + "FileTransiting.Options.lockWaitLimit.",
             identifier: identifier,

@@ -203,14 +203,6 @@ package struct Descriptor {
         valueOrErrno { fsync(rawValue) }.map { _ in }
     }
 
-    /// Takes a whole-file advisory lock (`flock`): shared for readers, exclusive for writers.
-    ///
-    /// `flock` locks belong to the open file description, so two descriptors in one process exclude each other
-    /// just as two processes do, unlike POSIX record locks; threads sharing one description do not.
-    package func lock(exclusive: Bool) -> Result<Void, Errno> {
-        valueOrErrno { flock(rawValue, exclusive ? LOCK_EX : LOCK_SH) }.map { _ in }
-    }
-
     /// Takes a shared `flock` lock if no writer holds the exclusive one; false (and no lock) when one does.
     package func tryLockShared() -> Bool {
         flock(rawValue, LOCK_SH | LOCK_NB) == 0

@@ -84,15 +84,12 @@ final class NotificationHub: Sendable {
         /// The group's key, as the listening connection read it, and which sealed notifications it takes.
         var seal: NotificationSeal?
         var replayGuard: ReplayGuard?
-        /// The group's channel as its row named it when the listening connection started (a rotation changes it).
-        var groupChannel: String?
         /// A rotation hint (`r`) came: the listening loop compares the group's channel at once.
         var rotationHinted = false
     }
 
     let connections: Connections
     let group: String
-    let channel: String
     let logger: Logger
     /// Every this often, every observer is woken even without a notification.
     let safetyPollInterval: Duration
@@ -115,10 +112,9 @@ final class NotificationHub: Sendable {
     private let endpointRowsLock = NSLock()
     private let listening = Condition()
 
-    init(connections: Connections, group: String, channel: String, safetyPollInterval: Duration, logger: Logger) {
+    init(connections: Connections, group: String, safetyPollInterval: Duration, logger: Logger) {
         self.connections = connections
         self.group = group
-        self.channel = channel
         self.safetyPollInterval = safetyPollInterval
         self.logger = logger
     }
@@ -469,7 +465,6 @@ final class NotificationHub: Sendable {
         // any `LISTEN`: what this connection hears comes from transactions that were not over at it.
         let (groupChannel, seal, replayGuard) = try readGroupKey(on: connection)
         state.withLock { state in
-            state.groupChannel = groupChannel
             state.seal = seal
             state.replayGuard = replayGuard
         }
@@ -764,12 +759,12 @@ final class NotificationHub: Sendable {
     /// The body of a sealed notification that this connection takes (``NotificationSeal``, ``ReplayGuard``); nil
     /// for any other.
     private func unsealed(_ notification: String, sentBy sender: Int32) -> Substring? {
-        state.withLock { state -> Substring? in
-            guard let seal = state.seal, let opened = seal.open(notification),
-                state.replayGuard?.admit(opened.origin, code: opened.code, sentBy: sender) == true
-            else { return nil }
-            return opened.body
+        // The code is computed outside the hub's lock, which every registration and observer takes too.
+        guard let seal = state.withLock({ $0.seal }), let opened = seal.open(notification) else { return nil }
+        let admitted = state.withLock { state in
+            state.replayGuard?.admit(opened.origin, code: opened.code, sentBy: sender) == true
         }
+        return admitted ? opened.body : nil
     }
 
     /// Reads the group's channel and key, and a snapshot for the replay guard, on the listening connection.

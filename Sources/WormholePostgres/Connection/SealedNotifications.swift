@@ -46,30 +46,30 @@ struct NotificationSeal: Sendable {
         else { return nil }
         // Compared as the text the server wrote, not as decoded bytes: Base64 leaves the last character's low bits
         // free, and a code with other spellings would let one notification pass for another.
-        let signed = notification.utf8[..<fields[2].startIndex]
-        let expected = Data(code(of: signed).base64EncodedString().utf8)
-        guard Self.constantTimeEqual(expected, Data(fields[2].utf8)) else { return nil }
+        let signed = notification[..<fields[2].startIndex]
+        guard Self.constantTimeEqual(code(of: signed).base64EncodedString().utf8, fields[2].utf8) else { return nil }
         return (Substring(notification[..<tilde]), Origin(backendPID: pid, transaction: xid), fields[2])
     }
 
-    /// HMAC-SHA256 of `message` under the key, from its pads: `H(outer ‖ H(inner ‖ message))`.
-    func code(of message: some Sequence<UInt8>) -> Data {
+    /// HMAC-SHA256 of `message`'s UTF-8 under the key, from its pads: `H(outer ‖ H(inner ‖ message))`.
+    func code(of message: Substring) -> Data {
         var first = SHA256()
         first.update(data: inner)
-        first.update(data: Array(message))
+        var text = message
+        text.withUTF8 { first.update(bufferPointer: UnsafeRawBufferPointer($0)) }
         var second = SHA256()
         second.update(data: outer)
-        second.update(data: Array(first.finalize()))
+        first.finalize().withUnsafeBytes { second.update(bufferPointer: $0) }
         return Data(second.finalize())
     }
 
     /// `notification` sealed as the server seals it, for the tests.
     func seal(_ notification: String, origin: Origin) -> String {
         let signed = notification + "~\(origin.backendPID):\(origin.transaction):"
-        return signed + code(of: signed.utf8).base64EncodedString()
+        return signed + code(of: signed[...]).base64EncodedString()
     }
 
-    private static func constantTimeEqual(_ one: Data, _ other: Data) -> Bool {
+    private static func constantTimeEqual(_ one: String.UTF8View, _ other: Substring.UTF8View) -> Bool {
         guard one.count == other.count else { return false }
         var difference: UInt8 = 0
         for (a, b) in zip(one, other) { difference |= a ^ b }

@@ -167,8 +167,8 @@ final class RunningClient: Sendable {
     func engine(group: String) throws(WormholeError) -> PostgresEngine {
         let logger = Logger(label: "wormhole.postgres")
         let connections = Connections(source: .client(client), timeout: .seconds(30), logger: logger)
-        let channel = try PostgresEngine.open(group, connections, setsUpSchema: true)
-        return PostgresEngine(connections: connections, group: group, channel: channel, logger: logger)
+        try PostgresEngine.open(group, connections, setsUpSchema: true)
+        return PostgresEngine(connections: connections, group: group, logger: logger)
     }
 
     /// Stops the client: its pool closes its connections.

@@ -98,7 +98,7 @@ struct NotificationSealTests {
         // RFC 4231, test case 2: the key "Jefe", the data "what do ya want for nothing?".
         let key = Array("Jefe".utf8) + [UInt8](repeating: 0, count: 60)
         let seal = NotificationSeal(inner: key.map { $0 ^ 0x36 }, outer: key.map { $0 ^ 0x5c })!
-        let code = seal.code(of: "what do ya want for nothing?".utf8)
+        let code = seal.code(of: "what do ya want for nothing?")
         let hex = code.map { String(format: "%02x", $0) }.joined()
         #expect(hex == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
         #expect(NotificationSeal(inner: [1], outer: key) == nil, "pads of 64 bytes only")

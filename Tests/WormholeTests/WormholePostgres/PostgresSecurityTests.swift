@@ -107,7 +107,9 @@ struct PostgresSecurityTests {
         defer { engine.close() }
         // The listening connection's first statements on the endpoints' table (sweeping those of processes gone)
         // are refused from now on: waiting for the server would not mend that.
-        try server.psql("REVOKE DELETE ON wormhole.live_endpoints FROM \(roles.one)")
+        try server.psql(
+            "SELECT pg_advisory_xact_lock(8606223227157441637); REVOKE DELETE ON wormhole.live_endpoints FROM \(roles.one)"
+        )
         let started = ContinuousClock.now
         let refused = wormholeError {
             _ = try Wormhole(engine: engine, sender: "one").listenForLiveMessageData(withIdentifier: "ticks") { _ in }
@@ -488,7 +490,9 @@ struct PostgresSecurityTests {
     /// Drops roles and their privileges; what they could not drop is left to the server's removal.
     static func dropRoles(_ roles: [String], on server: LocalPostgresServer) {
         let list = roles.joined(separator: ", ")
-        _ = try? server.psql("DROP OWNED BY \(list)")
+        // Under the lock grants take (the migrations' advisory lock): revoking privileges on the schema while another
+        // test's grant changes them fails with "tuple concurrently updated".
+        _ = try? server.psql("SELECT pg_advisory_xact_lock(8606223227157441637); DROP OWNED BY \(list)")
         _ = try? server.psql("DROP ROLE IF EXISTS \(list)", database: "postgres")
     }
 }
