@@ -753,7 +753,8 @@ final class NotificationHub: Sendable {
     }
 
     /// How many notifications carrying data were refused: not sealed, sealed with another key, replayed, or sent by
-    /// another backend than the one they name.
+    /// another backend than the one they name; and queue records a notification carried that the acknowledgement
+    /// found were not the table's.
     let refused = Atomic<Int>(0)
 
     /// The body of a sealed notification that this connection takes (``NotificationSeal``, ``ReplayGuard``); nil

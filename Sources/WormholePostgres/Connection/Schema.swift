@@ -314,6 +314,44 @@ enum Schema {
         ],
         // Version 6: sealed notifications, and notifications on the channel the group's row names now.
         sealedNotificationsMigration,
+        // Version 7: acknowledgements that check the records a notification carried. A member of a group holds its
+        // key, so it can seal a notification that names offset N with records of its own; a consumer handles what
+        // was carried, then acknowledges with each record's digest, and the position moves only when they are the
+        // table's. Otherwise it stays, and the real records are read next: nothing is skipped.
+        [
+            // SHA-256 of a record's time, its sender's length and UTF-8, and its payload (`QueueRecordDigest`).
+            """
+            CREATE FUNCTION wormhole.queue_record_digest(p_time_ns bigint, p_sender text, p_payload bytea)
+            RETURNS bytea LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+                SELECT pg_catalog.sha256(pg_catalog.int8send(p_time_ns)
+                    || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_sender, 'UTF8')))
+                    || pg_catalog.convert_to(p_sender, 'UTF8') || p_payload)
+            $$
+            """,
+            // `queue_read`, acknowledging through `p_end` only when every (offset, digest) given is the table's
+            // record; otherwise reading from the position as it was.
+            """
+            CREATE FUNCTION wormhole.queue_read_checked(
+                p_grp text, p_queue text, p_consumer text, p_end bigint, p_maximum integer, p_byte_limit bigint,
+                p_offsets bigint[], p_digests bytea[]
+            ) RETURNS TABLE (consumer_position bigint, record_offset bigint, record_sender text,
+                record_time_ns bigint, record_payload bytea)
+            LANGUAGE plpgsql SECURITY INVOKER AS $$
+            BEGIN
+                IF EXISTS (
+                    SELECT 1 FROM ROWS FROM (pg_catalog.unnest(p_offsets), pg_catalog.unnest(p_digests)) AS h(o, d)
+                    WHERE NOT EXISTS (SELECT 1 FROM wormhole.queue_records r
+                        WHERE r.grp = p_grp AND r.queue = p_queue AND r."offset" = h.o
+                            AND wormhole.queue_record_digest(r.time_ns, r.sender, r.payload) = h.d)
+                ) THEN
+                    p_end := NULL;
+                END IF;
+                RETURN QUERY SELECT * FROM wormhole.queue_read(p_grp, p_queue, p_consumer, p_end, p_maximum,
+                    p_byte_limit);
+            END
+            $$
+            """,
+        ],
     ]
 
     /// Runs the migrations this database lacks; returns the version it is at now.

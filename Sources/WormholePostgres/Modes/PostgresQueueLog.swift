@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import NIOCore
 import NIOFoundationCompat
@@ -196,11 +197,15 @@ final class PostgresQueueCursor: QueueCursor {
         return try read(acknowledgingThrough: nil, maximumCount: max(1, maximumCount))
     }
 
+    /// The digests of records handed over from notifications and not acknowledged yet, by offset: the
+    /// acknowledgement that covers them checks them against the table (``QueueRecordDigest``).
+    private let handed = Locked<[UInt64: Data]>([:])
+
     /// The records from the position on that append notifications carried, up to `maximumCount` (at least one);
     /// none when the next one was not carried.
     private func takeCarried(maximumCount: Int) -> [QueueRecord] {
         let position = self.position
-        return carried.withLock { carried -> [QueueRecord] in
+        let records = carried.withLock { carried -> [QueueRecord] in
             if let lowest = carried.keys.min(), lowest < position {
                 carried = carried.filter { $0.key >= position }
             }
@@ -211,6 +216,23 @@ final class PostgresQueueCursor: QueueCursor {
                 next += 1
             }
             return records
+        }
+        guard !records.isEmpty else { return records }
+        // A member of the group can seal a notification of its own (it holds the key, and may call the functions
+        // that seal): so what a notification carried is handled, then confirmed by the acknowledgement, which
+        // moves the position only when each record is the table's.
+        let digests = records.map { ($0.offset, QueueRecordDigest.of($0)) }
+        handed.withLock { handed in
+            handed = handed.filter { $0.key >= position }
+            for (offset, digest) in digests { handed[offset] = digest }
+        }
+        return records
+    }
+
+    /// The handed records an acknowledgement through `end` covers, in offset order.
+    private func handedBefore(_ end: UInt64) -> [(offset: UInt64, digest: Data)] {
+        handed.withLock { handed in
+            handed.filter { $0.key < end }.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
         }
     }
 
@@ -251,6 +273,14 @@ final class PostgresQueueCursor: QueueCursor {
                 PostgresData(int64: try RowValues.bigint(end, "The end acknowledged", identifier: log.identifier))
             } ?? .null,
         ]
+        let checks = end.map(handedBefore) ?? []
+        let digests = [
+            PostgresData(array: checks.map { PostgresData(int64: Int64($0.offset)) }, elementType: .int8),
+            PostgresData(
+                array: checks.map { PostgresData(type: .bytea, value: ByteBuffer(data: $0.digest)) },
+                elementType: .bytea
+            ),
+        ]
         // Returns once the acknowledgement has committed: the server sends a statement's end at the Sync after
         // it, when it commits (FORMAT.md, "Queues").
         let position: Int64?
@@ -259,7 +289,10 @@ final class PostgresQueueCursor: QueueCursor {
             if end != nil && maximumCount == 0 {
                 // Only an acknowledgement (the next record came with a notification, or a consumer acknowledges
                 // apart): a plain UPDATE, where the function that reads too costs the server about a third more.
-                let rows = try engine.connections.execute(.queueAcknowledge, binds, doing: what)
+                let rows =
+                    checks.isEmpty
+                    ? try engine.connections.execute(.queueAcknowledge, binds, doing: what)
+                    : try engine.connections.execute(.queueAcknowledgeChecked, binds + digests, doing: what)
                 // No row: the consumer is not registered (below).
                 position = rows.isEmpty ? nil : try decode(Int64.self, rows.first, doing: what)
                 records = []
@@ -268,7 +301,10 @@ final class PostgresQueueCursor: QueueCursor {
                     PostgresData(int32: Int32(clamping: maximumCount)),
                     PostgresData(int64: Int64(PostgresQueueLog.readLimit)),
                 ]
-                let rows = try engine.connections.execute(.queueRead, binds, doing: what)
+                let rows =
+                    checks.isEmpty
+                    ? try engine.connections.execute(.queueRead, binds, doing: what)
+                    : try engine.connections.execute(.queueReadChecked, binds + digests, doing: what)
                 (position, records) = try decodeRecords(rows, doing: what)
             }
         } catch {
@@ -293,8 +329,29 @@ final class PostgresQueueCursor: QueueCursor {
             identifier: log.identifier
         )
         stored.withLock { $0 = checked }
+        if let end, !checks.isEmpty {
+            handed.withLock { handed in handed = handed.filter { $0.key >= end } }
+            if checked < end { refused(checks, end: end) }
+        }
         if end != nil { reclaimIfDue() }
         return records
+    }
+
+    /// An acknowledgement the server refused: some record handed from a notification is not the table's. The
+    /// position stays where it was, so the consumer reads the real records from there next (nothing is skipped),
+    /// and carried records are no longer believed until then.
+    private func refused(_ checks: [(offset: UInt64, digest: Data)], end: UInt64) {
+        carried.withLock { $0.removeAll() }
+        let offsets = checks.map { String($0.offset) }.joined(separator: ", ")
+        log.engine.logger.error(
+            """
+            PostgreSQL engine: a notification carried records of the queue \(log.identifier) that are not the \
+            table's (offsets \(offsets), acknowledged through \(end) as \(consumer)): a member of the group sealed \
+            a notification of its own. They were handled; the position did not move, and the queue's own records at \
+            those offsets are delivered next.
+            """
+        )
+        log.engine.hub.refused.add(1, ordering: .relaxed)
     }
 
     /// The consumer's position (nil when no row came: the consumer is not registered) and the records.
@@ -549,4 +606,46 @@ extension PreparedStatement {
     static let queueRead = PreparedStatement(
         sql: "SELECT * FROM wormhole.queue_read($1::text, $2::text, $3::text, $4::bigint, $5::integer, $6::bigint)"
     )
+
+    /// ``queueAcknowledge`` of records handed from notifications: the same parameters, then their offsets and
+    /// their digests (``QueueRecordDigest``). The position moves only when every one of them is the table's record
+    /// at its offset; otherwise it stays, and the row returned says where.
+    static let queueAcknowledgeChecked = PreparedStatement(
+        sql: """
+            UPDATE wormhole.queue_consumers c SET seen = pg_catalog.now(), position = CASE WHEN NOT EXISTS (
+                    SELECT 1 FROM ROWS FROM (pg_catalog.unnest($5::bigint[]), pg_catalog.unnest($6::bytea[])) AS h(o, d)
+                    WHERE NOT EXISTS (SELECT 1 FROM wormhole.queue_records r
+                        WHERE r.grp = $1::text AND r.queue = $2::text AND r."offset" = h.o
+                            AND wormhole.queue_record_digest(r.time_ns, r.sender, r.payload) = h.d))
+                THEN greatest(c.position, $4::bigint) ELSE c.position END
+            WHERE c.grp = $1::text AND c.queue = $2::text AND c.consumer = $3::text
+            RETURNING c.position
+            """
+    )
+
+    /// ``queueRead`` of records handed from notifications (`wormhole.queue_read_checked`): the same parameters,
+    /// then their offsets and digests; it acknowledges only when each is the table's record at its offset.
+    static let queueReadChecked = PreparedStatement(
+        sql: """
+            SELECT * FROM wormhole.queue_read_checked($1::text, $2::text, $3::text, $4::bigint, $5::integer,
+                $6::bigint, $7::bigint[], $8::bytea[])
+            """
+    )
+}
+
+/// What an acknowledgement checks of a record a notification carried: SHA-256 of its time (8 bytes, big-endian),
+/// its sender's UTF-8 length (4 bytes, big-endian) and UTF-8, and its payload, as `wormhole.queue_record_digest`
+/// computes it of the table's row.
+enum QueueRecordDigest {
+    static func of(_ record: QueueRecord) -> Data {
+        var hash = SHA256()
+        withUnsafeBytes(of: record.timestampNanoseconds.bigEndian) { hash.update(bufferPointer: $0) }
+        var sender = record.sender
+        sender.withUTF8 { sender in
+            withUnsafeBytes(of: UInt32(clamping: sender.count).bigEndian) { hash.update(bufferPointer: $0) }
+            hash.update(bufferPointer: UnsafeRawBufferPointer(sender))
+        }
+        hash.update(data: record.payload)
+        return Data(hash.finalize())
+    }
 }

@@ -174,6 +174,59 @@ struct PostgresHostilePeerTests {
         #expect(ticks.values == ["real"])
     }
 
+    @Test("A member's own sealed queue notification skips no record: the acknowledgement checks what it carried")
+    func memberForgedRecord() async throws { try await offThePool { try memberForgedRecordBody() } }
+
+    func memberForgedRecordBody() throws {
+        let server = try requireTestServer()
+        let roles = try GrantedRoles(server, prefix: "member-forged")
+        defer { roles.close() }
+        let engine = try roles.engine(roles.one, roles.groupA)
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "one")
+        let queue = try wormhole.queue("jobs")
+        let handled = Collector<String>()
+        let consumer = try queue.consume(consumer: "worker", as: String.self) { handled.append($0.value) }
+        defer { consumer.cancel() }
+        try queue.enqueue("real 0")
+        #expect(eventually { handled.values == ["real 0"] })
+
+        // A member holds the group's key and may call the function that seals: it sends, sealed by the server from
+        // its own backend, what an append at offset 1 would carry, before any record 1 exists, then one for offset
+        // 2 while record 1 is there.
+        func forge(_ text: String, at offset: UInt64) throws {
+            let notification = CarriedAppend(
+                identifier: "jobs",
+                firstOffset: offset,
+                sender: "forger",
+                timestampNanoseconds: 0,
+                payloads: [Data("\"\(text)\"".utf8)]
+            ).notification
+            try server.psql(
+                "SELECT wormhole.notify_sealed(\(Self.literal(roles.groupA)), '', \(Self.literal(notification)))",
+                user: roles.one
+            )
+        }
+        let refusedBefore = engine.core.hub.refused.load(ordering: .relaxed)
+        try forge("forged 1", at: 1)
+        #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) > refusedBefore })
+        #expect(eventually { consumer.position == 1 }, "the forged record's acknowledgement moved the position")
+        #expect(try queue.status().consumers.first { $0.name == "worker" }?.offset == 1)
+        try queue.enqueue("real 1")
+        #expect(eventually { handled.values.count >= 3 })
+        try forge("forged 2", at: 2)
+        #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) > refusedBefore + 1 })
+        try queue.enqueue("real 2")
+        try queue.enqueue("real 3")
+        #expect(eventually { handled.values.contains("real 3") })
+        // Each forgery was handled once, as any record a member appends would be; no real record was skipped.
+        #expect(
+            handled.values == ["real 0", "forged 1", "real 1", "forged 2", "real 2", "real 3"],
+            "\(handled.values)"
+        )
+        #expect(try queue.status().consumers.first { $0.name == "worker" }?.offset == 4)
+    }
+
     @Test("Replayed sealed notifications, by a role of another group or by a member, deliver nothing")
     func replayedNotifications() async throws { try await offThePool { try replayedNotificationsBody() } }
 
