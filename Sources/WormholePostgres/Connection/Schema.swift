@@ -314,10 +314,11 @@ enum Schema {
         ],
         // Version 6: sealed notifications, and notifications on the channel the group's row names now.
         sealedNotificationsMigration,
-        // Version 7: acknowledgements that check the records a notification carried. A member of a group holds its
-        // key, so it can seal a notification that names offset N with records of its own; a consumer handles what
-        // was carried, then acknowledges with each record's digest, and the position moves only when they are the
-        // table's. Otherwise it stays, and the real records are read next: nothing is skipped.
+        // Version 7: acknowledgements that check the records a notification carried, and store reads bounded by
+        // changes (`StoreSchema.boundedReadMigration`). A member of a group holds its key, so it can seal a
+        // notification that names offset N with records of its own; a consumer handles what was carried, then
+        // acknowledges with each record's digest, and the position moves only when they are the table's. Otherwise
+        // it stays, and the real records are read next: nothing is skipped.
         [
             // SHA-256 of a record's time, its sender's length and UTF-8, and its payload (`QueueRecordDigest`).
             """
@@ -351,7 +352,7 @@ enum Schema {
             END
             $$
             """,
-        ],
+        ] + StoreSchema.boundedReadMigration,
     ]
 
     /// Runs the migrations this database lacks; returns the version it is at now.

@@ -36,42 +36,71 @@ struct PostgresStoreHistory: StoreHistory {
         }
     }
 
+    /// The most change rows one statement of a read returns: a transaction with more is read in pages of this
+    /// many, so that no statement of a read grows with the size of the transactions it reads.
+    static let changesPerRead: Int64 = 10_000
+
     func transactions(
         after token: Int64,
         limit: Int,
         tables: Set<String>?
     ) throws(StoreError) -> (transactions: [StoreTransaction], scannedThrough: Int64) {
         let (group, storeName) = (store.group, store.name)
-        let rows = try store.withConnection(doing: "read the history") { (connection) throws(StoreError) in
-            // Ids are given at commit, in commit order, under a lock kept until the commit ends: every id up to the
-            // newest one visible has committed, so reading by id never skips a transaction that commits later.
-            try connection.run(
-                "SELECT * FROM wormhole.store_read(\(group), \(storeName), \(token), \(Int64(limit)))"
-            )
-        }
+        // Sorted, so that the statement's text and so its plan do not depend on a set's order.
+        let followed = tables.map { Array($0).sorted() }
+        let pageSize = Self.changesPerRead
         var transactions: [StoreTransaction] = []
         var scanned = token
-        do {
+        var rowsRead: Int64 = 0
+        var lastSequence: Int64 = 0
+        try store.withConnection(doing: "read the history") { (connection) throws(StoreError) in
+            // Ids are given at commit, in commit order, under a lock kept until the commit ends: every id up to the
+            // newest one visible has committed, so reading by id never skips a transaction that commits later.
+            let rows = try connection.run(
+                """
+                SELECT * FROM wormhole.store_read_bounded(\(group), \(storeName), \(token), \(Int64(limit)), \
+                \(pageSize), \(followed))
+                """
+            )
+            rowsRead = Int64(rows.count)
             for row in rows {
-                let (id, author, time, table, operation, key, sequence) = try row.decode(
-                    (Int64, String, Double, String, String, String, Int64).self
-                )
+                let (id, author, time, table, operation, key, sequence) = try decode(row) {
+                    try $0.decode((Int64, String, Double, String, String, String, Int64).self)
+                }
+                // In id order; a transaction's rows one after another.
+                guard id > scanned || (id == scanned && transactions.last?.id == id) else {
+                    throw Self.unexpected("transaction \(id) after \(scanned)", location)
+                }
                 scanned = id
                 if transactions.last?.id != id {
                     transactions.append(
                         StoreTransaction(id: id, author: author, date: Date(timeIntervalSince1970: time), tables: [:])
                     )
                 }
+                lastSequence = sequence
                 guard !table.isEmpty else { continue }
                 Self.add(table, operation, key, sequence, to: &transactions[transactions.count - 1])
             }
-        } catch {
-            throw StoreError(
-                .database,
-                "PostgreSQL returned an unexpected row while reading the history: \(error).",
-                path: location,
-                underlyingError: SendableDescription(error)
-            )
+            // A full page may have cut the last transaction: the rest of its changes, a page at a time.
+            while rowsRead == pageSize, let last = transactions.last {
+                let rows = try connection.run(
+                    """
+                    SELECT * FROM wormhole.store_read_changes(\(group), \(storeName), \(last.id), \(lastSequence), \
+                    \(pageSize), \(followed))
+                    """
+                )
+                rowsRead = Int64(rows.count)
+                for row in rows {
+                    let (table, operation, key, sequence) = try decode(row) {
+                        try $0.decode((String, String, String, Int64).self)
+                    }
+                    guard sequence > lastSequence else {
+                        throw Self.unexpected("change \(sequence) after \(lastSequence)", location)
+                    }
+                    lastSequence = sequence
+                    Self.add(table, operation, key, sequence, to: &transactions[transactions.count - 1])
+                }
+            }
         }
         guard let tables else { return (transactions, scanned) }
         let inScope = transactions.compactMap { transaction -> StoreTransaction? in
@@ -81,6 +110,31 @@ struct PostgresStoreHistory: StoreHistory {
             return kept.tables.isEmpty && kept.damagedChanges.isEmpty ? nil : kept
         }
         return (inScope, scanned)
+    }
+
+    /// A row of the history decoded by `body`, or the error that says it is not one.
+    private func decode<Value>(
+        _ row: PostgresRow,
+        _ body: (PostgresRow) throws -> Value
+    ) throws(StoreError) -> Value {
+        do { return try body(row) } catch {
+            throw StoreError(
+                .database,
+                "PostgreSQL returned an unexpected row while reading the history: \(error).",
+                path: location,
+                underlyingError: SendableDescription(error)
+            )
+        }
+    }
+
+    /// The error for history rows out of order (written by hand).
+    private static func unexpected(_ what: String, _ location: String) -> StoreError {
+        StoreError(
+            .database,
+            "PostgreSQL returned the history out of order (\(what)): wormhole.store_transactions or store_changes holds "
+                + "rows no writer of this package writes.",
+            path: location
+        )
     }
 
     /// Adds one recorded row change to `transaction`; one that cannot be read becomes a damaged change.

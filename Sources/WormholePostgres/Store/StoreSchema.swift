@@ -349,6 +349,64 @@ enum StoreSchema {
     /// derived from that constant, since a migration's text must never change once it shipped.
     private static let mergedHistoryGrace = 30
 
+    /// Part of migration 7: reads bounded by changes, not only by transactions. `store_read` returned every change
+    /// of up to `p_limit` transactions in one statement, so a few large transactions came back whole into memory and
+    /// could pass the engine's time-out on every retry. `store_read_bounded` stops once it returned `p_change_limit`
+    /// rows (within a transaction if need be), and leaves out the changes of tables the consumer does not follow;
+    /// `store_read_changes` reads the rest of a transaction that was cut, one page at a time.
+    static let boundedReadMigration: [String] = [
+        // Rows as `store_read`'s. A transaction with no change in `p_tables` (null: every table) gives one row with
+        // an empty table; a transaction may be cut after any row once `p_change_limit` rows were returned.
+        """
+        CREATE FUNCTION wormhole.store_read_bounded(p_grp text, p_store text, p_after bigint, p_limit bigint,
+            p_change_limit bigint, p_tables text[])
+        RETURNS TABLE (id bigint, author text, committed double precision, tbl text, op text, pk text, seq bigint)
+        LANGUAGE plpgsql STABLE SECURITY INVOKER AS $$
+        DECLARE
+            t record;
+            v_left bigint := greatest(p_change_limit, 1);
+            v_count bigint;
+        BEGIN
+            FOR t IN
+                SELECT s.id, s.xid, s.author, extract(epoch FROM s.committed)::double precision AS committed
+                FROM wormhole.store_transactions s
+                WHERE s.grp = p_grp AND s.store = p_store AND s.id > p_after
+                ORDER BY s.id LIMIT p_limit
+            LOOP
+                EXIT WHEN v_left <= 0;
+                RETURN QUERY
+                    SELECT t.id, t.author, t.committed, x.tbl, x.op, x.pk::text, x.seq
+                    FROM wormhole.store_changes x
+                    WHERE x.grp = p_grp AND x.store = p_store AND x.xid = t.xid
+                        AND (p_tables IS NULL OR x.tbl = ANY (p_tables))
+                    ORDER BY x.seq LIMIT v_left;
+                GET DIAGNOSTICS v_count = ROW_COUNT;
+                IF v_count = 0 THEN
+                    RETURN QUERY SELECT t.id, t.author, t.committed, ''::text, ''::text, ''::text, 0::bigint;
+                    v_count := 1;
+                END IF;
+                v_left := v_left - v_count;
+            END LOOP;
+        END
+        $$
+        """,
+        // The changes of transaction `p_id` after the change `p_after_seq`, at most `p_limit`, as `tbl, op, pk, seq`.
+        """
+        CREATE FUNCTION wormhole.store_read_changes(p_grp text, p_store text, p_id bigint, p_after_seq bigint,
+            p_limit bigint, p_tables text[])
+        RETURNS TABLE (tbl text, op text, pk text, seq bigint)
+        LANGUAGE sql STABLE SECURITY INVOKER AS $$
+            SELECT x.tbl, x.op, x.pk::text, x.seq
+            FROM wormhole.store_changes x
+            WHERE x.grp = p_grp AND x.store = p_store AND x.seq > p_after_seq
+                AND x.xid = (SELECT s.xid FROM wormhole.store_transactions s
+                    WHERE s.grp = p_grp AND s.store = p_store AND s.id = p_id)
+                AND (p_tables IS NULL OR x.tbl = ANY (p_tables))
+            ORDER BY x.seq LIMIT p_limit
+        $$
+        """,
+    ]
+
     /// The tables a role granted a group may read and write for its stores.
     static let grantedTables =
         "wormhole.stores, wormhole.store_transactions, wormhole.store_changes, wormhole.store_consumers, "

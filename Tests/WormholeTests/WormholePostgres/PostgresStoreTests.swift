@@ -122,6 +122,54 @@ struct PostgresStoreTests {
         }
     }
 
+    @Test(
+        "A transaction of 25,000 changes is read whole, in pages; a read stops after 10,000 changes, within 100 transactions"
+    )
+    func boundedReads() async throws {
+        try await offThePool {
+            let server = try requireTestServer()
+            let group = uniqueGroup("bounded")
+            let store = try Self.open(url: server.url, group: group, author: "app")
+            let start = try store.currentToken()
+            // Four transactions of 4,000 rows, one of 25,000, and one that changes only a table nobody follows.
+            for _ in 0..<4 {
+                try store.write { db in
+                    try db.query(
+                        "INSERT INTO item (writer, value) SELECT 'app', n FROM generate_series(1, 4000) AS n"
+                    )
+                }
+            }
+            try store.write { db in
+                try db.query("INSERT INTO item (writer, value) SELECT 'app', n FROM generate_series(1, 25000) AS n")
+            }
+            try store.write { db in try db.query("INSERT INTO migration_run DEFAULT VALUES") }
+
+            // The first read stops within the third transaction's page (12,000 rows past 10,000) and reads that
+            // transaction whole; the next read goes on from there.
+            let first = try store.transactions(after: start)
+            #expect(first.map { $0.tables["item"]?.inserted.count ?? 0 } == [4000, 4000, 4000])
+            let second = try store.transactions(after: try #require(first.last).id)
+            // 4,000 rows, then the big transaction's first 6,000 fill the page: the rest of it is read in pages,
+            // and the read ends with it.
+            #expect(second.map { $0.tables["item"]?.inserted.count ?? 0 } == [4000, 25000])
+            let big = try #require(second.last)
+            #expect(Set(big.tables["item"]?.inserted ?? []).count == 25000, "a change read twice or lost")
+            let third = try store.transactions(after: big.id)
+            #expect(third.map { $0.tables.keys.sorted() } == [["migration_run"]])
+            // Following one table: the other's transaction is left out, and a whole read is the same.
+            let followed = try store.transactions(after: try #require(first.last).id, tables: ["item"])
+            #expect(followed.map { $0.tables["item"]?.inserted.count ?? 0 } == [4000, 25000])
+            var all: [StoreTransaction] = []
+            var token = start
+            while case let batch = try store.transactions(after: token, tables: ["item"]), let last = batch.last {
+                all += batch
+                token = last.id
+            }
+            #expect(all.count == 5)
+            #expect(all.reduce(0) { $0 + ($1.tables["item"]?.inserted.count ?? 0) } == 41000)
+        }
+    }
+
     @Test("A write from psql, outside any store, is recorded as external and reaches consumers")
     func externalWrite() async throws {
         try await offThePool {
