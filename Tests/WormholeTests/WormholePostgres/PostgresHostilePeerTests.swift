@@ -492,6 +492,114 @@ struct PostgresHostilePeerTests {
         #expect(changes.map(\.sender) == ["quick", "quick", "slow"])
     }
 
+    // MARK: A stopped listener
+
+    /// A job the stopped listener's test enqueues: its number, and padding that makes each notification large.
+    struct PaddedJob: Codable {
+        var index: Int
+        var pad: String
+    }
+
+    /// Figures of the server while a listener is stopped: the notification queue's usage (0 to 1), and how many of
+    /// the stopped process's connections the server still has.
+    static func serverSide(_ server: LocalPostgresServer, application: String) throws -> (usage: Double, count: Int) {
+        let text = try server.psql(
+            """
+            SELECT pg_notification_queue_usage() || ' ' || (SELECT count(*) FROM pg_stat_activity
+                WHERE application_name = '\(application)')
+            """
+        )
+        let fields = text.split(separator: " ")
+        return (Double(fields.first ?? "") ?? -1, Int(fields.last ?? "") ?? -1)
+    }
+
+    @Test("A listening process stopped for 30 s while writers go on: no write fails; after SIGCONT, every job in order")
+    func stoppedListener() async throws { try await offThePool { try stoppedListenerBody() } }
+
+    func stoppedListenerBody() throws {
+        let server = try requireTestServer()
+        let group = uniqueGroup("stopped")
+        let application = "stopped-\(getpid())"
+        let jobs = 300
+        let child = try RunningTool([
+            "consume", "jobs", "--postgres", server.url + "&application_name=\(application)", "--group", group,
+            // One more than it gets: it is still there to be measured once it has every job.
+            "--consumer", "worker", "--count", String(jobs + 1), "--timeout", "150",
+        ])
+        #expect(child.waitForError(containing: "consuming jobs", timeout: 30), "\(child.errorSoFar)")
+        let engine = try PostgresEngine(url: server.url, group: group)
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "writer")
+        let queue = try wormhole.queue("jobs")
+        // Nobody consumes "noise": its appends only make large notifications on the group's channel, which the
+        // stopped process's connection stops taking once its socket buffers are full.
+        let noise = try wormhole.queue("noise")
+        let padding = String(repeating: "x", count: 4_000)
+        try queue.enqueue(PaddedJob(index: 0, pad: ""))
+        #expect(eventually(timeout: 30) { consumedIndexes(child.outputLines) == [0] })
+        let residentBefore = Self.residentKiB(of: child.processIdentifier)
+
+        child.kill(signal: SIGSTOP)
+        let start = ContinuousClock.now
+        var next = 1
+        var noiseSent = 0
+        var peakUsage = 0.0
+        var lastCheck = start
+        var serverLetGo: Duration?
+        // 30 s of writes, each of which must succeed: a job every 100 ms, and noise between them.
+        while ContinuousClock.now - start < .seconds(30) {
+            if next < jobs, ContinuousClock.now - start >= .milliseconds(100 * next) {
+                try queue.enqueue(PaddedJob(index: next, pad: ""))
+                next += 1
+            }
+            try noise.enqueue(PaddedJob(index: noiseSent, pad: padding))
+            noiseSent += 1
+            if ContinuousClock.now - lastCheck >= .seconds(1) {
+                lastCheck = .now
+                let (usage, connections) = try Self.serverSide(server, application: application)
+                peakUsage = max(peakUsage, usage)
+                if connections < 2, serverLetGo == nil { serverLetGo = ContinuousClock.now - start }
+            }
+            Thread.sleep(forTimeInterval: 0.001)
+        }
+        let (usageAtEnd, _) = try Self.serverSide(server, application: application)
+        print(
+            "stoppedListener: \(noiseSent) noise appends of 4 KB and \(next) jobs in 30 s; the server let go of the "
+                + "stopped listening connection after \(serverLetGo.map { "\($0)" } ?? "never"); notification queue usage "
+                + "peak \(peakUsage), at the end \(usageAtEnd)"
+        )
+        child.kill(signal: SIGCONT)
+        while next < jobs {
+            try queue.enqueue(PaddedJob(index: next, pad: ""))
+            next += 1
+        }
+        #expect(eventually(timeout: 120) { consumedIndexes(child.outputLines).count >= jobs })
+        let peakResident = Self.residentKiB(of: child.processIdentifier, "VmHWM")
+        child.kill()
+        let result = child.finish(timeout: 30)
+        #expect(consumedIndexes(result.lines) == Array(0..<jobs), "a job lost, repeated or out of order")
+        print(
+            "stoppedListener: the listener's resident memory \(residentBefore) KiB before the stop, peak "
+                + "\(peakResident) KiB once it caught up"
+        )
+        // Linux's `tcp_user_timeout` (15 s on the listening connection) also bounds a zero window: the server drops
+        // the connection of a process that stopped reading, and so releases the notification queue it held.
+        #expect(serverLetGo != nil, "the server kept the stopped process's listening connection for 30 s")
+        // Memory stays bounded: what the server sent while the process was stopped is what its socket held, and
+        // the rest it reads from the table in batches.
+        #expect(peakResident < residentBefore + 64 * 1024, "\(residentBefore) KiB before, \(peakResident) KiB peak")
+        _ = try server.psql("DELETE FROM wormhole.queue_records WHERE grp = '\(group)'")
+    }
+
+    /// A process's resident memory in KiB (`VmRSS` of `/proc/PID/status`, or another of its fields in KiB), 0 when
+    /// it cannot be read.
+    static func residentKiB(of pid: Int32, _ field: String = "VmRSS") -> Int {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+            let line = status.split(separator: "\n").first(where: { $0.hasPrefix(field + ":") })
+        else { return 0 }
+        return Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
+    }
+
     // MARK: Transfers
 
     @Test("A transfer's row naming a file outside the destination hands nothing over; a claimed one is delivered again")
