@@ -139,6 +139,15 @@ final class Connections: Sendable {
                 bindings.append(value)
                 calls.append("set_config($\(2 * index + 1), $\(2 * index + 2), false)")
             }
+            // A connection this side closed at its time-out (postgres-nio cannot send a cancel request: it keeps the
+            // backend's key to itself) is noticed by its backend within a second, which then stops its statement,
+            // even one the server's own limits would let run (PostgreSQL 14 and later; older servers lack it).
+            calls.append(
+                """
+                CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 140000 THEN \
+                pg_catalog.set_config('client_connection_check_interval', '1000', false) END
+                """
+            )
             do throws(WormholeError) {
                 try run(
                     PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: bindings),

@@ -1,4 +1,5 @@
 import Foundation
+import PostgresNIO
 import Testing
 import WormholeCLI
 import WormholeKit
@@ -414,6 +415,20 @@ struct PostgresHostilePeerTests {
         #expect(ContinuousClock.now - started < .seconds(5))
         let active = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10)' AND state = 'active'"
         #expect(try server.psql(active) == "0")
+
+        // A statement the server's limits would let run (as on a connection whose settings were changed), which
+        // the engine gives up on at its time-out: closing the connection stops the backend's statement too
+        // (`client_connection_check_interval`), where it ran on for its 30 s before.
+        let unlimited = "SELECT pg_sleep(30) /* unlimited */"
+        let given = wormholeError {
+            try connections.withConnection { (connection) throws(WormholeError) in
+                try connections.run("SET statement_timeout = 0", on: connection, doing: "lifting the limit")
+                try connections.run(PostgresQuery(unsafeSQL: unlimited), on: connection, doing: "sleeping long")
+            }
+        }
+        #expect(given?.code == .serverUnavailable, "\(String(describing: given))")
+        let stillAt = "SELECT count(*) FROM pg_stat_activity WHERE query = '\(unlimited)'"
+        #expect(eventually(timeout: 5) { (try? server.psql(stillAt)) == "0" }, "the backend went on sleeping")
 
         // A suite's row locked by another session (psql, in a transaction it keeps open for 3 s): the update waits
         // no longer than the limit, and fails with the server's lock time-out.
