@@ -108,7 +108,7 @@ let package = Package(
         ),
         // The entry points of fuzzing every decoder of on-disk and on-wire bytes, for the fuzzer and the corpus test;
         // no product names it, so no user's build carries it.
-        .target(name: "WormholeFuzzing", dependencies: ["WormholeKit"]),
+        .target(name: "WormholeFuzzing", dependencies: ["WormholeKit", "WormholePostgres"]),
         // The fuzzer: `scripts/fuzz` builds it with libFuzzer.
         .executableTarget(name: "WormholeFuzz", dependencies: ["WormholeFuzzing"]),
         // One test target, its folders mirroring the modules. It depends on the tool and the harness so that both are

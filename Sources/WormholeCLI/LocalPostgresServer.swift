@@ -42,6 +42,14 @@ package final class LocalPostgresServer: Sendable {
     /// `sslrootcert` to verify the server. Nil otherwise.
     package let certificatePath: String?
 
+    /// With `tls`, a client certificate and its key (PEM files) for the role ``certifiedRole``, signed by the
+    /// server's certificate, which the server trusts for clients: that role logs in over TCP with the certificate
+    /// alone (`cert` in `pg_hba.conf`). Nil otherwise.
+    package let clientCertificate: (certificate: String, key: String)?
+
+    /// The role that logs in with ``clientCertificate``; the server has no such role until a test makes it.
+    package static let certifiedRole = "wormhole_certified"
+
     /// The password of the `wormhole` role, if it has one.
     private let password: String?
 
@@ -98,6 +106,7 @@ package final class LocalPostgresServer: Sendable {
         self.directory = directory
         self.logPath = directory + "/server.log"
         self.certificatePath = tls ? directory + "/server.crt" : nil
+        self.clientCertificate = tls ? (directory + "/client.crt", directory + "/client.key") : nil
         self.tools = tools
         self.password = password
         // A wildcard is no address to connect to: its clients use the loopback address of the same family.
@@ -345,6 +354,25 @@ extension LocalPostgresServer {
         guard chmod(directory + "/server.key", 0o600) == 0 else {
             throw LocalPostgresServerError("chmod \(directory)/server.key failed: \(String(cString: strerror(errno)))")
         }
+        // The client's: a request, then the certificate signed with the server's key (the server's certificate is
+        // its own authority, and the one `ssl_ca_file` names).
+        for arguments in [
+            [
+                "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=\(certifiedRole)",
+                "-keyout", directory + "/client.key", "-out", directory + "/client.csr",
+            ],
+            [
+                "x509", "-req", "-in", directory + "/client.csr", "-CA", directory + "/server.crt",
+                "-CAkey", directory + "/server.key", "-CAcreateserial", "-days", "2", "-out", directory + "/client.crt",
+            ],
+        ] {
+            let result = FinishedCommand.run(
+                tools.prefix + [openssl] + arguments,
+                timeout: commandTimeout,
+                directory: directory
+            )
+            guard result.succeeded else { throw LocalPostgresServerError("openssl failed. " + result.summary) }
+        }
     }
 
     /// Adds the settings to `postgresql.conf` (later lines win) and replaces `pg_hba.conf`; with `tls`, TCP clients
@@ -370,6 +398,7 @@ extension LocalPostgresServer {
                 ssl = on
                 ssl_cert_file = '\(directory)/server.crt'
                 ssl_key_file = '\(directory)/server.key'
+                ssl_ca_file = '\(directory)/server.crt'
 
                 """
         }
@@ -377,9 +406,11 @@ extension LocalPostgresServer {
         let method = trusted ? "trust" : "scram-sha-256"
         // `hostssl` lines match TLS connections only: with no `host` line, the server refuses the others.
         let kind = tls ? "hostssl" : "host"
+        // With TLS, the certified role logs in with its client certificate alone.
+        let certified = tls ? "hostssl all \(certifiedRole) 0.0.0.0/0 cert\n" : ""
         let access = """
             local all all trust
-            \(kind) all all 0.0.0.0/0 \(method)
+            \(certified)\(kind) all all 0.0.0.0/0 \(method)
             \(kind) all all ::/0 \(method)
 
             """

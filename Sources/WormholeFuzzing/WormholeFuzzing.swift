@@ -1,8 +1,10 @@
 import Foundation
 import WormholeKit
+import WormholePostgres
 
 /// Entry points for fuzzing every decoder of bytes that another process wrote: mailbox files, queue logs, consumer
-/// positions, suite documents and logs, live packets, and the primary keys of a store's history rows. Not API: the
+/// positions, suite documents and logs, live packets, the primary keys of a store's history rows, and what the
+/// PostgreSQL engine reads of notifications and rows. Not API: the
 /// `WormholeFuzz` target and the corpus test use them.
 ///
 /// Each takes any bytes, must not crash nor hang, and checks that whatever decodes encodes back to the same thing.
@@ -16,6 +18,22 @@ package enum WormholeFuzzing {
         case livePacket
         case suiteLog
         case historyKey
+        /// What the PostgreSQL engine reads of notifications and rows (`PostgresWireFuzzing`).
+        case carriedAppend
+        case liveEnvelope
+        case sealedNotification
+        case rowNumber
+
+        /// The PostgreSQL engine's entry point of this target, if it is one.
+        var postgres: PostgresWireFuzzing.Entry? {
+            switch self {
+            case .carriedAppend: .carriedAppend
+            case .liveEnvelope: .liveEnvelope
+            case .sealedNotification: .sealedNotification
+            case .rowNumber: .rowNumber
+            default: nil
+            }
+        }
     }
 
     /// Runs the decoder the first byte selects on the rest of the bytes.
@@ -30,6 +48,7 @@ package enum WormholeFuzzing {
         case .livePacket: livePacket(bytes)
         case .suiteLog: suiteLog(bytes)
         case .historyKey: historyKey(bytes)
+        case let target: PostgresWireFuzzing.run(target.postgres!, bytes)
         }
     }
 
@@ -229,5 +248,9 @@ package enum WormholeFuzzing {
             ("suite-log", [Target.suiteLog.rawValue] + suiteLog),
             ("suite-log-torn", [Target.suiteLog.rawValue] + suiteLog.dropLast(5)),
         ]
+            + PostgresWireFuzzing.seeds().map { seed in
+                let target = Target.allCases.first { $0.postgres == seed.entry }!
+                return ("postgres-\(target)", [target.rawValue] + seed.bytes)
+            }
     }
 }

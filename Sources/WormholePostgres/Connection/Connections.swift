@@ -101,6 +101,26 @@ final class Connections: Sendable {
         ]
     }
 
+    /// The statement that sets `limits` for the session (names and values of ``serverTimeLimits(for:)``: names of
+    /// settings and numbers, never the user's text), and `client_connection_check_interval` where the server has it.
+    ///
+    /// A connection this side closed at its time-out (postgres-nio cannot send a cancel request: it keeps the
+    /// backend's key to itself) is then noticed by its backend within a second, which stops its statement, even one
+    /// the server's own limits would let run. PostgreSQL 13 and older lack the setting, and a server whose platform
+    /// cannot watch a socket refuses any value but 0: either way it is left out, in a block of its own.
+    static func sessionLimitsStatement(_ limits: [(String, String)]) -> String {
+        let calls = limits.map { "pg_catalog.set_config('\($0.0)', '\($0.1)', false)" }.joined(separator: ", ")
+        return """
+            DO $$ BEGIN
+                PERFORM \(calls);
+                BEGIN
+                    PERFORM pg_catalog.set_config('client_connection_check_interval', '1000', false);
+                EXCEPTION WHEN undefined_object OR invalid_parameter_value THEN NULL;
+                END;
+            END $$
+            """
+    }
+
     /// Opens a new connection, with ``sessionParameters`` and `parameters` set for its session.
     func connect(parameters: [(String, String)] = []) throws(WormholeError) -> PostgresConnection {
         try ensureOpen()
@@ -132,25 +152,9 @@ final class Connections: Sendable {
         // know, and these are among them. One round trip per new connection, which the pool keeps.
         let limits = Self.serverTimeLimits(for: timeout)
         if !limits.isEmpty {
-            var bindings = PostgresBindings()
-            var calls: [String] = []
-            for (index, (name, value)) in limits.enumerated() {
-                bindings.append(name)
-                bindings.append(value)
-                calls.append("set_config($\(2 * index + 1), $\(2 * index + 2), false)")
-            }
-            // A connection this side closed at its time-out (postgres-nio cannot send a cancel request: it keeps the
-            // backend's key to itself) is noticed by its backend within a second, which then stops its statement,
-            // even one the server's own limits would let run (PostgreSQL 14 and later; older servers lack it).
-            calls.append(
-                """
-                CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 140000 THEN \
-                pg_catalog.set_config('client_connection_check_interval', '1000', false) END
-                """
-            )
             do throws(WormholeError) {
                 try run(
-                    PostgresQuery(unsafeSQL: "SELECT " + calls.joined(separator: ", "), binds: bindings),
+                    PostgresQuery(unsafeSQL: Self.sessionLimitsStatement(limits)),
                     on: connection,
                     doing: "setting the session's time limits"
                 )

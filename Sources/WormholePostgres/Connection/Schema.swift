@@ -329,8 +329,9 @@ enum Schema {
                     || pg_catalog.convert_to(p_sender, 'UTF8') || p_payload)
             $$
             """,
-            // `queue_read`, acknowledging through `p_end` only when every (offset, digest) given is the table's
-            // record; otherwise reading from the position as it was.
+            // `queue_read`, acknowledging through `p_end` only when every (offset, digest) given at or past the
+            // consumer's position is the table's record; otherwise reading from the position as it was. One lookup on
+            // the primary key per record (a join let the planner hash every record of the queue).
             """
             CREATE FUNCTION wormhole.queue_read_checked(
                 p_grp text, p_queue text, p_consumer text, p_end bigint, p_maximum integer, p_byte_limit bigint,
@@ -338,15 +339,22 @@ enum Schema {
             ) RETURNS TABLE (consumer_position bigint, record_offset bigint, record_sender text,
                 record_time_ns bigint, record_payload bytea)
             LANGUAGE plpgsql SECURITY INVOKER AS $$
+            DECLARE
+                v_position bigint;
+                v_digest bytea;
             BEGIN
-                IF EXISTS (
-                    SELECT 1 FROM ROWS FROM (pg_catalog.unnest(p_offsets), pg_catalog.unnest(p_digests)) AS h(o, d)
-                    WHERE NOT EXISTS (SELECT 1 FROM wormhole.queue_records r
-                        WHERE r.grp = p_grp AND r.queue = p_queue AND r."offset" = h.o
-                            AND wormhole.queue_record_digest(r.time_ns, r.sender, r.payload) = h.d)
-                ) THEN
-                    p_end := NULL;
-                END IF;
+                SELECT c.position INTO v_position FROM wormhole.queue_consumers c
+                WHERE c.grp = p_grp AND c.queue = p_queue AND c.consumer = p_consumer;
+                FOR i IN 1..coalesce(pg_catalog.cardinality(p_offsets), 0) LOOP
+                    CONTINUE WHEN p_offsets[i] < v_position;
+                    SELECT wormhole.queue_record_digest(r.time_ns, r.sender, r.payload) INTO v_digest
+                    FROM wormhole.queue_records r
+                    WHERE r.grp = p_grp AND r.queue = p_queue AND r."offset" = p_offsets[i];
+                    IF NOT FOUND OR v_digest IS DISTINCT FROM p_digests[i] THEN
+                        p_end := NULL;
+                        EXIT;
+                    END IF;
+                END LOOP;
                 RETURN QUERY SELECT * FROM wormhole.queue_read(p_grp, p_queue, p_consumer, p_end, p_maximum,
                     p_byte_limit);
             END

@@ -329,10 +329,14 @@ final class PostgresQueueCursor: QueueCursor {
             identifier: log.identifier
         )
         stored.withLock { $0 = checked }
-        if let end, !checks.isEmpty {
-            handed.withLock { handed in handed = handed.filter { $0.key >= end } }
-            if checked < end { refused(checks, end: end) }
+        // What is behind the position, or was just read from the table, needs no check any more.
+        if !handed.withLock({ $0.isEmpty }) {
+            handed.withLock { handed in
+                handed = handed.filter { $0.key >= checked }
+                for record in records { handed[record.offset] = nil }
+            }
         }
+        if let end, !checks.isEmpty, checked < end { refused(checks, end: end) }
         if end != nil { reclaimIfDue() }
         return records
     }
@@ -342,6 +346,7 @@ final class PostgresQueueCursor: QueueCursor {
     /// and carried records are no longer believed until then.
     private func refused(_ checks: [(offset: UInt64, digest: Data)], end: UInt64) {
         carried.withLock { $0.removeAll() }
+        handed.withLock { $0.removeAll() }
         let offsets = checks.map { String($0.offset) }.joined(separator: ", ")
         log.engine.logger.error(
             """
@@ -608,15 +613,16 @@ extension PreparedStatement {
     )
 
     /// ``queueAcknowledge`` of records handed from notifications: the same parameters, then their offsets and
-    /// their digests (``QueueRecordDigest``). The position moves only when every one of them is the table's record
-    /// at its offset; otherwise it stays, and the row returned says where.
+    /// their digests (``QueueRecordDigest``). The position moves only when every one of them at or past it is the
+    /// table's record at its offset; otherwise it stays, and the row returned says where. Each record is looked up on
+    /// the primary key by a scalar subquery: as a join, the planner hashed every record of the queue.
     static let queueAcknowledgeChecked = PreparedStatement(
         sql: """
             UPDATE wormhole.queue_consumers c SET seen = pg_catalog.now(), position = CASE WHEN NOT EXISTS (
                     SELECT 1 FROM ROWS FROM (pg_catalog.unnest($5::bigint[]), pg_catalog.unnest($6::bytea[])) AS h(o, d)
-                    WHERE NOT EXISTS (SELECT 1 FROM wormhole.queue_records r
-                        WHERE r.grp = $1::text AND r.queue = $2::text AND r."offset" = h.o
-                            AND wormhole.queue_record_digest(r.time_ns, r.sender, r.payload) = h.d))
+                    WHERE h.o >= c.position AND (SELECT wormhole.queue_record_digest(r.time_ns, r.sender, r.payload)
+                        FROM wormhole.queue_records r
+                        WHERE r.grp = $1::text AND r.queue = $2::text AND r."offset" = h.o) IS DISTINCT FROM h.d)
                 THEN greatest(c.position, $4::bigint) ELSE c.position END
             WHERE c.grp = $1::text AND c.queue = $2::text AND c.consumer = $3::text
             RETURNING c.position

@@ -391,18 +391,29 @@ enum StoreSchema {
         $$
         """,
         // The changes of transaction `p_id` after the change `p_after_seq`, at most `p_limit`, as `tbl, op, pk, seq`.
+        // A transaction purged since the read began raises (SQLSTATE P0002), so that it is never handed over cut:
+        // the reader's next read finds it gone, as any purged transaction.
         """
         CREATE FUNCTION wormhole.store_read_changes(p_grp text, p_store text, p_id bigint, p_after_seq bigint,
             p_limit bigint, p_tables text[])
         RETURNS TABLE (tbl text, op text, pk text, seq bigint)
-        LANGUAGE sql STABLE SECURITY INVOKER AS $$
-            SELECT x.tbl, x.op, x.pk::text, x.seq
-            FROM wormhole.store_changes x
-            WHERE x.grp = p_grp AND x.store = p_store AND x.seq > p_after_seq
-                AND x.xid = (SELECT s.xid FROM wormhole.store_transactions s
-                    WHERE s.grp = p_grp AND s.store = p_store AND s.id = p_id)
-                AND (p_tables IS NULL OR x.tbl = ANY (p_tables))
-            ORDER BY x.seq LIMIT p_limit
+        LANGUAGE plpgsql STABLE SECURITY INVOKER AS $$
+        DECLARE
+            v_xid xid8;
+        BEGIN
+            SELECT s.xid INTO v_xid FROM wormhole.store_transactions s
+            WHERE s.grp = p_grp AND s.store = p_store AND s.id = p_id;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'the transaction % of the store % was purged while it was read', p_id, p_store
+                    USING ERRCODE = 'P0002';
+            END IF;
+            RETURN QUERY
+                SELECT x.tbl, x.op, x.pk::text, x.seq
+                FROM wormhole.store_changes x
+                WHERE x.grp = p_grp AND x.store = p_store AND x.xid = v_xid AND x.seq > p_after_seq
+                    AND (p_tables IS NULL OR x.tbl = ANY (p_tables))
+                ORDER BY x.seq LIMIT p_limit;
+        END
         $$
         """,
     ]

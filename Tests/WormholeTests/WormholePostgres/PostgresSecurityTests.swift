@@ -468,6 +468,63 @@ struct PostgresSecurityTests {
         #expect(untrusted?.code == .serverUnavailable, "\(String(describing: untrusted))")
     }
 
+    @Test("A role that logs in with a client certificate: sslcert and sslkey connect, and nothing else does")
+    func clientCertificate() async throws { try await offThePool { try clientCertificateBody() } }
+
+    func clientCertificateBody() throws {
+        if let reason = LocalPostgresServer.unavailableReason() { try Test.cancel(Comment(rawValue: reason)) }
+        if Self.program("openssl") == nil { try Test.cancel("openssl is not installed") }
+        let server = try LocalPostgresServer(tls: true)
+        defer { server.close() }
+        let (certificate, key) = try #require(server.clientCertificate)
+        let authority = try #require(server.certificatePath)
+        let role = LocalPostgresServer.certifiedRole
+        let group = uniqueGroup("certified")
+        try server.psql("CREATE ROLE \(role) LOGIN", database: "postgres")
+        let administration = try PostgresAdministration(
+            url: "postgres://wormhole@127.0.0.1:\(server.port)/wormhole?sslmode=require"
+        )
+        defer { administration.close() }
+        try administration.setUp()
+        try administration.grant(group: group, to: role)
+        let base = "postgres://\(role)@localhost:\(server.port)/wormhole?sslrootcert=\(authority)"
+
+        // With its certificate and key, over a verified connection: it works, as that role.
+        let engine = try PostgresEngine(
+            url: base + "&sslmode=verify-full&sslcert=\(certificate)&sslkey=\(key)",
+            group: group
+        )
+        defer { engine.close() }
+        let wormhole = Wormhole(engine: engine, sender: "certified")
+        try wormhole.passMessageObject("by certificate", identifier: "box")
+        #expect(try wormhole.message(withIdentifier: "box", as: String.self) == "by certificate")
+        let users = try server.psql(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.usename = '\(role)' AND s.client_dn = '/CN=\(role)'"
+        )
+        #expect(Int(users) ?? 0 >= 1, "no connection of \(role) with its certificate: \(users)")
+
+        // Without the certificate the server refuses the role; with another's key, the TLS handshake fails.
+        let without = wormholeError { _ = try PostgresEngine(url: base + "&sslmode=verify-full", group: group) }
+        #expect(without?.code == .serverUnavailable, "\(String(describing: without))")
+        let scratch = TemporaryDirectory()
+        let otherKey = scratch("other.key")
+        let made = Process()
+        made.executableURL = URL(fileURLWithPath: try #require(Self.program("openssl")))
+        made.arguments = ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", otherKey]
+        made.standardOutput = FileHandle.nullDevice
+        made.standardError = FileHandle.nullDevice
+        try made.run()
+        made.waitUntilExit()
+        let mismatched = wormholeError {
+            _ = try PostgresEngine(
+                url: base + "&sslmode=verify-full&sslcert=\(certificate)&sslkey=\(otherKey)",
+                group: group
+            )
+        }
+        #expect(mismatched?.code == .serverUnavailable, "\(String(describing: mismatched))")
+        try server.psql("DROP OWNED BY \(role); DROP ROLE \(role)", database: "wormhole")
+    }
+
     // MARK: Helpers
 
     /// A role name no other test uses: `r_` and 16 hexadecimal digits.
