@@ -260,6 +260,9 @@ public final class PostgresStore: Sendable, CustomStringConvertible {
 
     /// The recorded transactions after `token` (all of them from 0), oldest first, at most `limit`; with `tables`,
     /// only those that changed one of them, cut down to them.
+    ///
+    /// A read may return fewer than `limit` while more exist: it stops after about 10,000 changes (each transaction
+    /// whole). Read again after the last one returned until none comes.
     public func transactions(
         after token: Int64 = 0,
         tables: Set<String>? = nil,
