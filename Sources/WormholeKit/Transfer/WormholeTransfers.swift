@@ -92,7 +92,9 @@ public final class WormholeTransfers: Sendable {
     /// The file is renamed into `destination` (copied when it is on another file system), under its transfer name,
     /// with ` (2)`, ` (3)`… added when the name is taken. The transfer is acknowledged when `handler` returns; a
     /// receiver killed before that gets the same file again (already in `destination`: it is not moved twice). A
-    /// transfer cancelled before it was received is reported to `errorHandler` (or logged) and passed over.
+    /// transfer cancelled before it was received is reported to `errorHandler` (or logged) and passed over, as is one
+    /// whose staged file is not this package's (``WormholeError/Code/untrustedFile``) or whose chunks no sender
+    /// writes (``WormholeError/Code/corruptMessage``): neither is handed over, and neither holds up the channel.
     ///
     /// - Returns: The receiver; it stops when cancelled or released.
     public func receive(
@@ -133,8 +135,9 @@ public final class WormholeTransfers: Sendable {
             do throws(WormholeError) {
                 delivered = try staging.deliver(transfer, into: destination)
             } catch {
-                guard error.code == .untrustedFile else { throw error }
-                // A file or marker planted in the staging area: never handed over, and it cannot block the channel.
+                guard error.code == .untrustedFile || error.code == .corruptMessage else { throw error }
+                // A file or marker planted in the staging area, or chunks no sender writes: never handed over, and
+                // they cannot block the channel (another try would find them as they are).
                 var reported = error
                 reported.message += " Transfer \(transfer.id) (\(transfer.name)) is passed over."
                 queue.report(reported, to: errorHandler)

@@ -24,8 +24,15 @@ final class TemporaryDirectory: Sendable {
 let sanitizerSlowdown: Double = ProcessInfo.processInfo.environment["WORMHOLE_SANITIZER"] == nil ? 1 : 10
 
 extension Trait where Self == TimeLimitTrait {
-    /// A suite's time limit: `minutes`, or 10 times as long under a sanitizer.
-    static func limit(minutes: Int) -> Self { .timeLimit(.minutes(minutes * Int(sanitizerSlowdown))) }
+    /// A suite's time limit: `minutes` and ``gateAllowance`` more, or 10 times as long under a sanitizer.
+    static func limit(minutes: Int) -> Self {
+        .timeLimit(.minutes((minutes + gateAllowance) * Int(sanitizerSlowdown)))
+    }
+
+    /// Minutes a test may spend waiting at ``BlockingTestGate`` before its body runs: a time limit counts from the
+    /// test's start, and on a 2-core machine the gate's two places queue the whole run's blocking bodies, so a test
+    /// that starts early may wait minutes for its turn. The limit is there to catch a hang, not the queue.
+    static var gateAllowance: Int { 3 }
 }
 
 func eventually(timeout: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {

@@ -6,7 +6,7 @@ import WormholeKit
 /// lock holds nobody up for longer than the lock wait's limit: other writers fail with a typed error that names the
 /// file and the stopped process, nothing is written by them, and once the holder goes on, everything is consistent
 /// and every write that returned is there.
-@Suite("Directory engine: a stopped lock holder", .serialized, .timeLimit(.minutes(2)))
+@Suite("Directory engine: a stopped lock holder", .serialized, .limit(minutes: 2))
 struct StoppedLockHolderTests {
     enum Kind: String, CaseIterable, Sendable {
         case mailbox, suite, coordination
