@@ -330,11 +330,10 @@ final class PostgresQueueCursor: QueueCursor {
         )
         stored.withLock { $0 = checked }
         // What is behind the position, or was just read from the table, needs no check any more.
-        if !handed.withLock({ $0.isEmpty }) {
-            handed.withLock { handed in
-                handed = handed.filter { $0.key >= checked }
-                for record in records { handed[record.offset] = nil }
-            }
+        handed.withLock { handed in
+            guard !handed.isEmpty else { return }
+            handed = handed.filter { $0.key >= checked }
+            for record in records { handed[record.offset] = nil }
         }
         if let end, !checks.isEmpty, checked < end { refused(checks, end: end) }
         if end != nil { reclaimIfDue() }

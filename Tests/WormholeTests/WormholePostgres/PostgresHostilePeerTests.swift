@@ -122,6 +122,34 @@ struct PostgresHostilePeerTests {
         }
     }
 
+    /// Role one's wormhole on group A, with a consumer `worker` of its queue `jobs` that collects what it handles:
+    /// the setting of the notification tests. ``close()`` stops the consumer, then the engine.
+    struct JobsOfGroupA {
+        let engine: PostgresEngine
+        let wormhole: Wormhole
+        let queue: WormholeQueue
+        let handled = Collector<String>()
+        let consumer: QueueConsumer
+
+        init(_ roles: GrantedRoles) throws {
+            engine = try roles.engine(roles.one, roles.groupA)
+            wormhole = Wormhole(engine: engine, sender: "one")
+            do {
+                queue = try wormhole.queue("jobs")
+                let handled = handled
+                consumer = try queue.consume(consumer: "worker", as: String.self) { handled.append($0.value) }
+            } catch {
+                engine.close()
+                throw error
+            }
+        }
+
+        func close() {
+            consumer.cancel()
+            engine.close()
+        }
+    }
+
     @Test("Forged queue and live notifications from a role of another group deliver nothing and skip no record")
     func forgedNotifications() async throws { try await offThePool { try forgedNotificationsBody() } }
 
@@ -129,13 +157,9 @@ struct PostgresHostilePeerTests {
         let server = try requireTestServer()
         let roles = try GrantedRoles(server, prefix: "forged")
         defer { roles.close() }
-        let engine = try roles.engine(roles.one, roles.groupA)
-        defer { engine.close() }
-        let wormhole = Wormhole(engine: engine, sender: "one")
-        let queue = try wormhole.queue("jobs")
-        let handled = Collector<String>()
-        let consumer = try queue.consume(consumer: "worker", as: String.self) { handled.append($0.value) }
-        defer { consumer.cancel() }
+        let jobs = try JobsOfGroupA(roles)
+        defer { jobs.close() }
+        let (engine, wormhole, queue, handled) = (jobs.engine, jobs.wormhole, jobs.queue, jobs.handled)
         let ticks = Collector<String>()
         let listener = try wormhole.listenForLiveMessages(withIdentifier: "ticks", as: String.self) { ticks.append($0) }
         defer { listener.cancel() }
@@ -182,13 +206,9 @@ struct PostgresHostilePeerTests {
         let server = try requireTestServer()
         let roles = try GrantedRoles(server, prefix: "member-forged")
         defer { roles.close() }
-        let engine = try roles.engine(roles.one, roles.groupA)
-        defer { engine.close() }
-        let wormhole = Wormhole(engine: engine, sender: "one")
-        let queue = try wormhole.queue("jobs")
-        let handled = Collector<String>()
-        let consumer = try queue.consume(consumer: "worker", as: String.self) { handled.append($0.value) }
-        defer { consumer.cancel() }
+        let jobs = try JobsOfGroupA(roles)
+        defer { jobs.close() }
+        let (engine, queue, handled, consumer) = (jobs.engine, jobs.queue, jobs.handled, jobs.consumer)
         try queue.enqueue("real 0")
         #expect(eventually { handled.values == ["real 0"] })
 
@@ -246,16 +266,12 @@ struct PostgresHostilePeerTests {
         let server = try requireTestServer()
         let roles = try GrantedRoles(server, prefix: "replayed")
         defer { roles.close() }
-        let engine = try roles.engine(roles.one, roles.groupA)
-        defer { engine.close() }
-        let wormhole = Wormhole(engine: engine, sender: "one")
+        let jobs = try JobsOfGroupA(roles)
+        defer { jobs.close() }
+        let (engine, wormhole, queue, handled) = (jobs.engine, jobs.wormhole, jobs.queue, jobs.handled)
         let ticks = Collector<String>()
         let listener = try wormhole.listenForLiveMessages(withIdentifier: "ticks", as: String.self) { ticks.append($0) }
         defer { listener.cancel() }
-        let queue = try wormhole.queue("jobs")
-        let handled = Collector<String>()
-        let consumer = try queue.consume(consumer: "worker", as: String.self) { handled.append($0.value) }
-        defer { consumer.cancel() }
 
         // Role two listens on the group's channels, as one who learnt the name may, while role one sends.
         let channel = try Self.channel(of: roles.groupA, server)
