@@ -494,7 +494,7 @@ extension LocalPostgresServer {
 
     /// A TCP port free at this moment: the kernel picks one for a socket bound to 127.0.0.1:0, then it is closed.
     private static func freePort() throws -> Int {
-        let socketDescriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let socketDescriptor = socket(AF_INET, streamSocketType, 0)
         guard socketDescriptor >= 0 else {
             throw LocalPostgresServerError("socket failed: \(String(cString: strerror(errno)))")
         }
@@ -738,9 +738,13 @@ enum ProcessTable {
 
     /// A process's name (`/proc/PID/comm`), nil when it is gone.
     static func name(of identifier: Int32) -> String? {
+        #if os(Linux) || os(Android)
         FileManager.default.contents(atPath: "/proc/\(identifier)/comm").map {
             String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         }
+        #else
+        nil  // no /proc: the caller names the process by its id alone
+        #endif
     }
 
     /// Sends SIGKILL to a process and, when asked, to its children first found (a postmaster's backends, which
@@ -764,17 +768,37 @@ enum ProcessTable {
 
     /// The processes whose parent is `identifier`.
     private static func children(of identifier: Int32) -> [Int32] {
+        #if !(os(Linux) || os(Android))
+        // No /proc: the children are left to their parent's exit.
+        return []
+        #else
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
         return entries.compactMap { Int32($0) }.filter { status(of: $0)?.parent == identifier }
+        #endif
     }
 
     /// A process's state letter and parent, from `/proc/PID/stat` (after its name, which may hold spaces).
     private static func status(of identifier: Int32) -> (state: Character, parent: Int32)? {
+        #if !(os(Linux) || os(Android))
+        // No /proc: a process that `kill(pid, 0)` finds counts as alive, zombie or not.
+        return nil
+        #else
         guard let data = FileManager.default.contents(atPath: "/proc/\(identifier)/stat") else { return nil }
         let text = String(decoding: data, as: UTF8.self)
         guard let end = text.lastIndex(of: ")") else { return nil }
         let fields = text[text.index(after: end)...].split(separator: " ")
         guard fields.count > 1, let state = fields[0].first, let parent = Int32(fields[1]) else { return nil }
         return (state, parent)
+        #endif
     }
+}
+
+/// `SOCK_STREAM` as `socket(2)` takes it: Glibc imports the socket types as an enum, Darwin as plain `Int32`
+/// (`#define SOCK_STREAM 1`, xnu's `bsd/sys/socket.h`).
+package var streamSocketType: Int32 {
+    #if canImport(Glibc)
+    Int32(SOCK_STREAM.rawValue)
+    #else
+    SOCK_STREAM
+    #endif
 }

@@ -234,15 +234,27 @@ struct Exercise: ParsableCommand {
 
 /// How many descriptors this process has open.
 func openDescriptorCount() -> Int {
-    (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
+    #if os(Linux) || os(Android)
+    let listing = "/proc/self/fd"
+    #else
+    let listing = "/dev/fd"  // fdesc(5): the calling process's descriptors
+    #endif
+    return (try? FileManager.default.contentsOfDirectory(atPath: listing).count) ?? -1
 }
 
 /// The process's peak resident memory (VmHWM), in KiB.
 func peakResidentKiB() -> Int {
+    #if os(Linux) || os(Android)
     guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
         let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") })
     else { return -1 }
     return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
+    #else
+    // getrusage(2) on Darwin gives the peak in bytes (Linux's in KiB).
+    var usage = rusage()
+    guard getrusage(RUSAGE_SELF, &usage) == 0 else { return -1 }
+    return Int(usage.ru_maxrss) / 1024
+    #endif
 }
 
 /// The message of the queue workloads.

@@ -46,11 +46,9 @@ struct PowerLoss: ParsableCommand {
         var arguments = [
             "-f", "-qq", "-y", "-xx", "-s", "67108864", "-o", trace,
             "-e", "trace=" + SystemCallTrace.tracedCalls.joined(separator: ","),
-            "/proc/self/exe", "power-workload", mode.rawValue, "--directory", root + "/wormhole",
+            try executablePath(), "power-workload", mode.rawValue, "--directory", root + "/wormhole",
             "--count", String(count),
         ]
-        // strace runs this program again by the path of its executable, found before strace replaces it.
-        arguments[arguments.firstIndex(of: "/proc/self/exe")!] = try executablePath()
         if synchronizes { arguments.append("--synchronizes") }
         let status = try runProcess("/usr/bin/strace", arguments)
         guard status == 0 else { throw Output.fail("the workload failed (status \(status)); its trace is in \(trace)") }
@@ -136,9 +134,14 @@ struct PowerLoss: ParsableCommand {
         try? FileManager.default.removeItem(atPath: work)
     }
 
+    /// The path of this program's executable, for strace to run it again (found before strace replaces it).
     private func executablePath() throws -> String {
-        let path = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
-        return path
+        #if os(Linux) || os(Android)
+        return try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        #else
+        // strace exists on Linux only: the explorer's trace cannot be made here.
+        throw Output.fail("the power-loss explorer traces its workloads with strace, which exists on Linux only")
+        #endif
     }
 
     private func runProcess(_ executable: String, _ arguments: [String]) throws -> Int32 {

@@ -69,37 +69,19 @@ public final class Wormhole: Sendable {
             forApplicationGroupIdentifier: applicationGroupIdentifier,
             optionalDirectory: optionalDirectory
         )
-        #if canImport(Darwin)
-        let prefix = [applicationGroupIdentifier, optionalDirectory].compactMap { $0 }.joined(separator: ".")
-        #else
-        let prefix: String? = nil
-        #endif
-        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: prefix)
+        try self.init(directory: directory, configuration: configuration)
     }
 
     /// Creates a wormhole on an explicit directory, created on demand with mode 0700.
     ///
     /// - Throws: as ``init(applicationGroupIdentifier:optionalDirectory:configuration:)``.
     public convenience init(directory: String, configuration: Configuration = Configuration()) throws(WormholeError) {
-        #if canImport(Darwin)
-        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: directory)
-        #else
-        try self.init(directory: directory, configuration: configuration, darwinNotificationPrefix: nil)
-        #endif
-    }
-
-    private convenience init(
-        directory: String,
-        configuration: Configuration,
-        darwinNotificationPrefix: String?
-    ) throws(WormholeError) {
         let engine = try DirectoryEngine(
             directory: directory,
             coordination: configuration.coordination,
             notification: configuration.notification,
             options: configuration.fileOptions,
-            logger: configuration.logger,
-            darwinNotificationPrefix: darwinNotificationPrefix
+            logger: configuration.logger
         )
         self.init(
             engine: engine,

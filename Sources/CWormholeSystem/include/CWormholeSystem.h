@@ -18,6 +18,23 @@ uint32_t cwormhole_crc32c(uint32_t crc, const void *bytes, size_t length);
 long cwormhole_send_parts(
     int socket, const void *head, size_t headLength, const void *body, size_t bodyLength, int wait);
 
+/// Sends one frame on a connected stream socket: a 4-byte little-endian length, then `head` and `body` (one
+/// `sendmsg` of three parts, so that nothing is copied first). Stream sockets carry a connection's packets where
+/// sequenced-packet sockets do not exist (XNU's local domain has stream and datagram sockets only). Without `wait`, a
+/// socket with no room fails with EAGAIN having sent nothing; a frame begun is always finished, waiting if need be
+/// (bounded by the socket's SO_SNDTIMEO), so that no half frame is left on the connection. Returns the bytes of the
+/// packet sent (`headLength + bodyLength`), or -1 with errno set (EMSGSIZE for a packet longer than 16 MiB).
+long cwormhole_send_frame(
+    int socket, const void *head, size_t headLength, const void *body, size_t bodyLength, int wait);
+
+/// Receives one frame of a connected stream socket into `buffer`. Returns the packet's length (1 or more), 0 when the
+/// peer closed the connection (or sent an empty packet, which no sender of ours does), or -1 with errno set: EAGAIN
+/// when, without `wait`, no whole frame is waiting yet (nothing is consumed then: the frame is read once whole, so
+/// that a peer that stops in the middle of one holds up nobody); EMSGSIZE when the frame is longer than `size` (close
+/// the connection); a timeout of the socket's SO_RCVTIMEO as EAGAIN too. The socket's receive buffer must hold the
+/// largest frame (PacketSocket sets it), or a frame that cannot be whole there is never read without `wait`.
+long cwormhole_receive_frame(int socket, void *buffer, size_t size, int wait);
+
 /// Reads a 64-bit counter in memory shared with other processes (a `MAP_SHARED` mapping), with acquire ordering.
 static inline uint64_t cwormhole_shared_load(const uint64_t *counter) {
     return __atomic_load_n(counter, __ATOMIC_ACQUIRE);
@@ -41,6 +58,24 @@ int cwormhole_inotify_handler_running(void);
 /// Sets whether the calling thread is running a handler of the inotify monitor.
 void cwormhole_set_inotify_handler_running(int running);
 
+#include <pthread.h>
+
+/// Names the calling thread (Linux keeps 15 characters, Darwin 63), as `ps -L` and debuggers show it. Darwin's
+/// `pthread_setname_np` names the calling thread only and takes the name alone (libpthread's `pthread.h`).
+static inline void cwormhole_set_thread_name(const char *name) {
+#if defined(__APPLE__)
+    (void)pthread_setname_np(name);
+#else
+    (void)pthread_setname_np(pthread_self(), name);
+#endif
+}
+
+/// Copies the calling thread's name into `buffer` (16 bytes are enough on Linux; Darwin's are cut to fit).
+/// `pthread_getname_np(pthread_t, char *, size_t)` is the same on both.
+static inline int cwormhole_thread_name(char *buffer, size_t size) {
+    return pthread_getname_np(pthread_self(), buffer, size);
+}
+
 #if defined(__linux__)
 #include <sys/eventfd.h>
 #include <sys/vfs.h>
@@ -59,10 +94,6 @@ static inline long cwormhole_file_system_type(int fd) {
     struct statfs info;
     return fstatfs(fd, &info) == 0 ? (long)info.f_type : -1;
 }
-
-/// Frees the blocks of [offset, offset + length) without changing the file's size or later offsets
-/// (fallocate with FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE). Returns 0, or -1 with errno set.
-int cwormhole_punch_hole(int fd, long long offset, long long length);
 
 /// Creates a close-on-exec epoll instance that waits for input on `first` and `second` (level-triggered, as `poll`):
 /// registered once, where `poll` adds and removes itself on both descriptors' wait queues at every call. Returns the
@@ -88,24 +119,29 @@ int cwormhole_receive_packets(int socket, void *buffers, size_t size, unsigned i
 /// without waiting more: a lone datagram costs one call, a burst few. Retried when a signal interrupts the wait.
 int cwormhole_receive_packets_waiting(int socket, void *buffers, size_t size, unsigned int count, size_t *lengths);
 
-/// Names the calling thread (at most 15 characters are kept), as `ps -L` and debuggers show it.
-static inline void cwormhole_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }
-
-/// Copies the calling thread's name into `buffer` (16 bytes are enough).
-static inline int cwormhole_thread_name(char *buffer, size_t size) {
-    return pthread_getname_np(pthread_self(), buffer, size);
-}
-
-
-/// Renames without replacing: fails with EEXIST when `to` exists (renameat2 with RENAME_NOREPLACE).
-static inline int cwormhole_rename_noreplace(int fromdir, const char *from, int todir, const char *to) {
-#ifdef SYS_renameat2
-    return (int)syscall(SYS_renameat2, fromdir, from, todir, to, 1 /* RENAME_NOREPLACE */);
-#else
-    errno = ENOSYS;
-    return -1;
 #endif
-}
-#endif
+
+// The calls that durability and space need, by each platform's own names: the constants come from its headers, never
+// from numbers written here (Darwin's SEEK_DATA is 4, Linux's 3). The Darwin branches were read against xnu's
+// bsd/sys/fcntl.h and bsd/sys/unistd.h and Libc's stdio.h (ARCHITECTURE.md, "Apple platforms").
+
+/// Flushes a file's data and metadata to stable storage. On Darwin `fsync` leaves them in the drive's cache, so
+/// F_FULLFSYNC asks the drive to flush it (falling back to `fsync` where the file system refuses F_FULLFSYNC, as
+/// network ones do); elsewhere `fsync`. Returns 0, or -1 with errno set.
+int cwormhole_full_sync(int fd);
+
+/// Frees the blocks of [offset, offset + length) without changing the file's size or later offsets: Linux's
+/// fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE), Darwin's fcntl(F_PUNCHHOLE) (APFS; offset and length are
+/// multiples of the block size, which the callers' 4096 is). Returns 0, or -1 with errno set (ENOTSUP, EINVAL where
+/// the file system cannot).
+int cwormhole_punch_hole(int fd, long long offset, long long length);
+
+/// The first offset at or after `offset` that holds data (lseek with SEEK_DATA), or -1 with errno set (ENXIO: none;
+/// EINVAL or ENOSYS where the file system or platform cannot tell).
+long long cwormhole_seek_data(int fd, long long offset);
+
+/// Renames without replacing: fails with EEXIST when `to` exists. Linux's renameat2 with RENAME_NOREPLACE, Darwin's
+/// renameatx_np with RENAME_EXCL; ENOSYS, EINVAL or ENOTSUP where the file system or kernel cannot.
+int cwormhole_rename_noreplace(int fromdir, const char *from, int todir, const char *to);
 
 #endif

@@ -36,7 +36,8 @@ public final class DirectoryEngine: WormholeEngine {
     /// - Parameters:
     ///   - directory: The directory's path.
     ///   - coordination: Whether mailbox operations take a directory-wide lock.
-    ///   - notification: How listeners learn of changes on Linux.
+    ///   - notification: How listeners learn of changes: inotify (on Apple platforms, Darwin notifications), or
+    ///     polling.
     ///   - options: File modes, `fsync` and the size limit.
     ///   - logger: Where warnings go (for example, falling back to polling).
     /// - Throws: ``WormholeError/Code/directoryUnavailable`` when the directory cannot be created or written,
@@ -47,24 +48,6 @@ public final class DirectoryEngine: WormholeEngine {
         notification: DirectoryNotifier.Strategy = .automatic,
         options: FileTransiting.Options = .init(),
         logger: Logger = Logger(label: "wormhole")
-    ) throws(WormholeError) {
-        try self.init(
-            directory: directory,
-            coordination: coordination,
-            notification: notification,
-            options: options,
-            logger: logger,
-            darwinNotificationPrefix: nil
-        )
-    }
-
-    convenience init(
-        directory: String,
-        coordination: Wormhole.Configuration.Coordination,
-        notification: DirectoryNotifier.Strategy,
-        options: FileTransiting.Options,
-        logger: Logger,
-        darwinNotificationPrefix: String?
     ) throws(WormholeError) {
         let transiting: any Transiting
         let files: FileTransiting
@@ -77,22 +60,12 @@ public final class DirectoryEngine: WormholeEngine {
             files = coordinated.files
             transiting = coordinated
         }
-        let notifier: any Notifier
-        #if canImport(Darwin)
-        if let darwinNotificationPrefix, notification == .automatic {
-            notifier = DarwinNotifier(prefix: darwinNotificationPrefix)
-        } else {
-            notifier = try DirectoryNotifier(
-                directory: directory,
-                strategy: notification,
-                options: options,
-                logger: logger
-            )
-        }
-        #else
-        _ = darwinNotificationPrefix
-        notifier = try DirectoryNotifier(directory: directory, strategy: notification, options: options, logger: logger)
-        #endif
+        let notifier = try DirectoryNotifier(
+            directory: directory,
+            strategy: notification,
+            options: options,
+            logger: logger
+        )
         self.init(files: files, transiting: transiting, notifier: notifier, logger: logger)
     }
 
@@ -106,11 +79,16 @@ public final class DirectoryEngine: WormholeEngine {
         self.files = files
         self.transiting = transiting
         let base = (notifier as? MailboxFileNotifier)?.base ?? (notifier as? DirectoryNotifier)
+        #if os(Linux) || os(Android)
         if let base, base.handle.isEntry(DirectoryNotifier.subdirectoryName, of: files.handle) {
             self.notifier = MailboxFileNotifier(base: base, files: files)
         } else {
             self.notifier = base ?? notifier
         }
+        #else
+        // No inotify: a mailbox file's write wakes nobody by itself, so a pass posts its name.
+        self.notifier = base ?? notifier
+        #endif
         self.directoryNotifier = base
         self.logger = logger
     }
@@ -131,8 +109,13 @@ public final class DirectoryEngine: WormholeEngine {
         sender: String,
         retention: Duration
     ) throws(WormholeError) -> any QueueLog {
+        #if os(Linux) || os(Android)
         let wakeSource: DirectoryQueueLog.WakeSource =
             if let directoryNotifier { .logFile(directoryNotifier.strategy) } else { .notifier(notifier) }
+        #else
+        // No inotify: an append posts `queue.IDENTIFIER`, which the directory's notifier carries.
+        let wakeSource = DirectoryQueueLog.WakeSource.notifier(notifier)
+        #endif
         return try DirectoryQueueLog(
             directory: try DirectoryHandle.open(path: directory, create: true, options: options),
             identifier: identifier,

@@ -1,41 +1,35 @@
 #if canImport(Darwin)
-import Darwin
-import Dispatch
-import Synchronization
-
-/// The notifier on Apple platforms: Darwin notifications (`notify(3)`), as MMWormhole uses.
+/// A notifier of Darwin notifications (`notify(3)`) under a prefix of your choice, as MMWormhole posts them.
 ///
-/// Names are namespaced as `PREFIX.NAME`, where the prefix is the App Group identifier and the optional directory,
-/// so two wormholes in different groups or directories never wake each other.
+/// A wormhole on a directory does not need it: on Apple platforms its ``DirectoryNotifier`` posts and observes Darwin
+/// notifications named by the directory's resolved path, so that every process of the directory meets, whatever
+/// path or App Group identifier it was given. Use this one to wake, or be woken by, processes that post names of
+/// their own, such as an app that still runs MMWormhole (`PREFIX.NAME`, where MMWormhole's prefix is empty and its
+/// names are identifiers).
 ///
-/// This file is compiled only on Apple platforms, which this project's CI (Linux) cannot build; it is kept to
-/// the few calls of `notify(3)`.
+/// Observations keep the ``Notifier`` contract: each has a queue of its own, so a slow handler holds up nobody else,
+/// and no call starts after ``NotifierObservation/cancel()`` returns.
+///
+/// This file is compiled only on Apple platforms, which this project's machines cannot build; its calls were read
+/// against Libnotify's `notify.h` (see ARCHITECTURE.md, "Apple platforms").
 public final class DarwinNotifier: Notifier {
-    /// The prefix put before every name.
+    /// The prefix put before every name, followed by a dot (none when empty).
     public let prefix: String
-    private let queue = DispatchQueue(label: "wormhole.darwin-notifier")
 
-    /// Creates a notifier whose names start with `prefix`.
+    /// Creates a notifier whose names start with `prefix` and a dot; with an empty prefix, names are posted as given.
     public init(prefix: String) { self.prefix = prefix }
 
+    private func fullName(_ name: String) -> String { prefix.isEmpty ? name : prefix + "." + name }
+
     public func post(_ name: String) throws(WormholeError) {
-        let status = notify_post(prefix + "." + name)
-        guard status == NOTIFY_STATUS_OK else {
-            throw WormholeError(.notifierUnavailable, "notify_post failed with status \(status).")
-        }
+        try DarwinNotifications.post(fullName(name))
     }
 
     public func observe(
         _ name: String,
         handler: @escaping @Sendable () -> Void
     ) throws(WormholeError) -> NotifierObservation {
-        var token: Int32 = 0
-        let status = notify_register_dispatch(prefix + "." + name, &token, queue) { _ in handler() }
-        guard status == NOTIFY_STATUS_OK else {
-            throw WormholeError(.notifierUnavailable, "notify_register_dispatch failed with status \(status).")
-        }
-        let registered = token
-        return NotifierObservation { _ = notify_cancel(registered) }
+        try DarwinNotifications.observe(fullName(name), handler: handler)
     }
 }
 #endif

@@ -21,14 +21,22 @@ import SystemPackage
 /// ``MessageIdentifier/maximumNotificationNameLength``, so that the name of any valid identifier with its prefix
 /// (`mailbox.` and the like) is valid too.
 ///
-/// When inotify cannot be used (its instance or watch limits are exhausted, or the platform has none), the
-/// ``Strategy/automatic`` strategy logs a warning and falls back to polling the files' contents.
+/// When inotify cannot be used (its instance or watch limits are exhausted), the ``Strategy/automatic`` strategy logs
+/// a warning and falls back to polling the files' contents.
+///
+/// On Apple platforms, which have no inotify, a post also posts a Darwin notification (`notify(3)`) named by the
+/// directory's resolved path and the name, and ``Strategy/automatic`` and ``Strategy/inotify`` observe that; a file
+/// written by its owner there wakes nobody by itself, so every write that should wake its readers is followed by a
+/// post. Polling still reads the files, which every post writes, so pollers and observers of Darwin notifications
+/// meet.
 public final class DirectoryNotifier: Notifier {
     /// How observers learn of posts.
     public enum Strategy: Sendable, Hashable {
-        /// inotify where it works, polling every 50 ms where it does not (with a logged warning).
+        /// inotify where it works, polling every 50 ms where it does not (with a logged warning); on Apple platforms,
+        /// Darwin notifications.
         case automatic
-        /// inotify only: observing fails with ``WormholeError/Code/notifierUnavailable`` when it cannot be used.
+        /// inotify only: observing fails with ``WormholeError/Code/notifierUnavailable`` when it cannot be used. On
+        /// Apple platforms, Darwin notifications, as ``automatic``.
         case inotify
         /// Polling only, at the given interval: for file systems that inotify does not see into (network ones).
         case polling(interval: Duration)
@@ -48,6 +56,10 @@ public final class DirectoryNotifier: Notifier {
     private let openFiles = OpenFileCache()
     private let tokenBase = UInt64.random(in: 0...UInt64.max)
     private let tokenCounter = Atomic<UInt64>(0)
+    #if canImport(Darwin)
+    /// The Darwin notification names start with this: the directory's resolved path.
+    private let darwinDirectory: String
+    #endif
 
     /// Creates a notifier for a wormhole directory, creating its `.notifications` subdirectory (mode 0700).
     ///
@@ -67,6 +79,9 @@ public final class DirectoryNotifier: Notifier {
             create: true,
             options: options
         )
+        #if canImport(Darwin)
+        darwinDirectory = DarwinNotifications.resolvedPath(directory)
+        #endif
     }
 
     public func post(_ name: String) throws(WormholeError) {
@@ -92,6 +107,10 @@ public final class DirectoryNotifier: Notifier {
                     closeCached(&cached)
                     throw WormholeError.fileSystem(errno, "write the notification file", path: handle.filePath(name))
                 }
+                #if canImport(Darwin)
+                // No inotify: the write wakes pollers, the Darwin notification everyone else.
+                try DarwinNotifications.post(DarwinNotifications.name(name, inDirectory: darwinDirectory))
+                #endif
                 return
             }
             // Another process kept removing the file under us: say so rather than drop the post.
@@ -155,6 +174,8 @@ public final class DirectoryNotifier: Notifier {
             create: { [handle] in handle.touchFile(named: name) },
             handler: handler
         )
+        #elseif canImport(Darwin)
+        return try DarwinNotifications.observe(DarwinNotifications.name(name, inDirectory: darwinDirectory), handler: handler)
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: handle.path)
         #endif

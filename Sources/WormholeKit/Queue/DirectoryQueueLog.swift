@@ -248,11 +248,10 @@ final class DirectoryQueueLog: QueueLog {
         var minimum: UInt64?
         for name in try consumers.entries() where MessageIdentifier.isValid(name) {
             guard let cursor = try openConsumerFile(name) else { continue }
-            // Not seen within the retention, and no cursor at work on it: a consumer waiting on a quiet queue writes
-            // nothing for days, and must not be dropped while it waits.
-            if let seen = cursor.lastWritten, now.timeIntervalSince(seen) > Double(retention.components.seconds),
-                !cursor.isInUse()
-            {
+            // Not seen within the retention, checked again under the exclusive lock: a running consumer marks itself
+            // every quarter of the retention, waiting on a quiet queue or not, and a mark under way is waited for.
+            let unseen = { (seen: Date?) in seen.map { now.timeIntervalSince($0) > Double(retention.components.seconds) } }
+            if unseen(cursor.lastWritten) == true, cursor.takeForDropping(), unseen(cursor.lastWritten) == true {
                 _ = consumers.removeFile(named: name)
                 logger.warning(
                     "Dropped a queue consumer not seen within the retention",
@@ -304,7 +303,10 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     // Used by one reader at a time, as QueueCursor requires: its owner serialises every call. That is also why the
     // properties below skip the run-time exclusivity checks, which cost more than the rest of a small message's read.
     let log: DirectoryQueueLog
-    let file: QueueCursorFile
+    /// The consumer's position file: made again when reclaiming dropped it while this cursor was away.
+    @exclusivity(unchecked) private(set) var file: QueueCursorFile
+    /// Marks the file as seen while the cursor lives, holding no lock between marks.
+    private let heartbeat: QueueHeartbeat
     @exclusivity(unchecked) private var reader: QueueReader
     @exclusivity(unchecked) private var sinceReclaim: UInt64 = 0
     /// The records of the last batch read, in order, by their end: an acknowledgement stores the one it ends with.
@@ -322,15 +324,16 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
 
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
-        // At work from here on: reclaiming does not drop a consumer whose file a cursor holds. A file dropped just
-        // before the lock was taken is made again.
+        // Seen from here on, and marked again every quarter of the retention: reclaiming does not drop it. A file
+        // dropped just before the mark is made again.
         var opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
         var attempts = 1
-        while try !opened.holdWhileInUse(), attempts < 3 {
+        while try !opened.markSeen(waitingAtMost: QueueCursorFile.reclaimingWaitLimit), attempts < 3 {
             opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)
             attempts += 1
         }
         file = opened
+        heartbeat = QueueHeartbeat(file: opened, retention: log.retention)
         let synchronizes = log.directory.synchronizes
         let storedPosition = try file.readWithLastRecord()
         let stored = storedPosition?.offset
@@ -503,7 +506,23 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         lastRead.last(where: { $0.end == end })?.record
     }
 
+    /// Makes the position file again when reclaiming dropped it: the consumer's process was away (stopped,
+    /// suspended) for most of the retention. Records it had not read may have been reclaimed meanwhile.
+    private func registerAgain() throws(WormholeError) {
+        log.logger.warning(
+            "A queue consumer's position was dropped by reclaiming while its process was away for most of the "
+                + "retention; it is registered again, and messages it had not read may have been reclaimed",
+            metadata: ["queue": "\(log.identifier)", "consumer": "\(file.name)", "retention": "\(log.retention)"]
+        )
+        let again = try QueueCursorFile(directory: log.consumers, name: file.name, create: true)
+        _ = try again.markSeen(waitingAtMost: QueueCursorFile.reclaimingWaitLimit)
+        try again.write(reader.position, synchronize: log.directory.synchronizes)
+        file = again
+        heartbeat.replace(with: again)
+    }
+
     func acknowledge(through end: UInt64) throws(WormholeError) {
+        if heartbeat.wasDropped { try registerAgain() }
         let synchronizes = log.directory.synchronizes
         // The records first: a position flushed before the records it passes could outlive them in a power cut.
         if synchronizes, case .failure(let errno) = Descriptor(rawValue: reader.descriptor).synchronize() {
@@ -522,6 +541,7 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
         if log.directory.synchronizes {
             try acknowledge(through: end)
         } else {
+            if heartbeat.wasDropped { try registerAgain() }
             try file.store(end, last: lastRecord(endingAt: end))
             advance(to: end)
         }

@@ -112,27 +112,42 @@ package final class QueueCursorFile: Sendable {
 
     // MARK: A consumer at work
 
-    /// Marks the consumer as at work for as long as this file is open: a shared `flock`, which reclaiming tests
-    /// before it drops a consumer it has not seen within the retention (``isInUse()``). Waits while a reclaiming
-    /// process decides (it holds the exclusive lock for that moment), then returns whether the file still has its
-    /// name: false when reclaiming dropped it meanwhile, and the consumer must open it again.
+    /// Marks the consumer as seen now: the file's modification time, which reclaiming reads before it drops a
+    /// consumer not seen within the retention. Returns whether the file still has its name: false when reclaiming
+    /// dropped it, and the consumer must make it again.
     ///
-    /// The wait has a limit, ``reclaimingWaitLimit``: a reclaiming process stopped while it decides fails the
-    /// consumer's opening with ``WormholeError/Code/timedOut`` rather than holding it up.
-    package func holdWhileInUse() throws(WormholeError) -> Bool {
+    /// No lock is kept: iOS ends a suspended app that holds a file lock in a shared container (`0xdead10cc`), and a
+    /// cursor waits on a quiet queue for days. A shared `flock` is held for the few calls of the mark only, so that
+    /// it cannot fall between a reclaiming process's check of the time and its removal of the file (which that
+    /// process makes under the exclusive lock, ``takeForDropping()``). A running cursor marks itself every quarter of
+    /// the retention (``DirectoryQueueCursor``), so only a consumer whose process was away (stopped, suspended, gone)
+    /// for most of the retention can be dropped.
+    ///
+    /// With a `limit`, waits that long at most for a reclaiming process that decides, and throws
+    /// ``WormholeError/Code/timedOut`` when it is stuck; without one, a lock held at this moment skips the mark.
+    package func markSeen(waitingAtMost limit: Duration?) throws(WormholeError) -> Bool {
         let file = Descriptor(rawValue: descriptor)
-        do throws(WormholeError) {
-            try file.lock(
-                exclusive: false,
-                waitingAtMost: Self.reclaimingWaitLimit,
-                toDo: "open the consumer (a process reclaiming the queue's space holds its file)",
-                path: path
-            )
-        } catch {
-            // As before, a lock that cannot be had at all leaves the consumer unmarked; a stuck reclaimer is an error.
-            if error.code == .timedOut { throw error }
-            return true
+        var locked = false
+        if let limit {
+            do throws(WormholeError) {
+                try file.lock(
+                    exclusive: false,
+                    waitingAtMost: limit,
+                    toDo: "open the consumer (a process reclaiming the queue's space holds its file)",
+                    path: path
+                )
+                locked = true
+            } catch {
+                // A lock that cannot be had at all (a file system without `flock`) leaves the mark unguarded; a stuck
+                // reclaimer is an error.
+                if error.code == .timedOut { throw error }
+            }
+        } else {
+            guard file.tryLockShared() else { return true }
+            locked = true
         }
+        defer { if locked { file.unlock() } }
+        _ = futimens(descriptor, nil)  // both times to now; a failure leaves the last write's time, which is older
         guard case .success(let status) = file.status() else { return true }
         return status.linkCount > 0
     }
@@ -141,11 +156,11 @@ package final class QueueCursorFile: Sendable {
     /// it decides whether to drop the file.
     static let reclaimingWaitLimit = Duration.seconds(5)
 
-    /// Whether a consumer's cursor has this file open (it holds a shared lock). When not, this file's own
-    /// description takes the exclusive lock and keeps it until it is closed, so that no consumer starts on the file
-    /// while the caller drops it.
-    package func isInUse() -> Bool {
-        flock(descriptor, LOCK_EX | LOCK_NB) != 0
+    /// Takes the exclusive lock for a reclaiming process that is about to drop this consumer: true when taken (kept
+    /// until this value is released, so that no mark falls between the caller's last check and the removal), false
+    /// when a consumer is marking itself at this moment.
+    package func takeForDropping() -> Bool {
+        flock(descriptor, LOCK_EX | LOCK_NB) == 0
     }
 
     // MARK: Reading

@@ -7,9 +7,7 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-#if os(Linux) || os(Android)
 import CWormholeSystem
-#endif
 
 /// An open directory that every file operation of a wormhole goes through.
 ///
@@ -349,22 +347,22 @@ final class DirectoryHandle: Sendable {
     }
 
     /// Renames the entry `name` of this directory to `newName` in `target` (which may be this directory) unless
-    /// `newName` exists there, which fails with `EEXIST`: a move that never replaces a file. Where `renameat2` is
-    /// missing, a hard link then the removal of the old name. EXDEV means another file system.
+    /// `newName` exists there, which fails with `EEXIST`: a move that never replaces a file (`renameat2` with
+    /// `RENAME_NOREPLACE` on Linux, `renameatx_np` with `RENAME_EXCL` on Darwin). Where the kernel or the file system
+    /// has neither, a hard link then the removal of the old name, which a reader may see with two links for a
+    /// moment. EXDEV means another file system.
     func moveEntryWithoutReplacing(
         _ name: String,
         to target: DirectoryHandle,
         as newName: String
     ) -> Result<Void, Errno> {
-        #if os(Linux) || os(Android)
         let result = valueOrErrno { cwormhole_rename_noreplace(descriptor, name, target.descriptor, newName) }
-        if case .failure(let errno) = result, errno == .invalidArgument || errno == .noFunction {
+        if case .failure(let errno) = result, errno == .invalidArgument || errno == .noFunction
+            || errno == .notSupported
+        {
             return linkThenUnlink(name, to: target, as: newName)
         }
         return result.map { _ in }
-        #else
-        return linkThenUnlink(name, to: target, as: newName)
-        #endif
     }
 
     /// The portable no-replace rename, for file systems without `renameat2`.

@@ -1,3 +1,4 @@
+import Foundation
 import CWormholeSystem
 import SystemPackage
 
@@ -9,20 +10,27 @@ import Musl
 import Darwin
 #endif
 
-/// The address of a socket file in a directory, reached through `/proc/self/fd/N/NAME`: the address stays under the
-/// 108 bytes a socket path may have, however deep the directory is, and a directory renamed away is still the one
-/// meant.
+/// The address of a socket file in a directory, reached relative to the directory's descriptor: the address stays
+/// under the 108 bytes (Darwin: 104) a socket path may have, however deep the directory is (an App Group container's
+/// path alone is some 83 bytes on iOS), and a directory renamed away is still the one meant.
 ///
-/// Darwin has no `/proc`: there the address is the directory's path and the name, which must fit in the 104 bytes of
-/// its `sun_path` (an App Group container's path may not leave room, and listening then fails with a clear error).
+/// On Linux the address is `/proc/self/fd/N/NAME`. Darwin has no `/proc`, but has `bindat` and `connectat`
+/// (xnu's `bsd/sys/socket.h`), which resolve a relative `sun_path` from a directory's descriptor: there the address is
+/// the name alone.
 struct UnixSocketAddress {
     private var storage = sockaddr_un()
+    #if canImport(Darwin)
+    /// The directory the name is relative to, for `bindat` and `connectat`.
+    fileprivate let directoryDescriptor: Int32
+    #endif
 
     /// Nil when the address does not fit in a `sockaddr_un` (a name of some 80 bytes or more).
     init?(directory: DirectoryHandle, name: String) {
         storage.sun_family = sa_family_t(AF_UNIX)
         #if canImport(Darwin)
-        let path = Array("\(directory.path)/\(name)".utf8CString)
+        directoryDescriptor = directory.rawDescriptor
+        let path = Array(name.utf8CString)
+        storage.sun_len = UInt8(MemoryLayout<sockaddr_un>.size)
         #else
         let path = Array("/proc/self/fd/\(directory.rawDescriptor)/\(name)".utf8CString)
         #endif
@@ -32,10 +40,17 @@ struct UnixSocketAddress {
         }
     }
 
-    fileprivate func withSocketAddress<T>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T {
-        withUnsafePointer(to: storage) { pointer in
+    /// Calls `body` with the address, its length, and the directory a relative address is resolved from (Darwin's
+    /// `bindat` and `connectat`; -1 on Linux, whose address is absolute).
+    fileprivate func withSocketAddress<T>(_ body: (UnsafePointer<sockaddr>, socklen_t, Int32) -> T) -> T {
+        #if canImport(Darwin)
+        let directory = directoryDescriptor
+        #else
+        let directory: Int32 = -1
+        #endif
+        return withUnsafePointer(to: storage) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                body($0, socklen_t(MemoryLayout<sockaddr_un>.size))
+                body($0, socklen_t(MemoryLayout<sockaddr_un>.size), directory)
             }
         }
     }
@@ -43,6 +58,11 @@ struct UnixSocketAddress {
 
 /// A Unix socket whose packets keep their boundaries: `SOCK_SEQPACKET` (sequenced packets, on a connection whose end
 /// the other side sees at once) or `SOCK_DGRAM` (datagrams, one socket receiving from every sender).
+///
+/// XNU's local domain has no `SOCK_SEQPACKET`: on Apple platforms a connection is a `SOCK_STREAM` socket whose packets
+/// travel as frames (a 4-byte length, then the packet; ``connectionsAreFramed``), read only once whole, so that the
+/// calls of a connection (``send(_:)``, ``receive(into:)-(PacketBatch)``, ``receive(into:blocking:)``) keep their
+/// meaning. Datagram calls are never framed.
 ///
 /// Like swift-system's `FileDescriptor`, the value does not own the socket: whoever made or accepted it calls
 /// ``close()`` once. It is copyable so that connections can be kept in dictionaries and handed from thread to thread.
@@ -58,14 +78,36 @@ struct PacketSocket: Hashable, Sendable {
         case datagrams
     }
 
+    /// Whether connections are stream sockets that carry their packets as frames: on Apple platforms, whose local
+    /// domain has no `SOCK_SEQPACKET`; on Linux only when the environment sets `WORMHOLE_FRAMED_CONNECTIONS=1`, so
+    /// that the tests run the framed path across processes here too. Every process of a directory must agree (a framed
+    /// requester cannot connect to a sequenced-packet responder: it is refused, and the responder is not reachable).
+    static let connectionsAreFramed: Bool = {
+        #if canImport(Darwin)
+        return true
+        #else
+        return ProcessInfo.processInfo.environment["WORMHOLE_FRAMED_CONNECTIONS"] == "1"
+        #endif
+    }()
+
+    /// The send and receive buffers of a framed connection: room for a few of the largest frames, since a frame is
+    /// read only once it is whole in the receiver's buffer.
+    static let framedBufferSize = 4 * LiveSocket.receiveBufferSize
+
     /// Creates an unconnected socket, close-on-exec.
     static func make(_ kind: Kind = .sequencedPackets) -> Result<PacketSocket, Errno> {
         #if os(Linux) || os(Android)
-        let type = kind == .datagrams ? Int32(SOCK_DGRAM.rawValue) : Int32(SOCK_SEQPACKET.rawValue)
+        let connection = connectionsAreFramed ? Int32(SOCK_STREAM.rawValue) : Int32(SOCK_SEQPACKET.rawValue)
+        let type = kind == .datagrams ? Int32(SOCK_DGRAM.rawValue) : connection
         return valueOrErrno { socket(AF_UNIX, type | Int32(SOCK_CLOEXEC.rawValue), 0) }
-            .map { PacketSocket(rawValue: $0) }
+            .map { descriptor in
+                let socket = PacketSocket(rawValue: descriptor)
+                if kind == .sequencedPackets && connectionsAreFramed { socket.setFramedBuffers() }
+                return socket
+            }
         #else
-        return valueOrErrno { socket(AF_UNIX, kind == .datagrams ? SOCK_DGRAM : SOCK_SEQPACKET, 0) }.map {
+        // No SOCK_SEQPACKET in XNU's local domain (bsd/kern/uipc_usrreq.c): a connection is a framed stream.
+        return valueOrErrno { socket(AF_UNIX, kind == .datagrams ? SOCK_DGRAM : SOCK_STREAM, 0) }.map {
             descriptor in
             _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
             let socket = PacketSocket(rawValue: descriptor)
@@ -77,10 +119,19 @@ struct PacketSocket: Hashable, Sendable {
                 _ = setsockopt(descriptor, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
                 var room = Int32(4 * LiveSocket.receiveBufferSize)
                 _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &room, socklen_t(MemoryLayout<Int32>.size))
+            } else {
+                socket.setFramedBuffers()
             }
             return socket
         }
         #endif
+    }
+
+    /// Gives a framed connection buffers that hold whole frames (``framedBufferSize``).
+    private func setFramedBuffers() {
+        var size = Int32(Self.framedBufferSize)
+        _ = setsockopt(rawValue, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        _ = setsockopt(rawValue, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
     }
 
     /// Where `send` has no `MSG_NOSIGNAL` (Darwin), a peer gone must fail a send with `EPIPE`, not kill the process
@@ -105,8 +156,8 @@ struct PacketSocket: Hashable, Sendable {
     ) -> Result<PacketSocket, Errno> {
         make(kind).flatMap { socket in
             if let sendTimeout { socket.setSendTimeout(sendTimeout) }
-            let result = address.withSocketAddress { pointer, length in
-                valueOrErrno { system_connect(socket.rawValue, pointer, length) }
+            let result = address.withSocketAddress { pointer, length, directory in
+                valueOrErrno { system_connect(socket.rawValue, pointer, length, relativeTo: directory) }
             }
             switch result {
             case .success: return .success(socket)
@@ -117,17 +168,22 @@ struct PacketSocket: Hashable, Sendable {
         }
     }
 
-    /// Bounds the wait of a blocking connection or send (at least a millisecond, at most a day).
+    /// Bounds the wait of a blocking connection or send (at least a millisecond, at most a day); on a framed
+    /// connection, the wait of a blocking receive too, which reads a frame whole and must not wait for ever on a peer
+    /// stopped in the middle of one.
     private func setSendTimeout(_ timeout: Duration) {
         let microseconds = Int64(max(1000, min(timeout.milliseconds * 1000, 86_400_000_000)))
         var limit = timeval(tv_sec: Int(microseconds / 1_000_000), tv_usec: .init(microseconds % 1_000_000))
         _ = setsockopt(rawValue, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        if Self.connectionsAreFramed {
+            _ = setsockopt(rawValue, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        }
     }
 
     /// Binds the socket to `address`, creating the socket file (with the umask applied to its mode).
     func bind(to address: UnixSocketAddress) -> Result<Void, Errno> {
-        address.withSocketAddress { pointer, length in
-            valueOrErrno { system_bind(rawValue, pointer, length) }.map { _ in }
+        address.withSocketAddress { pointer, length, directory in
+            valueOrErrno { system_bind(rawValue, pointer, length, relativeTo: directory) }.map { _ in }
         }
     }
 
@@ -143,6 +199,7 @@ struct PacketSocket: Hashable, Sendable {
             _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
             let connection = PacketSocket(rawValue: descriptor)
             connection.refuseSignalOnBrokenPipe()
+            if Self.connectionsAreFramed { connection.setFramedBuffers() }
             return connection
         }
     }
@@ -150,7 +207,13 @@ struct PacketSocket: Hashable, Sendable {
     /// Sends one packet, whole: it travels whole or not at all (a short count, which `SOCK_SEQPACKET` does not give,
     /// is reported as `messageTooLong`). A peer gone fails it with `brokenPipe`, never with a signal.
     func send(_ bytes: [UInt8]) -> Result<Void, Errno> {
-        bytes.withUnsafeBytes { buffer in
+        if Self.connectionsAreFramed {
+            return bytes.withUnsafeBytes { buffer in
+                valueOrErrno { cwormhole_send_frame(rawValue, buffer.baseAddress, buffer.count, nil, 0, 1) }
+                    .flatMap { sent in sent == buffer.count ? .success(()) : .failure(.messageTooLong) }
+            }
+        }
+        return bytes.withUnsafeBytes { buffer in
             valueOrErrno { system_send(rawValue, buffer.baseAddress, buffer.count) }.flatMap { sent in
                 sent == buffer.count ? .success(()) : .failure(.messageTooLong)
             }
@@ -186,6 +249,7 @@ struct PacketSocket: Hashable, Sendable {
     /// Receives the packets waiting, up to the batch's capacity, without blocking: one `recvmmsg` on Linux, so that
     /// a single packet costs one call, not a second one that finds nothing; `recv` after `recv` elsewhere.
     func receive(into batch: borrowing PacketBatch) -> ReceivedPackets {
+        if Self.connectionsAreFramed { return receiveFrames(into: batch) }
         #if os(Linux) || os(Android)
         let result = valueOrErrno {
             cwormhole_receive_packets(
@@ -218,6 +282,22 @@ struct PacketSocket: Hashable, Sendable {
         }
         return ReceivedPackets(count: batch.capacity, then: .full)
         #endif
+    }
+
+    /// ``receive(into:)-(PacketBatch)`` on a framed connection: the frames waiting whole, each into its slot.
+    private func receiveFrames(into batch: borrowing PacketBatch) -> ReceivedPackets {
+        for index in 0..<batch.capacity {
+            let slot = batch.slot(index)
+            switch valueOrErrno({ cwormhole_receive_frame(rawValue, slot.baseAddress, slot.count, 0) }) {
+            case .success(0): return ReceivedPackets(count: index, then: .closed)
+            case .success(let count): batch.lengths[index] = count
+            case .failure(let errno) where errno == .wouldBlock || errno == .resourceTemporarilyUnavailable:
+                return ReceivedPackets(count: index, then: .drained)
+            case .failure:
+                return ReceivedPackets(count: index, then: .closed)
+            }
+        }
+        return ReceivedPackets(count: batch.capacity, then: .full)
     }
 
     /// Waits for a packet, then receives it and those already waiting, up to the batch's capacity: one `recvmmsg` on
@@ -271,6 +351,18 @@ struct PacketSocket: Hashable, Sendable {
 
     /// Receives one packet into `buffer`; without `blocking`, returns ``Received/wouldBlock`` at once when none waits.
     func receive(into buffer: UnsafeMutableRawBufferPointer, blocking: Bool = false) -> Received {
+        if Self.connectionsAreFramed {
+            switch valueOrErrno({ cwormhole_receive_frame(rawValue, buffer.baseAddress, buffer.count, blocking ? 1 : 0) })
+            {
+            case .success(0): return .closed
+            // A frame that fills the buffer is refused as a sequenced packet that fills it is (it may have been cut).
+            case .success(let count) where count >= buffer.count: return .closed
+            case .success(let count): return .packet(count: count)
+            case .failure(let errno):
+                let waiting = !blocking && (errno == .wouldBlock || errno == .resourceTemporarilyUnavailable)
+                return waiting ? .wouldBlock : .closed
+            }
+        }
         let flags = blocking ? 0 : Int32(MSG_DONTWAIT)
         switch valueOrErrno({ recv(rawValue, buffer.baseAddress, buffer.count, flags) }) {
         case .success(0): return .closed
@@ -345,13 +437,32 @@ struct PacketBatch: ~Copyable {
 // The C calls under names of their own: inside `PacketSocket` its methods of the same names would hide them.
 
 @inline(__always)
-private func system_connect(_ socket: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) -> Int32 {
-    connect(socket, address, length)
+private func system_connect(
+    _ socket: Int32,
+    _ address: UnsafePointer<sockaddr>,
+    _ length: socklen_t,
+    relativeTo directory: Int32
+) -> Int32 {
+    #if canImport(Darwin)
+    // The address's path is relative to the directory (`connectat`, xnu's bsd/sys/socket.h, macOS 10.11, iOS 9).
+    return connectat(directory, socket, address, length)
+    #else
+    return connect(socket, address, length)
+    #endif
 }
 
 @inline(__always)
-private func system_bind(_ socket: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) -> Int32 {
-    bind(socket, address, length)
+private func system_bind(
+    _ socket: Int32,
+    _ address: UnsafePointer<sockaddr>,
+    _ length: socklen_t,
+    relativeTo directory: Int32
+) -> Int32 {
+    #if canImport(Darwin)
+    return bindat(directory, socket, address, length)  // as `connectat`
+    #else
+    return bind(socket, address, length)
+    #endif
 }
 
 @inline(__always)

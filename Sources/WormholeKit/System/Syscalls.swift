@@ -8,9 +8,7 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-#if os(Linux) || os(Android)
 import CWormholeSystem
-#endif
 
 /// Runs a system call that reports failure as -1 and `errno`, retrying on `EINTR` unless told not to.
 ///
@@ -45,7 +43,9 @@ struct FileStatus: Sendable {
     var isRegularFile: Bool { mode & UInt32(S_IFMT) == UInt32(S_IFREG) }
 
     init(_ raw: stat) {
-        size = Int(raw.st_size)
+        // Clamped: on watchOS `Int` has 32 bits, and a file past 2 GiB must not trap (no file a wormhole reads by
+        // its size is that large; a log's offsets are 64-bit).
+        size = Int(clamping: raw.st_size)
         linkCount = Int(raw.st_nlink)
         ownerID = UInt32(raw.st_uid)
         mode = UInt32(raw.st_mode)
@@ -55,7 +55,11 @@ struct FileStatus: Sendable {
         let time = raw.st_mtim
         #endif
         modificationTime = Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+        #if canImport(Darwin)
+        device = UInt64(UInt32(bitPattern: raw.st_dev))  // `dev_t` is a signed 32-bit integer on Darwin
+        #else
         device = UInt64(raw.st_dev)
+        #endif
         inode = UInt64(raw.st_ino)
     }
 }
@@ -175,23 +179,18 @@ package struct Descriptor {
 
     /// The first offset at or after `offset` that holds data, skipping holes; nil where the file system cannot tell.
     func nextData(from offset: UInt64) -> UInt64? {
-        #if os(Linux) || os(Android)
-        let seekData: Int32 = 3  // SEEK_DATA, which Glibc's module does not import
-        let data = lseek(rawValue, off_t(offset), seekData)
+        // In C, by the platform's own SEEK_DATA (3 on Linux, 4 on Darwin), which Glibc's module does not import.
+        guard offset <= UInt64(Int64.max) else { return nil }
+        let data = cwormhole_seek_data(rawValue, Int64(offset))
         return data >= 0 ? UInt64(data) : nil
-        #else
-        return nil
-        #endif
     }
 
     /// Frees the blocks of the first `length` bytes, keeping the file's size and later offsets; the range reads
-    /// as zeros. Not every file system can: the error says so.
+    /// as zeros. Not every file system can (Linux's ext4, XFS, Btrfs and tmpfs can, Darwin's APFS can): the error
+    /// says so.
     func punchHole(length: UInt64) -> Result<Void, Errno> {
-        #if os(Linux) || os(Android)
-        valueOrErrno { cwormhole_punch_hole(rawValue, 0, Int64(length)) }.map { _ in }
-        #else
-        .failure(.notSupported)
-        #endif
+        guard length <= UInt64(Int64.max) else { return .failure(.invalidArgument) }
+        return valueOrErrno { cwormhole_punch_hole(rawValue, 0, Int64(length)) }.map { _ in }
     }
 
     /// Closes a descriptor that no `OwnedDescriptor` owns.
@@ -199,8 +198,10 @@ package struct Descriptor {
         try? file.close()
     }
 
+    /// Flushes the file to stable storage: `fsync`, and on Darwin `F_FULLFSYNC`, without which the data may still
+    /// sit in the drive's cache when the power goes.
     func synchronize() -> Result<Void, Errno> {
-        valueOrErrno { fsync(rawValue) }.map { _ in }
+        valueOrErrno { cwormhole_full_sync(rawValue) }.map { _ in }
     }
 
     /// Takes a shared `flock` lock if no writer holds the exclusive one; false (and no lock) when one does.
@@ -225,13 +226,16 @@ package struct Descriptor {
     }
 }
 
+/// Flushes an open file to stable storage as ``Descriptor/synchronize()`` does (`F_FULLFSYNC` on Darwin), for the
+/// engines of other modules; the error, or nil.
+package func synchronizeToStableStorage(_ descriptor: Int32) -> Errno? {
+    if case .failure(let errno) = Descriptor(rawValue: descriptor).synchronize() { return errno }
+    return nil
+}
+
 /// Names the calling thread for `ps -L`, debuggers and tests (pthread names hold 15 characters).
 func nameCurrentThread(_ name: String) {
-    #if os(Linux) || os(Android)
     cwormhole_set_thread_name(name)
-    #else
-    Thread.current.name = name
-    #endif
 }
 
 /// Process-wide facts used in file checks and envelopes.

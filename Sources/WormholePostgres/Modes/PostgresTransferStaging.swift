@@ -253,10 +253,9 @@ final class PostgresTransferStaging: TransferStaging {
                     path: path
                 )
             }
-            do {
-                try output.synchronize()
-            } catch {
-                throw WormholeError(.ioFailure, "Could not flush the received file: \(error).", path: partial)
+            // F_FULLFSYNC on Darwin, where `fsync` (and FileHandle's `synchronize`) leave the drive's cache unflushed.
+            if let errno = synchronizeToStableStorage(output.fileDescriptor) {
+                throw WormholeError(.ioFailure, "Could not flush the received file: \(errno).", path: partial)
             }
             // Never over another file: a name taken since it was picked means another one, recorded first.
             var attempts = 0
@@ -351,12 +350,12 @@ final class PostgresTransferStaging: TransferStaging {
         }
     }
 
-    /// `fsync` of a directory, for the entries in it; the errno when it failed.
+    /// `fsync` of a directory (`F_FULLFSYNC` on Darwin), for the entries in it; the errno when it failed.
     private static func synchronizeDirectory(_ path: String) -> Int32? {
         let descriptor = open(path.isEmpty ? "." : path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard descriptor >= 0 else { return errno }
         defer { close(descriptor) }
-        return fsync(descriptor) == 0 ? nil : errno
+        return synchronizeToStableStorage(descriptor)?.rawValue
     }
 
     private func markDelivered(_ transfer: FileTransfer, path: String) throws(WormholeError) {

@@ -32,14 +32,27 @@ enum WormholeTool {
     }
 
     private static func builtExecutable(named name: String) -> String {
+        #if os(Linux) || os(Android)
         let me =
             (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        #else
+        // On macOS the tests run inside a bundle that another program (xctest, or swiftpm's helper) loads: the
+        // package's build directory is found from this file instead, below.
+        let me = Bundle.main.executablePath ?? CommandLine.arguments[0]
+        #endif
         var directory = URL(fileURLWithPath: me).deletingLastPathComponent()
         // The test binary sits in PackageTests.xctest (or a .xctest bundle directory); the executables next to it.
         while directory.path != "/" {
             let candidate = directory.appendingPathComponent(name).path
             if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
             directory = directory.deletingLastPathComponent()
+        }
+        // Tests/WormholeTests/Support/WormholeTool.swift → the package, whose `.build/debug` links to the build.
+        let package = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent()
+        for configuration in ["debug", "release"] {
+            let candidate = package.appendingPathComponent(".build/\(configuration)/\(name)").path
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
         }
         return "\(name)-executable-not-found"
     }

@@ -211,6 +211,7 @@ struct MailboxWakeTests {
         }
     }
 
+    #if os(Linux) || os(Android)
     @Test("A watch whose file went and could not be made again is tried again until it can, then wakes its handler")
     func brokenWatchIsRepaired() async throws {
         try await offThePool {
@@ -244,6 +245,7 @@ struct MailboxWakeTests {
             #expect(eventually { calls.count > afterRepair }, "the new file's writes wake the handler")
         }
     }
+    #endif
 
     @Test("A poller's token waits for a writer's lock: fresh each poll while it is held, then the heads again")
     func pollingTokenUnderLock() async throws {

@@ -111,8 +111,10 @@ struct SuiteTests {
 
     /// Kills a process and its children with SIGKILL (the test runner's children may inherit SIGTERM blocked).
     private func killWithChildren(_ process: pid_t) {
+        #if os(Linux) || os(Android)
         let children = (try? String(contentsOfFile: "/proc/\(process)/task/\(process)/children", encoding: .utf8)) ?? ""
         for child in children.split(separator: " ").compactMap({ pid_t($0) }) { kill(child, SIGKILL) }
+        #endif
         kill(process, SIGKILL)
     }
 

@@ -1,4 +1,3 @@
-import CWormholeSystem
 import Foundation
 import Synchronization
 import Testing
@@ -190,9 +189,7 @@ struct WormholeTests {
                 onQueue.append(DispatchQueue.getSpecific(key: key) == "mine")
             }
             let b = try wormhole.listenForMessage(withIdentifier: "x", as: Int.self, on: .notifierThread) { _ in
-                var name = [CChar](repeating: 0, count: 16)
-                _ = cwormhole_thread_name(&name, name.count)
-                threads.append(String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+                threads.append(currentThreadName())
             }
             try wormhole.passMessageObject(1, identifier: "x")
             #expect(eventually { onQueue.values == [true] && threads.count == 1 })
