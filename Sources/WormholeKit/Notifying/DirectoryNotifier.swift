@@ -175,7 +175,10 @@ public final class DirectoryNotifier: Notifier {
             handler: handler
         )
         #elseif canImport(Darwin)
-        return try DarwinNotifications.observe(DarwinNotifications.name(name, inDirectory: darwinDirectory), handler: handler)
+        return try DarwinNotifications.observe(
+            DarwinNotifications.name(name, inDirectory: darwinDirectory),
+            handler: handler
+        )
         #else
         throw WormholeError(.notifierUnavailable, "inotify exists on Linux only.", path: handle.path)
         #endif

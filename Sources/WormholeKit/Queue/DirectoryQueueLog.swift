@@ -250,7 +250,8 @@ final class DirectoryQueueLog: QueueLog {
             guard let cursor = try openConsumerFile(name) else { continue }
             // Not seen within the retention, checked again under the exclusive lock: a running consumer marks itself
             // every quarter of the retention, waiting on a quiet queue or not, and a mark under way is waited for.
-            let unseen = { (seen: Date?) in seen.map { now.timeIntervalSince($0) > Double(retention.components.seconds) } }
+            let limit = Double(retention.components.seconds)
+            let unseen = { (seen: Date?) in seen.map { now.timeIntervalSince($0) > limit } }
             if unseen(cursor.lastWritten) == true, cursor.takeForDropping(), unseen(cursor.lastWritten) == true {
                 _ = consumers.removeFile(named: name)
                 logger.warning(
@@ -510,8 +511,11 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     /// suspended) for most of the retention. Records it had not read may have been reclaimed meanwhile.
     private func registerAgain() throws(WormholeError) {
         log.logger.warning(
-            "A queue consumer's position was dropped by reclaiming while its process was away for most of the "
-                + "retention; it is registered again, and messages it had not read may have been reclaimed",
+            Logger.Message(
+                stringLiteral:
+                    "A queue consumer's position was dropped by reclaiming while its process was away for most of "
+                    + "the retention; it is registered again, and messages it had not read may have been reclaimed"
+            ),
             metadata: ["queue": "\(log.identifier)", "consumer": "\(file.name)", "retention": "\(log.retention)"]
         )
         let again = try QueueCursorFile(directory: log.consumers, name: file.name, create: true)

@@ -28,8 +28,10 @@ final class QueueHeartbeat: @unchecked Sendable {
         self.file = Locked(file)
         let interval = Self.interval(retention: retention)
         timer = DispatchSource.makeTimerSource(queue: Self.queue)
-        let nanoseconds = Int(clamping: interval.components.seconds * 1_000_000_000
-            + interval.components.attoseconds / 1_000_000_000)
+        let nanoseconds = Int(
+            clamping: interval.components.seconds * 1_000_000_000
+                + interval.components.attoseconds / 1_000_000_000
+        )
         // Leeway of a tenth: the marks need not be punctual, and timers that may fire together save wake-ups.
         timer.schedule(
             deadline: .now() + .nanoseconds(nanoseconds),

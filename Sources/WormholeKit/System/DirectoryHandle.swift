@@ -1,3 +1,4 @@
+import CWormholeSystem
 import SystemPackage
 
 #if canImport(Glibc)
@@ -7,7 +8,6 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import CWormholeSystem
 
 /// An open directory that every file operation of a wormhole goes through.
 ///
@@ -357,8 +357,9 @@ final class DirectoryHandle: Sendable {
         as newName: String
     ) -> Result<Void, Errno> {
         let result = valueOrErrno { cwormhole_rename_noreplace(descriptor, name, target.descriptor, newName) }
-        if case .failure(let errno) = result, errno == .invalidArgument || errno == .noFunction
-            || errno == .notSupported
+        if case .failure(let errno) = result,
+            errno == .invalidArgument || errno == .noFunction
+                || errno == .notSupported
         {
             return linkThenUnlink(name, to: target, as: newName)
         }

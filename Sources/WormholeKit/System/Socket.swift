@@ -1,5 +1,5 @@
-import Foundation
 import CWormholeSystem
+import Foundation
 import SystemPackage
 
 #if canImport(Glibc)
@@ -352,7 +352,9 @@ struct PacketSocket: Hashable, Sendable {
     /// Receives one packet into `buffer`; without `blocking`, returns ``Received/wouldBlock`` at once when none waits.
     func receive(into buffer: UnsafeMutableRawBufferPointer, blocking: Bool = false) -> Received {
         if Self.connectionsAreFramed {
-            switch valueOrErrno({ cwormhole_receive_frame(rawValue, buffer.baseAddress, buffer.count, blocking ? 1 : 0) })
+            switch valueOrErrno({
+                cwormhole_receive_frame(rawValue, buffer.baseAddress, buffer.count, blocking ? 1 : 0)
+            })
             {
             case .success(0): return .closed
             // A frame that fills the buffer is refused as a sequenced packet that fills it is (it may have been cut).

@@ -1,3 +1,4 @@
+import CWormholeSystem
 import Foundation
 import SystemPackage
 
@@ -8,7 +9,6 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import CWormholeSystem
 
 /// Runs a system call that reports failure as -1 and `errno`, retrying on `EINTR` unless told not to.
 ///
