@@ -6,12 +6,12 @@ import Synchronization
 /// The wormhole stores a message through its ``Transiting`` and then posts the mailbox's notification name; a
 /// listener observes the name and reads the mailbox when it fires. So a notifier needs to carry no data, and may
 /// coalesce: after a post, every observer of the name is called at least once, later than the post began. (On a
-/// ``DirectoryEngine`` the mailbox file's own write wakes its listeners, and a pass posts nothing; see
+/// ``DirectoryEngine`` on Linux the mailbox file's own write wakes its listeners, and a pass posts nothing; see
 /// ``DirectoryNotifier``.)
 ///
-/// ``DirectoryNotifier`` is the default on Linux (inotify, with polling as the fallback); `DarwinNotifier`, which
-/// exists on Apple platforms only, is the default there; `WormholeTesting` ships a `ManualNotifier` for tests. Every
-/// implementation must pass this test:
+/// ``DirectoryNotifier`` is the default (inotify on Linux, with polling as the fallback; Darwin notifications on Apple
+/// platforms); `DarwinNotifier`, which exists on Apple platforms only, posts names under a prefix of your choice;
+/// `WormholeTesting` ships a `ManualNotifier` for tests. Every implementation must pass this test:
 ///
 /// ```swift
 /// let (calls, call) = AsyncStream.makeStream(of: Void.self)

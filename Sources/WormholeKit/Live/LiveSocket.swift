@@ -7,9 +7,11 @@ import SystemPackage
 /// A listener of messages has a `SOCK_DGRAM` socket: every sender's datagrams arrive on it, and its thread waits in one
 /// blocking receive, the cheapest wake-up a socket has. A responder has a `SOCK_SEQPACKET` socket: a connection per
 /// request lets a requester see at once that its responder's process has ended (the connection closes). Both keep
-/// message boundaries. Socket files are named by a hash of the identifier, the process id and a random number, and are
-/// reached through `/proc/self/fd/N/NAME` (``UnixSocketAddress``), which keeps the address under the 108 bytes a socket
-/// path may have, however deep the wormhole directory is.
+/// message boundaries (on Apple platforms, which have no `SOCK_SEQPACKET`, a responder's socket is a stream whose
+/// packets travel as frames: ``PacketSocket/connectionsAreFramed``). Socket files are named by a hash of the identifier,
+/// the process id and a random number, and are reached through `/proc/self/fd/N/NAME` on Linux
+/// (``UnixSocketAddress``), which keeps the address under the 108 bytes a socket path may have, however deep the
+/// wormhole directory is.
 enum LiveSocket {
     static let subdirectoryName = ".live"
     /// The largest message: sequenced packets travel whole in the socket buffer.

@@ -10,27 +10,24 @@ import Musl
 import Darwin
 #endif
 
-/// The address of a socket file in a directory, reached relative to the directory's descriptor: the address stays
-/// under the 108 bytes (Darwin: 104) a socket path may have, however deep the directory is (an App Group container's
-/// path alone is some 83 bytes on iOS), and a directory renamed away is still the one meant.
+/// The address of a socket file in a directory.
 ///
-/// On Linux the address is `/proc/self/fd/N/NAME`. Darwin has no `/proc`, but has `bindat` and `connectat`
-/// (xnu's `bsd/sys/socket.h`), which resolve a relative `sun_path` from a directory's descriptor: there the address is
-/// the name alone.
+/// On Linux it is reached through `/proc/self/fd/N/NAME`: the address stays under the 108 bytes a socket path may have,
+/// however deep the directory is, and a directory renamed away is still the one meant.
+///
+/// Darwin has no `/proc`, and its public headers have no `bindat` or `connectat` (xnu's `bsd/sys/socket.h` declares
+/// `connectx` and `disconnectx` only; FreeBSD's `bindat` is not XNU's): there the address is the directory's path and
+/// the name, which must fit in the 104 bytes of its `sun_path`. An App Group container's path alone is some 83 bytes
+/// on iOS, which does not leave room, and listening then fails with a clear error (ARCHITECTURE.md, "Apple platforms",
+/// says what is left to do).
 struct UnixSocketAddress {
     private var storage = sockaddr_un()
-    #if canImport(Darwin)
-    /// The directory the name is relative to, for `bindat` and `connectat`.
-    fileprivate let directoryDescriptor: Int32
-    #endif
 
     /// Nil when the address does not fit in a `sockaddr_un` (a name of some 80 bytes or more).
     init?(directory: DirectoryHandle, name: String) {
         storage.sun_family = sa_family_t(AF_UNIX)
         #if canImport(Darwin)
-        directoryDescriptor = directory.rawDescriptor
-        let path = Array(name.utf8CString)
-        storage.sun_len = UInt8(MemoryLayout<sockaddr_un>.size)
+        let path = Array("\(directory.path)/\(name)".utf8CString)
         #else
         let path = Array("/proc/self/fd/\(directory.rawDescriptor)/\(name)".utf8CString)
         #endif
@@ -40,17 +37,10 @@ struct UnixSocketAddress {
         }
     }
 
-    /// Calls `body` with the address, its length, and the directory a relative address is resolved from (Darwin's
-    /// `bindat` and `connectat`; -1 on Linux, whose address is absolute).
-    fileprivate func withSocketAddress<T>(_ body: (UnsafePointer<sockaddr>, socklen_t, Int32) -> T) -> T {
-        #if canImport(Darwin)
-        let directory = directoryDescriptor
-        #else
-        let directory: Int32 = -1
-        #endif
-        return withUnsafePointer(to: storage) { pointer in
+    fileprivate func withSocketAddress<T>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T {
+        withUnsafePointer(to: storage) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                body($0, socklen_t(MemoryLayout<sockaddr_un>.size), directory)
+                body($0, socklen_t(MemoryLayout<sockaddr_un>.size))
             }
         }
     }
@@ -156,8 +146,8 @@ struct PacketSocket: Hashable, Sendable {
     ) -> Result<PacketSocket, Errno> {
         make(kind).flatMap { socket in
             if let sendTimeout { socket.setSendTimeout(sendTimeout) }
-            let result = address.withSocketAddress { pointer, length, directory in
-                valueOrErrno { system_connect(socket.rawValue, pointer, length, relativeTo: directory) }
+            let result = address.withSocketAddress { pointer, length in
+                valueOrErrno { system_connect(socket.rawValue, pointer, length) }
             }
             switch result {
             case .success: return .success(socket)
@@ -182,8 +172,8 @@ struct PacketSocket: Hashable, Sendable {
 
     /// Binds the socket to `address`, creating the socket file (with the umask applied to its mode).
     func bind(to address: UnixSocketAddress) -> Result<Void, Errno> {
-        address.withSocketAddress { pointer, length, directory in
-            valueOrErrno { system_bind(rawValue, pointer, length, relativeTo: directory) }.map { _ in }
+        address.withSocketAddress { pointer, length in
+            valueOrErrno { system_bind(rawValue, pointer, length) }.map { _ in }
         }
     }
 
@@ -439,32 +429,13 @@ struct PacketBatch: ~Copyable {
 // The C calls under names of their own: inside `PacketSocket` its methods of the same names would hide them.
 
 @inline(__always)
-private func system_connect(
-    _ socket: Int32,
-    _ address: UnsafePointer<sockaddr>,
-    _ length: socklen_t,
-    relativeTo directory: Int32
-) -> Int32 {
-    #if canImport(Darwin)
-    // The address's path is relative to the directory (`connectat`, xnu's bsd/sys/socket.h, macOS 10.11, iOS 9).
-    return connectat(directory, socket, address, length)
-    #else
-    return connect(socket, address, length)
-    #endif
+private func system_connect(_ socket: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) -> Int32 {
+    connect(socket, address, length)
 }
 
 @inline(__always)
-private func system_bind(
-    _ socket: Int32,
-    _ address: UnsafePointer<sockaddr>,
-    _ length: socklen_t,
-    relativeTo directory: Int32
-) -> Int32 {
-    #if canImport(Darwin)
-    return bindat(directory, socket, address, length)  // as `connectat`
-    #else
-    return bind(socket, address, length)
-    #endif
+private func system_bind(_ socket: Int32, _ address: UnsafePointer<sockaddr>, _ length: socklen_t) -> Int32 {
+    bind(socket, address, length)
 }
 
 @inline(__always)

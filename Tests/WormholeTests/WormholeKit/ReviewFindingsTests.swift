@@ -89,15 +89,18 @@ struct ReviewFindingsTests {
     @Test("A consumer at work on a quiet queue is not dropped by reclaiming, however long since it wrote its position")
     func consumerAtWorkIsNotDropped() async throws {
         try await offThePool {
-            let queue = try Wormhole(directory: path).queue("jobs")
+            // A retention of 4 s: the running consumer marks its file every second, holding no lock between marks.
+            let queue = try Wormhole(directory: path).queue("jobs", retention: .seconds(4))
             let handled = Collector<Int>()
             var waiting: QueueConsumer? = try queue.consumeData(consumer: "waiting", on: .notifierThread) {
                 handled.append($0.payload.count)
             }
-            // Its file last written 8 days ago, beyond the 7 days' retention: a week with nothing to consume.
+            // Its file last written 8 days ago, far beyond the retention: a week with nothing to consume. The next mark
+            // (within a second) makes it seen again.
             let file = path + "/jobs.consumers/waiting"
             let weekAgo = Date().addingTimeInterval(-8 * 24 * 3600)
             try FileManager.default.setAttributes([.modificationDate: weekAgo], ofItemAtPath: file)
+            usleep(1_600_000)
             try queue.reclaimSpace()
             #expect(FileManager.default.fileExists(atPath: file))
             try queue.enqueueData(Data(count: 5))
