@@ -107,17 +107,8 @@ struct DarwinDesignTests {
     @Test("A consumer waiting on a quiet queue holds no lock, and is not dropped while it runs past its retention")
     func waitingConsumerHoldsNoLock() async throws {
         try await offThePool {
-            let wormhole = try Wormhole(directory: directory("wormhole"))
-            // A retention of 2 s: the consumer marks itself every second, with no lock kept between marks.
-            let queue = try wormhole.queue("jobs", retention: .seconds(2))
-            let handled = Collector<Int>()
-            let consumer = try queue.consume(consumer: "worker", as: Int.self) { message in
-                handled.append(message.value)
-            }
+            let (queue, consumer, handled, path) = try startWorker()
             defer { consumer.cancel() }
-            try queue.enqueue(1)
-            #expect(eventually { handled.values == [1] })
-            let path = try consumerFile()
             // Waiting: no lock on the position file, at any of a few looks.
             for _ in 0..<5 {
                 #expect(!Self.isLocked(path), "the waiting consumer holds a lock on \(path)")
@@ -135,16 +126,8 @@ struct DarwinDesignTests {
     @Test("A consumer whose position was dropped while its process was away registers again at its next message")
     func droppedConsumerRegistersAgain() async throws {
         try await offThePool {
-            let wormhole = try Wormhole(directory: directory("wormhole"))
-            let queue = try wormhole.queue("jobs", retention: .seconds(2))
-            let handled = Collector<Int>()
-            let consumer = try queue.consume(consumer: "worker", as: Int.self) { message in
-                handled.append(message.value)
-            }
+            let (queue, consumer, handled, path) = try startWorker()
             defer { consumer.cancel() }
-            try queue.enqueue(1)
-            #expect(eventually { handled.values == [1] })
-            let path = try consumerFile()
             // As reclaiming does to a consumer not seen within the retention.
             try FileManager.default.removeItem(atPath: path)
             usleep(1_500_000)  // a mark finds it gone
@@ -154,6 +137,19 @@ struct DarwinDesignTests {
             let status = try queue.status()
             #expect(status.consumers.contains { $0.name == "worker" }, "\(status)")
         }
+    }
+
+    /// Consumer `worker` of queue `jobs` (a retention of 2 s: it marks itself every second, with no lock kept between
+    /// marks), once it handled a first message; with what it handled and its position file.
+    func startWorker() throws -> (WormholeQueue, QueueConsumer, Collector<Int>, String) {
+        let queue = try Wormhole(directory: directory("wormhole")).queue("jobs", retention: .seconds(2))
+        let handled = Collector<Int>()
+        let consumer = try queue.consume(consumer: "worker", as: Int.self) { message in
+            handled.append(message.value)
+        }
+        try queue.enqueue(1)
+        #expect(eventually { handled.values == [1] })
+        return (queue, consumer, handled, try consumerFile())
     }
 
     /// The position file of consumer `worker` of queue `jobs`, wherever the directory format keeps it.
