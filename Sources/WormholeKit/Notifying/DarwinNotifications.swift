@@ -62,10 +62,10 @@ enum DarwinNotifications {
     }
 
     /// The name under which a wormhole directory's notification `name` is posted: the directory's resolved path
-    /// (`realpath(3)`, so that `/tmp/x` and `/private/tmp/x`, or an App Group's identifier and its container's path
-    /// as a tool is given it, meet) and the name.
-    static func name(_ name: String, inDirectory directory: String) -> String {
-        "wormhole:" + resolvedPath(directory) + ":" + name
+    /// (``resolvedPath(_:)``, resolved once by the caller, so that `/tmp/x` and `/private/tmp/x`, or an App Group's
+    /// identifier and its container's path as a tool is given it, meet) and the name.
+    static func name(_ name: String, inResolvedDirectory directory: String) -> String {
+        "wormhole:" + directory + ":" + name
     }
 
     /// The path with every symbolic link and `..` resolved, or as given when it cannot be resolved.

@@ -109,7 +109,7 @@ public final class DirectoryNotifier: Notifier {
                 }
                 #if canImport(Darwin)
                 // No inotify: the write wakes pollers, the Darwin notification everyone else.
-                try DarwinNotifications.post(DarwinNotifications.name(name, inDirectory: darwinDirectory))
+                try DarwinNotifications.post(DarwinNotifications.name(name, inResolvedDirectory: darwinDirectory))
                 #endif
                 return
             }
@@ -176,7 +176,7 @@ public final class DirectoryNotifier: Notifier {
         )
         #elseif canImport(Darwin)
         return try DarwinNotifications.observe(
-            DarwinNotifications.name(name, inDirectory: darwinDirectory),
+            DarwinNotifications.name(name, inResolvedDirectory: darwinDirectory),
             handler: handler
         )
         #else
