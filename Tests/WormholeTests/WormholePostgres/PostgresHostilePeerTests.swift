@@ -259,6 +259,60 @@ struct PostgresHostilePeerTests {
         #expect(eventually { (try? queue.status().consumers.first { $0.name == "worker" }?.offset) == 4 })
     }
 
+    @Test("A member's sealed notification of several records: a batch's acknowledgement checks each, read or not")
+    func memberForgedBatch() async throws { try await offThePool { try memberForgedBatchBody() } }
+
+    func memberForgedBatchBody() throws {
+        let server = try requireTestServer()
+        let roles = try GrantedRoles(server, prefix: "member-batch")
+        defer { roles.close() }
+        let engine = try roles.engine(roles.one, roles.groupA)
+        defer { engine.close() }
+        let queue = try Wormhole(engine: engine, sender: "one").queue("jobs")
+        let handled = Collector<String>()
+        // Two at most a batch, so that a notification of three records leaves one carried when the batch is
+        // acknowledged (the acknowledgement alone), and one of two leaves none (the acknowledgement that reads).
+        let consumer = try queue.consumeBatches(consumer: "batcher", as: String.self, maximumCount: 2) { batch in
+            for message in batch { handled.append(message.value) }
+        }
+        defer { consumer.cancel() }
+        try queue.enqueue("real 0")
+        #expect(eventually { handled.values == ["real 0"] })
+
+        func forge(_ texts: [String], at offset: UInt64) throws {
+            let notification = CarriedAppend(
+                identifier: "jobs",
+                firstOffset: offset,
+                sender: "forger",
+                timestampNanoseconds: 0,
+                payloads: texts.map { Data("\"\($0)\"".utf8) }
+            ).notification
+            try server.psql(
+                "SELECT wormhole.notify_sealed(\(Self.literal(roles.groupA)), '', \(Self.literal(notification)))",
+                user: roles.one
+            )
+        }
+        let refusedBefore = engine.core.hub.refused.load(ordering: .relaxed)
+        try forge(["forged 1", "forged 2", "forged 3"], at: 1)
+        #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) == refusedBefore + 1 })
+        #expect(eventually { handled.values.count == 3 })
+        #expect(consumer.position == 1, "the forged batch's acknowledgement moved the position")
+        try forge(["forged 1 again", "forged 2 again"], at: 1)
+        #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) == refusedBefore + 2 })
+        #expect(eventually { handled.values.count == 5 })
+        #expect(consumer.position == 1, "the second forged batch's acknowledgement moved the position")
+        try queue.enqueue(contentsOf: ["real 1", "real 2"])
+        #expect(eventually { handled.values.count == 7 })
+        // The third forged record was carried but never handed over: the refusal dropped what was carried.
+        #expect(
+            handled.values == [
+                "real 0", "forged 1", "forged 2", "forged 1 again", "forged 2 again", "real 1", "real 2",
+            ],
+            "\(handled.values)"
+        )
+        #expect(eventually { (try? queue.status().consumers.first { $0.name == "batcher" }?.offset) == 3 })
+    }
+
     @Test("Replayed sealed notifications, by a role of another group or by a member, deliver nothing")
     func replayedNotifications() async throws { try await offThePool { try replayedNotificationsBody() } }
 
