@@ -281,20 +281,14 @@ final class PostgresQueueCursor: QueueCursor {
             if end != nil && maximumCount == 0 {
                 // Only an acknowledgement (the next record came with a notification, or a consumer acknowledges
                 // apart): a plain UPDATE, where the function that reads too costs the server about a third more.
-                let rows =
-                    checks.isEmpty
-                    ? try engine.connections.execute(.queueAcknowledge, binds, doing: what)
-                    : checks.count == 1
-                        ? try engine.connections.execute(
-                            .queueAcknowledgeCheckedOne,
-                            binds + PreparedStatement.checkBinds(checks[0]),
-                            doing: what
-                        )
-                        : try engine.connections.execute(
-                            .queueAcknowledgeChecked,
-                            binds + PreparedStatement.checkBinds(checks),
-                            doing: what
-                        )
+                let rows = try engine.connections.execute(
+                    checks: checks,
+                    plain: .queueAcknowledge,
+                    one: .queueAcknowledgeCheckedOne,
+                    several: .queueAcknowledgeChecked,
+                    binds,
+                    doing: what
+                )
                 // No row: the consumer is not registered (below).
                 position = rows.isEmpty ? nil : try decode(Int64.self, rows.first, doing: what)
                 records = []
@@ -303,20 +297,14 @@ final class PostgresQueueCursor: QueueCursor {
                     PostgresData(int32: Int32(clamping: maximumCount)),
                     PostgresData(int64: Int64(PostgresQueueLog.readLimit)),
                 ]
-                let rows =
-                    checks.isEmpty
-                    ? try engine.connections.execute(.queueRead, binds, doing: what)
-                    : checks.count == 1
-                        ? try engine.connections.execute(
-                            .queueReadCheckedOne,
-                            binds + PreparedStatement.checkBinds(checks[0]),
-                            doing: what
-                        )
-                        : try engine.connections.execute(
-                            .queueReadChecked,
-                            binds + PreparedStatement.checkBinds(checks),
-                            doing: what
-                        )
+                let rows = try engine.connections.execute(
+                    checks: checks,
+                    plain: .queueRead,
+                    one: .queueReadCheckedOne,
+                    several: .queueReadChecked,
+                    binds,
+                    doing: what
+                )
                 (position, records) = try decodeRecords(rows, doing: what)
             }
         } catch {
@@ -573,6 +561,25 @@ struct CarriedAppend: Sendable, Equatable {
                 timestampNanoseconds: timestampNanoseconds,
                 payload: payload
             )
+        }
+    }
+}
+
+extension Connections {
+    /// Runs `plain` with `parameters` when no record handed from a notification is to be checked, or else its
+    /// checked form for one record or for several, given the records after the parameters.
+    fileprivate func execute(
+        checks: [QueueRecord],
+        plain: PreparedStatement,
+        one: PreparedStatement,
+        several: PreparedStatement,
+        _ parameters: [PostgresData],
+        doing what: String
+    ) throws(WormholeError) -> [PreparedRow] {
+        switch checks.count {
+        case 0: try execute(plain, parameters, doing: what)
+        case 1: try execute(one, parameters + PreparedStatement.checkBinds(checks[0]), doing: what)
+        default: try execute(several, parameters + PreparedStatement.checkBinds(checks), doing: what)
         }
     }
 }

@@ -150,6 +150,22 @@ struct PostgresHostilePeerTests {
         }
     }
 
+    /// Has role one, a member of group A, seal from its own backend what an append of `texts` (as JSON strings) to
+    /// the queue `jobs` at `offset` would carry: a forgery only the acknowledgement's check can catch.
+    static func sealAsMember(_ texts: [String], at offset: UInt64, _ roles: GrantedRoles) throws {
+        let notification = CarriedAppend(
+            identifier: "jobs",
+            firstOffset: offset,
+            sender: "forger",
+            timestampNanoseconds: 0,
+            payloads: texts.map { Data("\"\($0)\"".utf8) }
+        ).notification
+        try roles.server.psql(
+            "SELECT wormhole.notify_sealed(\(literal(roles.groupA)), '', \(literal(notification)))",
+            user: roles.one
+        )
+    }
+
     @Test("Forged queue and live notifications from a role of another group deliver nothing and skip no record")
     func forgedNotifications() async throws { try await offThePool { try forgedNotificationsBody() } }
 
@@ -215,19 +231,7 @@ struct PostgresHostilePeerTests {
         // A member holds the group's key and may call the function that seals: it sends, sealed by the server from
         // its own backend, what an append at offset 1 would carry, before any record 1 exists, then one for offset
         // 2 while record 1 is there.
-        func forge(_ text: String, at offset: UInt64) throws {
-            let notification = CarriedAppend(
-                identifier: "jobs",
-                firstOffset: offset,
-                sender: "forger",
-                timestampNanoseconds: 0,
-                payloads: [Data("\"\(text)\"".utf8)]
-            ).notification
-            try server.psql(
-                "SELECT wormhole.notify_sealed(\(Self.literal(roles.groupA)), '', \(Self.literal(notification)))",
-                user: roles.one
-            )
-        }
+        func forge(_ text: String, at offset: UInt64) throws { try Self.sealAsMember([text], at: offset, roles) }
         let refusedBefore = engine.core.hub.refused.load(ordering: .relaxed)
         try forge("forged 1", at: 1)
         #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) > refusedBefore })
@@ -279,19 +283,7 @@ struct PostgresHostilePeerTests {
         try queue.enqueue("real 0")
         #expect(eventually { handled.values == ["real 0"] })
 
-        func forge(_ texts: [String], at offset: UInt64) throws {
-            let notification = CarriedAppend(
-                identifier: "jobs",
-                firstOffset: offset,
-                sender: "forger",
-                timestampNanoseconds: 0,
-                payloads: texts.map { Data("\"\($0)\"".utf8) }
-            ).notification
-            try server.psql(
-                "SELECT wormhole.notify_sealed(\(Self.literal(roles.groupA)), '', \(Self.literal(notification)))",
-                user: roles.one
-            )
-        }
+        func forge(_ texts: [String], at offset: UInt64) throws { try Self.sealAsMember(texts, at: offset, roles) }
         let refusedBefore = engine.core.hub.refused.load(ordering: .relaxed)
         try forge(["forged 1", "forged 2", "forged 3"], at: 1)
         #expect(eventually { engine.core.hub.refused.load(ordering: .relaxed) == refusedBefore + 1 })
