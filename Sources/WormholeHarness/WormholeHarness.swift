@@ -19,6 +19,7 @@ struct WormholeHarness: ParsableCommand {
             PostgresStoreBench.self,
             CrashVictim.self, BenchPeer.self, BenchPeerStore.self, BenchCasePeer.self, PostgresServerCommand.self,
             PostgresBenchCase.self, PostgresBenchCasePeer.self, PowerLoss.self, PowerWorkload.self, StoppedHolder.self,
+            SuspensionCheck.self,
         ]
     )
 }

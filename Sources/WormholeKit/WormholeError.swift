@@ -26,7 +26,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case invalidIdentifier, directoryUnavailable, untrustedFile, corruptMessage, truncatedMessage
             case unsupportedFormatVersion, encodingFailed, decodingFailed, messageTooLarge, diskFull
             case ioFailure, notifierUnavailable, notReachable, timedOut, remoteFailure, handlerFailed, unsupported
-            case serverUnavailable, serverRejected, notActivated, counterpartUnknown
+            case serverUnavailable, serverRejected, notActivated, counterpartUnknown, suspended
         }
         private let value: Value
         private init(_ value: Value) { self.value = value }
@@ -81,6 +81,11 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
         /// The session's counterpart has never activated a session with this one, so a live message has nobody to
         /// go to; queued modes (context, user info, files) wait for it instead.
         public static let counterpartUnknown = Code(.counterpartUnknown)
+        /// This process's wormholes are suspended (``Wormhole/suspend()``, or on Apple platforms the app went to the
+        /// background while `Wormhole.followApplicationLifecycle()` followed it): the call would have taken a file
+        /// lock, which iOS does not allow a suspended app in a shared container, so it did nothing. Try again after
+        /// ``Wormhole/resume()``.
+        public static let suspended = Code(.suspended)
 
         public var description: String {
             switch value {
@@ -105,6 +110,7 @@ public struct WormholeError: Error, Sendable, CustomStringConvertible {
             case .serverRejected: "server rejected"
             case .notActivated: "not activated"
             case .counterpartUnknown: "counterpart unknown"
+            case .suspended: "suspended"
             }
         }
     }

@@ -113,6 +113,9 @@ struct SQLiteHistory: StoreHistory {
         limit: Int,
         tables: Set<String>?
     ) throws(StoreError) -> (transactions: [StoreTransaction], scannedThrough: Int64) {
+        // Nothing is handed while suspended: the consumer could not store its token (a write) after handling it.
+        // The observation of commits wakes the consumer when the process resumes.
+        guard !SuspensionGate.isSuspended else { return ([], token) }
         do {
             // No transaction around the read: each statement of it reads a whole snapshot, and one that fetches
             // more starts over from `token`. A transaction would cost a BEGIN and a COMMIT per wake-up.
@@ -142,7 +145,13 @@ struct SQLiteHistory: StoreHistory {
 
     func observeCommits(_ handler: @escaping @Sendable () -> Void) throws(StoreError) -> NotifierObservation {
         do {
-            return try store.notifier.observe(store.notificationName, handler: handler)
+            let commits = try store.notifier.observe(store.notificationName, handler: handler)
+            // What other processes committed while this one was suspended is read when it resumes.
+            let resumptions = SuspensionGate.observe { suspended in if !suspended { handler() } }
+            return NotifierObservation {
+                commits.cancel()
+                resumptions.cancel()
+            }
         } catch {
             throw StoreError(
                 .notification,

@@ -69,6 +69,7 @@ public final class SharedStore: Sendable {
             var grdb = configuration.databaseConfiguration
             grdb.readonly = true
             grdb.busyMode = .timeout(configuration.busyTimeout.seconds)
+            grdb.observesSuspensionNotifications = true
             let opened = try DatabaseQueue(path: path, configuration: grdb)
             connection = opened
             return opened
@@ -139,7 +140,21 @@ public final class SharedStore: Sendable {
         var grdb = configuration.databaseConfiguration
         grdb.busyMode = .timeout(configuration.busyTimeout.seconds)
         grdb.journalMode = .wal
+        // No lock in the container while the process is suspended (iOS's `0xdead10cc`): GRDB suspends the database
+        // when `Wormhole.suspend()` posts its notification.
+        grdb.observesSuspensionNotifications = true
+        Self.followSuspension()
         let pool: DatabasePool
+        // Setting up takes a lock, then SQLite's: neither while suspended.
+        guard SuspensionGate.enter() else {
+            throw StoreError(
+                .suspended,
+                "Could not open the store: this process's wormholes are suspended (Wormhole.suspend()), so no lock "
+                    + "may be taken. Open it after Wormhole.resume().",
+                path: path
+            )
+        }
+        defer { SuspensionGate.leave() }
         let lock = try SetupLock(path: path + ".wormhole-lock", timeout: configuration.busyTimeout)
         do {
             defer { lock.unlock() }
@@ -202,9 +217,12 @@ public final class SharedStore: Sendable {
     ///
     /// - Throws: `StoreError.Code.busy` when another process held the database longer than the busy timeout,
     ///   `StoreError.Code.database` for another database error, `StoreError.Code.handlerFailed` with the error
-    ///   `updates` threw as its `StoreError.underlyingError` (the transaction is rolled back in both cases).
+    ///   `updates` threw as its `StoreError.underlyingError` (the transaction is rolled back in both cases),
+    ///   `StoreError.Code.suspended` while this process's wormholes are suspended (`Wormhole.suspend()`).
     @discardableResult
     public func write<T>(_ updates: (Database) throws -> T) throws(StoreError) -> T {
+        // Before the transaction, which takes SQLite's lock: GRDB's suspension would refuse it too, a little later.
+        if SuspensionGate.isSuspended { throw Self.storeError(Self.Suspended(), "write", path: path) }
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try databasePool.write { db in
@@ -228,6 +246,8 @@ public final class SharedStore: Sendable {
     public func write<T: Sendable>(
         _ updates: @escaping @Sendable (Database) throws -> T
     ) async throws(StoreError) -> T {
+        // Before the transaction, which takes SQLite's lock: GRDB's suspension would refuse it too, a little later.
+        if SuspensionGate.isSuspended { throw Self.storeError(Self.Suspended(), "write", path: path) }
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try await databasePool.write { [self] db in
@@ -352,6 +372,7 @@ public final class SharedStore: Sendable {
 
     /// Purges at most once a second, after consumers move on.
     func purgeIfDue() {
+        guard !SuspensionGate.isSuspended else { return }  // a write: put off to a wake-up after resuming
         let due = lastPurge.withLock { last in
             guard Date().timeIntervalSince(last) > 1 else { return false }
             last = Date()
@@ -384,10 +405,35 @@ public final class SharedStore: Sendable {
                 underlyingError: error
             )
         }
-        bridge.withLock { $0 = observation }
+        // Other processes' commits made while this one was suspended are bridged when it resumes.
+        let resumptions = SuspensionGate.observe { [weak self] suspended in
+            guard !suspended, let self else { return }
+            queue.async { self.bridgeRemoteChanges() }
+        }
+        bridge.withLock {
+            $0 = NotifierObservation {
+                observation.cancel()
+                resumptions.cancel()
+            }
+        }
+    }
+
+    /// Suspends and resumes this process's GRDB databases that observe suspension (every shared store's) with the
+    /// wormholes' ``Wormhole/suspend()`` and ``Wormhole/resume()``, from the first store opened on.
+    private static func followSuspension() {
+        _ = suspensionFollower
+    }
+
+    private static let suspensionFollower = SuspensionGate.observe { suspended in
+        NotificationCenter.default.post(
+            name: suspended ? Database.suspendNotification : Database.resumeNotification,
+            object: nil
+        )
     }
 
     private func bridgeRemoteChanges() {
+        // Put off while suspended (the write would take a lock): `startBridge` runs it again on resuming.
+        guard !SuspensionGate.isSuspended else { return }
         do {
             let after = bridgedThrough.withLock { $0 }
             var tables = Set<String>()
@@ -416,8 +462,23 @@ public final class SharedStore: Sendable {
         }
     }
 
+    /// A write refused before it began, since the process is suspended.
+    struct Suspended: Error {}
+
     static func storeError(_ error: any Error, _ action: String, path: String) -> StoreError {
         if let error = error as? StoreError { return error }
+        if error is Suspended
+            || (error as? DatabaseError).map({ [.SQLITE_INTERRUPT, .SQLITE_ABORT].contains($0.resultCode) }) == true
+                && SuspensionGate.isSuspended
+        {
+            return StoreError(
+                .suspended,
+                "Could not \(action): this process's wormholes are suspended (Wormhole.suspend()), and GRDB with them, "
+                    + "so no lock on the database may be taken. Nothing was written. Try again after Wormhole.resume().",
+                path: path,
+                underlyingError: error
+            )
+        }
         if let database = error as? DatabaseError, database.resultCode == .SQLITE_BUSY {
             return StoreError(
                 .busy,

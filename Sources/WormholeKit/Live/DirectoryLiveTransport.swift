@@ -34,7 +34,7 @@ final class DirectoryLiveTransport: LiveTransport {
         // (The targets are taken as they are, the cache's array shared, not copied: nothing is allocated per message.)
         let targets = try connections.withLock { (cache) throws(WormholeError) -> [LiveTarget] in
             try cache.refresh(directory, changes: live.changes)
-            return cache.targets(of: identifier)
+            return cache.targets(of: identifier, naming: live.naming)
         }
         var reached = 0
         // Every listener is sent to without waiting first; those whose queue is full (a process stopped in a
@@ -132,7 +132,12 @@ final class DirectoryLiveTransport: LiveTransport {
         handler: @escaping @Sendable (LiveMessage) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let live = try liveDirectory()
-        let endpoint = try LiveMessageEndpoint(directory: live.handle, changes: live.changes, identifier: identifier) {
+        let endpoint = try LiveMessageEndpoint(
+            directory: live.handle,
+            naming: live.naming,
+            changes: live.changes,
+            identifier: identifier
+        ) {
             packet in
             handler(LiveMessage(sender: packet.sender, payload: packet.payload))
         }
@@ -188,9 +193,11 @@ final class DirectoryLiveTransport: LiveTransport {
         handler: @escaping @Sendable (LiveRequest) -> Void
     ) throws(WormholeError) -> NotifierObservation {
         let sender = self.sender
+        let live = try liveDirectory()
         let endpoint = try LiveEndpoint(
-            directory: try liveDirectory().handle,
-            name: LiveSocket.responderPrefix(for: identifier),
+            directory: live.handle,
+            naming: live.naming,
+            name: live.naming.responderPrefix(for: identifier),
             identifier: identifier,
             batchCapacity: 1
         ) { packet, connection in
@@ -237,8 +244,9 @@ final class DirectoryLiveTransport: LiveTransport {
         timeout: Duration,
         from start: ContinuousClock.Instant
     ) throws(WormholeError) -> PacketSocket? {
-        let directory = try liveDirectory().handle
-        let prefix = LiveSocket.responderPrefix(for: identifier)
+        let live = try liveDirectory()
+        let directory = live.handle
+        let prefix = live.naming.responderPrefix(for: identifier)
         for name in try directory.entries().filter({ $0.hasPrefix(prefix) }).shuffled() {
             let left = timeout - start.duration(to: .now)
             guard left > .zero else { return nil }
@@ -281,22 +289,38 @@ final class DirectoryLiveTransport: LiveTransport {
         return LivePacket(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
     }
 
-    /// The `.live` directory and, where it can be shared through a mapping, its count of changes.
+    /// The directory of the sockets (``LiveSocketPlacement``: the wormhole's `.live` on Linux), how they are named
+    /// there, and, where it can be shared through a mapping, its count of changes.
     struct LiveDirectory {
         let handle: DirectoryHandle
+        let naming: LiveSocketNaming
         let changes: LiveChangeCounter?
     }
 
     func liveDirectory() throws(WormholeError) -> LiveDirectory {
         try live.withLock { (cached) throws(WormholeError) -> LiveDirectory in
             if let cached { return cached }
-            let handle = try DirectoryHandle.open(
-                path: path + "/" + LiveSocket.subdirectoryName,
-                create: true,
-                options: options
-            )
+            let placement = LiveSocketPlacement.forWormhole(at: path)
+            let handle: DirectoryHandle
+            do throws(WormholeError) {
+                handle = try DirectoryHandle.open(path: placement.directory, create: true, options: options)
+            } catch {
+                guard placement.directory != path + "/" + LiveSocket.subdirectoryName else { throw error }
+                throw WormholeError(
+                    error.code,
+                    "Live messages and requests need their sockets' addresses to fit in 104 bytes, which this "
+                        + "wormhole's path does not leave room for, and the directory they would go in instead cannot "
+                        + "be used: \(error.message) Use a wormhole directory with a path of 75 bytes or less.",
+                    path: placement.directory,
+                    underlyingError: error
+                )
+            }
             // Not kept when the count cannot be opened: the next call tries again.
-            let opened = LiveDirectory(handle: handle, changes: try LiveChangeCounter.open(in: handle))
+            let opened = LiveDirectory(
+                handle: handle,
+                naming: placement.naming,
+                changes: try LiveChangeCounter.open(in: handle)
+            )
             cached = opened
             return opened
         }

@@ -84,14 +84,14 @@ final class LiveConnectionCache {
     }
 
     /// The listeners of `identifier` (not its responders), as last read, each with its kept connection.
-    func targets(of identifier: String) -> [LiveTarget] {
+    func targets(of identifier: String, naming: LiveSocketNaming) -> [LiveTarget] {
         // Equal strings of the same storage compare without reading their bytes.
         for lookup in recentLookups where lookup.identifier == identifier { return lookup.targets }
         let found: [LiveTarget]
         if let known = targetsByIdentifier[identifier] {
             found = known
         } else {
-            let prefix = LiveSocket.listenerPrefix(for: identifier)
+            let prefix = naming.listenerPrefix(for: identifier)
             found = names.filter { $0.hasPrefix(prefix) }.map { LiveTarget(name: $0, connection: sockets[$0]) }
             // Bounded: a process that sends to ever new identifiers keeps only the recent ones.
             if targetsByIdentifier.count >= 1024 { targetsByIdentifier.removeAll(keepingCapacity: true) }

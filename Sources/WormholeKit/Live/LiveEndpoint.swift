@@ -28,14 +28,15 @@ final class LiveEndpoint: Sendable {
     private let stopped = Atomic<Bool>(false)
 
     /// - Parameters:
-    ///   - prefix: The socket file's name prefix (``LiveSocket/prefix(for:)`` for a listener,
-    ///     ``LiveSocket/responderPrefix(for:)`` for a responder).
+    ///   - naming: How the directory's sockets are named.
+    ///   - prefix: The socket file's name prefix (``LiveSocketNaming/responderPrefix(for:)``).
     ///   - handle: Called on the endpoint's thread with each packet; `connection` is nil for a message (the endpoint
     ///     keeps the connection), and for a request the connection to reply on, which `handle` must close.
     ///   - batchCapacity: The packets one receive can take: a burst is read in few calls, and a lone packet in one.
     ///     A responder's connection carries one request, so 1 is enough for it.
     init(
         directory: DirectoryHandle,
+        naming: LiveSocketNaming,
         name prefix: String,
         identifier: String,
         batchCapacity: Int = 8,
@@ -45,6 +46,7 @@ final class LiveEndpoint: Sendable {
         let (socket, name) = try LiveSocket.publish(
             .sequencedPackets,
             in: directory,
+            naming: naming,
             prefix: prefix,
             identifier: identifier
         )

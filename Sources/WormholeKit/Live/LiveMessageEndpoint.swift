@@ -31,6 +31,7 @@ final class LiveMessageEndpoint: Sendable {
     ///   - handle: Called on the endpoint's thread with each message packet.
     init(
         directory: DirectoryHandle,
+        naming: LiveSocketNaming,
         changes: LiveChangeCounter?,
         identifier: String,
         handle: @escaping @Sendable (LivePacket) -> Void
@@ -40,7 +41,8 @@ final class LiveMessageEndpoint: Sendable {
         let (socket, name) = try LiveSocket.publish(
             .datagrams,
             in: directory,
-            prefix: LiveSocket.listenerPrefix(for: identifier),
+            naming: naming,
+            prefix: naming.listenerPrefix(for: identifier),
             identifier: identifier
         )
         let waker: PacketSocket

@@ -8,10 +8,10 @@ import SystemPackage
 /// blocking receive, the cheapest wake-up a socket has. A responder has a `SOCK_SEQPACKET` socket: a connection per
 /// request lets a requester see at once that its responder's process has ended (the connection closes). Both keep
 /// message boundaries (on Apple platforms, which have no `SOCK_SEQPACKET`, a responder's socket is a stream whose
-/// packets travel as frames: ``PacketSocket/connectionsAreFramed``). Socket files are named by a hash of the identifier,
-/// the process id and a random number, and are reached through `/proc/self/fd/N/NAME` on Linux
+/// packets travel as frames: ``PacketSocket/connectionsAreFramed``). Socket files are named by a hash of the identifier
+/// and a random part (``LiveSocketNaming``), and are reached through `/proc/self/fd/N/NAME` on Linux
 /// (``UnixSocketAddress``), which keeps the address under the 108 bytes a socket path may have, however deep the
-/// wormhole directory is.
+/// wormhole directory is; on Apple platforms, where an address is a path, ``LiveSocketPlacement`` says where they go.
 enum LiveSocket {
     static let subdirectoryName = ".live"
     /// The largest message: sequenced packets travel whole in the socket buffer.
@@ -19,46 +19,32 @@ enum LiveSocket {
     /// The size of a buffer that receives a packet whole: a message and its header.
     static let receiveBufferSize = maximumMessageSize + 4096
 
-    /// The file-name prefix of an identifier's sockets.
+    /// The file-name prefix of an identifier's sockets in Linux's names (``LiveSocketNaming/long``): its FNV-1a hash
+    /// in hexadecimal. (Listeners of releases before datagrams had sequenced-packet sockets named with this prefix
+    /// alone; a sender of this release does not look for them, and theirs cannot connect to these.)
     static func prefix(for identifier: String) -> String {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325  // FNV-1a
-        for byte in identifier.utf8 {
-            hash ^= UInt64(byte)
-            hash = hash &* 0x100_0000_01b3
-        }
-        return String(hash, radix: 16) + "."
-    }
-
-    /// The file-name prefix of the sockets of an identifier's responders: apart from its listeners' sockets, so
-    /// that a message never reaches a responder, nor a request a listener.
-    static func responderPrefix(for identifier: String) -> String {
-        prefix(for: identifier) + "r."
-    }
-
-    /// The file-name prefix of the datagram sockets of an identifier's listeners. (Listeners of releases before
-    /// datagrams had sequenced-packet sockets named with ``prefix(for:)`` alone; a sender of this release does not
-    /// look for them, and theirs cannot connect to these.)
-    static func listenerPrefix(for identifier: String) -> String {
-        prefix(for: identifier) + "m."
+        String(LiveSocketNaming.hash(identifier), radix: 16) + "."
     }
 
     /// Makes a socket of `kind`, bound (and, for sequenced packets, listening) under a hidden name, then renamed to
-    /// `prefix` followed by the process id and a random number: a sender that found a socket bound but not yet
-    /// listening would take it for a dead one's and remove it. Returns the socket and its file's name.
+    /// a new name under `prefix` (``LiveSocketNaming/newName(prefix:)``): a sender that found a socket bound but not
+    /// yet listening would take it for a dead one's and remove it. The rename replaces nothing: a name another socket
+    /// has (short names' random part is 35 bits) is drawn again. Returns the socket and its file's name.
     static func publish(
         _ kind: PacketSocket.Kind,
         in directory: DirectoryHandle,
+        naming: LiveSocketNaming,
         prefix: String,
         identifier: String
     ) throws(WormholeError) -> (PacketSocket, name: String) {
-        let name = prefix + "\(ProcessFacts.processID).\(UInt32.random(in: 0...UInt32.max))"
+        var name = naming.newName(prefix: prefix)
         let socket: PacketSocket
         switch PacketSocket.make(kind) {
         case .success(let value): socket = value
         case .failure(let errno):
             throw WormholeError.fileSystem(errno, "create a socket", identifier: identifier, path: nil)
         }
-        let staging = ".b." + name
+        let staging = naming.stagingName(for: name)
         guard let address = UnixSocketAddress(directory: directory, name: staging) else {
             socket.close()
             throw WormholeError(
@@ -78,7 +64,12 @@ enum LiveSocket {
             .flatMap { kind == .sequencedPackets ? socket.listen(backlog: 128) : .success(()) }
             .flatMap { () -> Result<Void, Errno> in
                 if let group = directory.group { _ = directory.setGroup(ofEntry: staging, to: group) }
-                return directory.moveEntry(staging, to: directory, as: name)
+                for _ in 0..<8 {
+                    let moved = directory.moveEntryWithoutReplacing(staging, to: directory, as: name)
+                    guard case .failure(.fileExists) = moved else { return moved }
+                    name = naming.newName(prefix: prefix)
+                }
+                return .failure(.fileExists)
             }
         if case .failure(let errno) = listened {
             socket.close()

@@ -31,12 +31,27 @@ public final class CoordinatedFileTransiting: Transiting {
 
     /// Runs `body` while holding the directory's lock: shared lets other readers in, exclusive lets nobody in.
     ///
-    /// Use it to make several operations on ``files`` one step for every other coordinated process.
+    /// Use it to make several operations on ``files`` one step for every other coordinated process. The lock is held
+    /// while `body` runs, so keep it short; while this process's wormholes are suspended (``Wormhole/suspend()``) it
+    /// throws ``WormholeError/Code/suspended`` and runs nothing, since iOS ends a suspended app that holds a lock in
+    /// a shared container.
     public func coordinate<T>(
         exclusive: Bool,
         _ body: () throws(WormholeError) -> T
     ) throws(WormholeError) -> T {
         let path = files.handle.filePath(Self.lockFileName)
+        // The lock is held while `body` runs: the permit is too, so that ``Wormhole/suspend()`` refuses new
+        // coordination and can tell when the last one ends.
+        return try SuspensionGate.withPermit(toDo: "take the coordination lock", path: path) {
+            () throws(WormholeError) -> T in try coordinate(exclusive: exclusive, lockPath: path, body)
+        }
+    }
+
+    private func coordinate<T>(
+        exclusive: Bool,
+        lockPath path: String,
+        _ body: () throws(WormholeError) -> T
+    ) throws(WormholeError) -> T {
         let lock: OwnedDescriptor
         do {
             lock = try files.handle.openFile(named: Self.lockFileName, flags: O_RDWR | O_CREAT)

@@ -482,6 +482,9 @@ public final class FileTransiting: Transiting {
     }
 
     private static func changeToken(of file: Descriptor) -> [UInt8]? {
+        // Suspended, or locked by a writer: fresh bytes, and the listener reads the mailbox (reads take no lock).
+        guard SuspensionGate.enter() else { return PollingMonitor.freshToken() }
+        defer { SuspensionGate.leave() }
         guard file.tryLockShared() else { return PollingMonitor.freshToken() }
         defer { file.unlock() }
         guard case .success(var token) = file.read(count: MailboxFormat.headerSize, at: 0) else { return nil }
@@ -507,7 +510,26 @@ public final class FileTransiting: Transiting {
     ) throws(WormholeError) -> Stored? {
         let entry = openFiles.entry(identifier)
         let name = entry.name
-        return try entry.descriptor.withLock { (cached) throws(WormholeError) -> Stored? in
+        return try SuspensionGate.withPermit(toDo: "write the mailbox", identifier: identifier) {
+            () throws(WormholeError) -> Stored? in
+            try update(
+                entry: entry,
+                name: name,
+                identifier: identifier,
+                createIfMissing: createIfMissing,
+                outgoing: outgoing
+            )
+        }
+    }
+
+    private func update(
+        entry: OpenFileCache.Entry,
+        name: String,
+        identifier: String,
+        createIfMissing: Bool,
+        outgoing: Outgoing
+    ) throws(WormholeError) -> Stored? {
+        try entry.descriptor.withLock { (cached) throws(WormholeError) -> Stored? in
             // A few rounds at most: each retry means another process created or replaced the file meanwhile.
             for _ in 0..<1000 {
                 if cached < 0 {

@@ -82,6 +82,8 @@ package final class QueueCursorFile: Sendable {
 
     private let descriptor: Int32
     private let writer = Locked(WriterState())
+    /// Whether ``takeForDropping()`` took the lock, and with it a permit that the close gives back.
+    private let heldForDropping = Atomic<Bool>(false)
     package let name: String
     package let path: String
 
@@ -107,7 +109,8 @@ package final class QueueCursorFile: Sendable {
 
     deinit {
         if let mapping = writer.withLock({ $0.mapping }) { munmap(mapping, Self.fileSize) }
-        Descriptor(rawValue: descriptor).close()  // and with it the shared lock of a consumer's cursor
+        Descriptor(rawValue: descriptor).close()  // and with it the lock of a reclaiming process
+        if heldForDropping.load(ordering: .relaxed) { SuspensionGate.leave() }
     }
 
     // MARK: A consumer at work
@@ -125,7 +128,15 @@ package final class QueueCursorFile: Sendable {
     ///
     /// With a `limit`, waits that long at most for a reclaiming process that decides, and throws
     /// ``WormholeError/Code/timedOut`` when it is stuck; without one, a lock held at this moment skips the mark.
+    ///
+    /// While the process is suspended (``SuspensionGate``) no lock is taken: with a `limit` it throws
+    /// ``WormholeError/Code/suspended``; without one the mark is skipped.
     package func markSeen(waitingAtMost limit: Duration?) throws(WormholeError) -> Bool {
+        guard SuspensionGate.enter() else {
+            if limit == nil { return true }
+            throw WormholeError.suspended("open the consumer", path: path)
+        }
+        defer { SuspensionGate.leave() }
         let file = Descriptor(rawValue: descriptor)
         var locked = false
         if let limit {
@@ -159,8 +170,13 @@ package final class QueueCursorFile: Sendable {
     /// Takes the exclusive lock for a reclaiming process that is about to drop this consumer: true when taken (kept
     /// until this value is released, so that no mark falls between the caller's last check and the removal), false
     /// when a consumer is marking itself at this moment.
+    ///
+    /// The lock's permit (``SuspensionGate``) is held as long: a suspended process drops nothing.
     package func takeForDropping() -> Bool {
-        flock(descriptor, LOCK_EX | LOCK_NB) == 0
+        guard SuspensionGate.enter() else { return false }
+        let taken = (try? Descriptor(rawValue: descriptor).tryLockExclusive().get()) == true
+        if taken { heldForDropping.store(true, ordering: .relaxed) } else { SuspensionGate.leave() }
+        return taken
     }
 
     // MARK: Reading

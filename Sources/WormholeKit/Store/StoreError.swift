@@ -8,7 +8,7 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
     /// A stable code for a kind of failure.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Value: Hashable, Sendable {
-            case unavailable, migrationFailed, busy, corruptHistory, database, notification, handlerFailed
+            case unavailable, migrationFailed, busy, corruptHistory, database, notification, handlerFailed, suspended
         }
         private let value: Value
         private init(_ value: Value) { self.value = value }
@@ -31,6 +31,10 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
         /// A closure or handler of yours threw; its error is the ``StoreError/underlyingError`` (a write is rolled
         /// back, a remote change stays unacknowledged).
         public static let handlerFailed = Code(.handlerFailed)
+        /// This process's wormholes are suspended (``Wormhole/suspend()``): a `SharedStore` takes no lock on its
+        /// database then, so the write (or a read that needed a lock) was not made. Try again after
+        /// ``Wormhole/resume()``.
+        public static let suspended = Code(.suspended)
 
         public var description: String {
             switch value {
@@ -41,6 +45,7 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
             case .database: "database error"
             case .notification: "notification failed"
             case .handlerFailed: "handler failed"
+            case .suspended: "suspended"
             }
         }
     }

@@ -100,6 +100,36 @@ final class DirectorySuiteStore: SuiteStore {
         direction: String?,
         _ body: (inout SuiteValues) throws(WormholeError) -> Void
     ) throws(WormholeError) -> SuiteChange? {
+        // The file's lock is held while `body` runs: so is a permit, so that a suspended process takes no lock.
+        let (change, flushFailure) = try SuspensionGate.withPermit(toDo: "update the suite", identifier: name) {
+            () throws(WormholeError) in try appendLocked(sender: sender, direction: direction, body)
+        }
+        if change != nil {
+            do throws(WormholeError) {
+                try notifier.post(notificationName)
+            } catch {
+                throw WormholeError(
+                    error.code,
+                    "The update is made, but other processes were not told of it (they will see it at their next "
+                        + "read or notification): \(error.message)",
+                    identifier: name,
+                    path: error.path,
+                    underlyingError: error
+                )
+            }
+        }
+        // The update is made and other processes are told; only its durability failed.
+        if let flushFailure { throw flushFailure }
+        return change
+    }
+
+    /// Takes the suite file's lock (waiting for another process's outside this process's lock), runs `body` and
+    /// appends its change under it.
+    private func appendLocked(
+        sender: String,
+        direction: String?,
+        _ body: (inout SuiteValues) throws(WormholeError) -> Void
+    ) throws(WormholeError) -> (change: SuiteChange?, flushFailure: WormholeError?) {
         var outcome: (change: SuiteChange?, flushFailure: WormholeError?)?
         while outcome == nil {
             // The file's lock is taken without waiting under this process's lock: while another process holds it,
@@ -126,24 +156,7 @@ final class DirectorySuiteStore: SuiteStore {
             }
             if let busy { try waitForLock(busy) }
         }
-        let (change, flushFailure) = outcome!
-        if change != nil {
-            do throws(WormholeError) {
-                try notifier.post(notificationName)
-            } catch {
-                throw WormholeError(
-                    error.code,
-                    "The update is made, but other processes were not told of it (they will see it at their next "
-                        + "read or notification): \(error.message)",
-                    identifier: name,
-                    path: error.path,
-                    underlyingError: error
-                )
-            }
-        }
-        // The update is made and other processes are told; only its durability failed.
-        if let flushFailure { throw flushFailure }
-        return change
+        return outcome!
     }
 
     func observe(_ handler: @escaping @Sendable () -> Void) throws(WormholeError) -> NotifierObservation {

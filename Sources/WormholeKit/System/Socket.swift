@@ -17,20 +17,25 @@ import Darwin
 ///
 /// Darwin has no `/proc`, and its public headers have no `bindat` or `connectat` (xnu's `bsd/sys/socket.h` declares
 /// `connectx` and `disconnectx` only; FreeBSD's `bindat` is not XNU's): there the address is the directory's path and
-/// the name, which must fit in the 104 bytes of its `sun_path`. An App Group container's path alone is some 83 bytes
-/// on iOS, which does not leave room, and listening then fails with a clear error (ARCHITECTURE.md, "Apple platforms",
-/// says what is left to do).
+/// the name, which must fit in the 104 bytes of its `sun_path` (xnu's `bsd/sys/un.h`), NUL included.
+/// ``LiveSocketPlacement`` puts the sockets where they fit. Linux uses paths too when
+/// ``LiveSocketPlacement/addressesArePaths`` (`WORMHOLE_SOCKET_PATHS=1`), held to Darwin's 104 bytes.
 struct UnixSocketAddress {
     private var storage = sockaddr_un()
 
-    /// Nil when the address does not fit in a `sockaddr_un` (a name of some 80 bytes or more).
+    /// Nil when the address does not fit in a `sockaddr_un` (a name of some 80 bytes or more), or, for a path, in
+    /// Darwin's 104 bytes.
     init?(directory: DirectoryHandle, name: String) {
         storage.sun_family = sa_family_t(AF_UNIX)
-        #if canImport(Darwin)
-        let path = Array("\(directory.path)/\(name)".utf8CString)
+        #if os(Linux) || os(Android)
+        let path =
+            LiveSocketPlacement.addressesArePaths
+            ? Array("\(directory.path)/\(name)".utf8CString)
+            : Array("/proc/self/fd/\(directory.rawDescriptor)/\(name)".utf8CString)
         #else
-        let path = Array("/proc/self/fd/\(directory.rawDescriptor)/\(name)".utf8CString)
+        let path = Array("\(directory.path)/\(name)".utf8CString)
         #endif
+        if LiveSocketPlacement.addressesArePaths, path.count > LiveSocketPlacement.longestAddress + 1 { return nil }
         guard path.count <= MemoryLayout.size(ofValue: storage.sun_path) else { return nil }
         withUnsafeMutableBytes(of: &storage.sun_path) { buffer in
             path.withUnsafeBytes { buffer.copyMemory(from: $0) }

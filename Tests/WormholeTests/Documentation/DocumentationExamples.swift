@@ -70,6 +70,33 @@ enum DocumentationExamples {
         return (notifier, listener)  // (not in the docs)
     }
 
+    // MARK: - WormholeKit.docc/OnApplePlatforms.md
+
+    // Sources/WormholeKit/WormholeKit.docc/OnApplePlatforms.md, "Overview".
+    // Compile-only: it makes the directory of the group under the user's app-groups directory.
+    static func onApplePlatformsOverview() throws -> Wormhole {
+        let wormhole = try Wormhole(applicationGroupIdentifier: "group.com.example.app", optionalDirectory: "wormhole")
+        try wormhole.passMessageObject(Tap(number: 12), identifier: "button")
+        return wormhole  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/OnApplePlatforms.md, "Finishing a write in the background", the last
+    // example. (The one before it calls UIKit, which this machine cannot compile; `suspend()` and
+    // `waitUntilLocksAreReleased(atMost:)`, its calls of the package, are the ones here.)
+    // Compile-only: suspension is process-wide, and the tests of this process run side by side (SuspensionTests runs
+    // it in a child process instead).
+    static func onApplePlatformsSuspension(wormhole: Wormhole) async throws -> Bool {
+        Wormhole.suspend()
+        do {
+            try wormhole.passMessageObject("late", identifier: "status")
+        } catch WormholeError.Code.suspended {
+            // Nothing was written: pass it again after resuming.
+        }
+        let released = await Wormhole.waitUntilLocksAreReleased(atMost: .seconds(2))
+        Wormhole.resume()
+        return released  // (not in the docs)
+    }
+
     // MARK: - WormholeKit.docc/Listening.md
 
     // Sources/WormholeKit/WormholeKit.docc/Listening.md, "As an AsyncSequence".

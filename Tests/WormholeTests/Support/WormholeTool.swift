@@ -23,7 +23,7 @@ enum WormholeTool {
     static let harnessCommands: Set<String> = [
         "bench", "bench-case", "crash-test", "exercise", "exercise-store", "crash-victim", "bench-peer",
         "bench-peer-store", "bench-case-peer", "power-loss", "power-workload", "exercise-postgres-store",
-        "stopped-holder",
+        "stopped-holder", "suspension-check",
     ]
 
     /// The executable that runs `arguments`.
@@ -64,9 +64,15 @@ enum WormholeTool {
         var lines: [String] { output.split(separator: "\n").map(String.init) }
     }
 
-    /// Runs `wormhole ARGUMENTS` to its end, with standard input, within `timeout` seconds.
-    static func run(_ arguments: [String], input: String? = nil, timeout: Double = 30) throws -> Result {
-        let process = try RunningTool(arguments, input: input)
+    /// Runs `wormhole ARGUMENTS` to its end, with standard input and `environment` added to this process's, within
+    /// `timeout` seconds.
+    static func run(
+        _ arguments: [String],
+        input: String? = nil,
+        environment: [String: String] = [:],
+        timeout: Double = 30
+    ) throws -> Result {
+        let process = try RunningTool(arguments, input: input, environment: environment)
         return process.finish(timeout: timeout)
     }
 }

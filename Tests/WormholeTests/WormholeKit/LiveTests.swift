@@ -13,16 +13,19 @@ struct LiveTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }
     func makeWormhole() throws -> Wormhole { try Wormhole(directory: directory("wormhole")) }
+    /// Where the wormhole's sockets are, and how they are named: its `.live` on Linux.
+    var placement: LiveSocketPlacement { LiveSocketPlacement.forWormhole(at: directory("wormhole")) }
+    var live: String { placement.directory }
 
     /// The files of `.live` but its count of changes: the sockets.
     func sockets() throws -> [String] {
-        try FileManager.default.contentsOfDirectory(atPath: directory("wormhole/.live"))
+        try FileManager.default.contentsOfDirectory(atPath: live)
             .filter { $0 != LiveChangeCounter.fileName }
     }
 
     /// The count of changes in `.live/.changes`, nil when the file is missing or not 8 bytes.
     func changeCount() -> UInt64? {
-        guard let bytes = FileManager.default.contents(atPath: directory("wormhole/.live/.changes")), bytes.count == 8
+        guard let bytes = FileManager.default.contents(atPath: live + "/.changes"), bytes.count == 8
         else { return nil }
         return bytes.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(as: UInt64.self)) }
     }
@@ -180,11 +183,10 @@ struct LiveTests {
             let listener = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self) {
                 received.append($0)
             }
-            let live = directory("wormhole/.live")
             let names = try sockets()
             #expect(names.count == 1)
             let name = try #require(names.first)
-            #expect(name.hasPrefix(LiveSocket.prefix(for: "ping") + "m."))
+            #expect(name.hasPrefix(placement.naming.listenerPrefix(for: "ping")))
             var status = stat()
             #expect(lstat(live + "/" + name, &status) == 0)
             #expect(status.st_mode & S_IFMT == S_IFSOCK)
@@ -244,11 +246,13 @@ struct LiveTests {
             // the directory (whose modification time the socket's rename moved). Counted, it is.
             let uncounted = try PacketSocket.make(.datagrams).get()
             defer { uncounted.close() }
-            let live = try DirectoryHandle.open(path: directory("wormhole/.live"), create: false)
-            let name = LiveSocket.listenerPrefix(for: "ping") + "\(getpid()).1"
-            #expect((try? uncounted.bind(to: #require(UnixSocketAddress(directory: live, name: name))).get()) != nil)
+            let liveHandle = try DirectoryHandle.open(path: live, create: false)
+            let name = placement.naming.listenerPrefix(for: "ping") + "\(getpid()).1"
+            #expect(
+                (try? uncounted.bind(to: #require(UnixSocketAddress(directory: liveHandle, name: name))).get()) != nil
+            )
             #expect(try wormhole.sendMessage(7, identifier: "ping") == 1)
-            try #require(try LiveChangeCounter.open(in: live)).increment()
+            try #require(try LiveChangeCounter.open(in: liveHandle)).increment()
             #expect(try wormhole.sendMessage(8, identifier: "ping") == 2)
             first.cancel()
         }
@@ -258,14 +262,14 @@ struct LiveTests {
     func plantedChangeCounter() async throws {
         try await offThePool {
             try FileManager.default.createDirectory(
-                atPath: directory("wormhole/.live"),
+                atPath: live,
                 withIntermediateDirectories: true,
                 attributes: [.posixPermissions: 0o700]
             )
             let target = directory("elsewhere")
             _ = FileManager.default.createFile(atPath: target, contents: Data())
             try FileManager.default.createSymbolicLink(
-                atPath: directory("wormhole/.live/.changes"),
+                atPath: live + "/.changes",
                 withDestinationPath: target
             )
             let wormhole = try makeWormhole()
@@ -278,7 +282,7 @@ struct LiveTests {
             #expect(refused?.path?.hasSuffix(".live/.changes") == true, "\(String(describing: refused))")
             #expect(try FileManager.default.attributesOfItem(atPath: target)[.size] as? Int == 0)
             // Removed, the next call makes the count and listens.
-            try FileManager.default.removeItem(atPath: directory("wormhole/.live/.changes"))
+            try FileManager.default.removeItem(atPath: live + "/.changes")
             let received = Collector<Int>()
             let listener = try wormhole.listenForLiveMessages(withIdentifier: "ping", as: Int.self) {
                 received.append($0)

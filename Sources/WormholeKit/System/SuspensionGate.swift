@@ -1,0 +1,112 @@
+import Synchronization
+
+/// Whether this process may take file locks in its wormholes' directories now, and how many calls hold one.
+///
+/// iOS ends an app that it suspends while the app holds a file lock in a shared container (`0xdead10cc`). Every call
+/// of the package that takes a `flock` holds a permit of this gate from before it takes the lock until after it lets
+/// the lock go (``withPermit(toDo:identifier:path:_:)``, or ``enter()`` and ``leave()``). While the gate is suspended
+/// (``Wormhole/suspend()``) no permit is given: calls that would lock throw ``WormholeError/Code/suspended`` and write
+/// nothing, and background work that would lock (a consumer's mark, reclaiming a queue's space) is put off; calls
+/// already holding one finish, and ``permitsHeld`` tells when the last has.
+///
+/// One atomic word: the suspended flag and the count of permits held. Taking a permit is one atomic add and one test,
+/// giving it back one atomic subtraction, so that a pass pays a few nanoseconds for it.
+package enum SuspensionGate {
+    private static let suspendedFlag = 1 << 62
+    private static let state = Atomic<Int>(0)
+    /// Told of every change (true when suspended), in order, on the thread that made it: the store module suspends
+    /// its databases through it, and wakes its consumers when the gate opens again.
+    private static let observers = Locked<(next: Int, all: [Int: @Sendable (Bool) -> Void])>((0, [:]))
+    /// Serialises ``suspend()`` and ``resume()``, so that observers hear changes in the order they were made.
+    private static let changes = Locked(())
+
+    /// Whether the gate is suspended now.
+    package static var isSuspended: Bool { state.load(ordering: .acquiring) & suspendedFlag != 0 }
+
+    /// How many calls hold a permit (and so may hold a lock) now.
+    package static var permitsHeld: Int { state.load(ordering: .acquiring) & (suspendedFlag - 1) }
+
+    /// Takes a permit: false, with none taken, while the gate is suspended.
+    package static func enter() -> Bool {
+        let before = state.wrappingAdd(1, ordering: .acquiring).oldValue
+        guard before & suspendedFlag != 0 else { return true }
+        // Counted for an instant only: whoever waits for the count to reach 0 sees it a moment later.
+        state.wrappingSubtract(1, ordering: .releasing)
+        return false
+    }
+
+    /// Gives back a permit that ``enter()`` took.
+    package static func leave() {
+        state.wrappingSubtract(1, ordering: .releasing)
+    }
+
+    /// Runs `body` holding a permit; throws ``WormholeError/Code/suspended``, saying that nothing was done, while the
+    /// gate is suspended.
+    @inline(__always)
+    package static func withPermit<T>(
+        toDo what: String,
+        identifier: String? = nil,
+        path: String? = nil,
+        _ body: () throws(WormholeError) -> T
+    ) throws(WormholeError) -> T {
+        guard enter() else { throw WormholeError.suspended(what, identifier: identifier, path: path) }
+        defer { leave() }
+        return try body()
+    }
+
+    /// Suspends the gate; returns whether it was open.
+    @discardableResult
+    package static func suspend() -> Bool {
+        change(suspending: true)
+    }
+
+    /// Opens the gate again; returns whether it was suspended.
+    @discardableResult
+    package static func resume() -> Bool {
+        change(suspending: false)
+    }
+
+    /// Calls `observer` at every change from now on, with true when the gate is suspended (and at once when it is
+    /// now), until the observation is cancelled or released.
+    package static func observe(_ observer: @escaping @Sendable (Bool) -> Void) -> NotifierObservation {
+        let key = changes.withLock { _ in
+            let key = observers.withLock { observers in
+                defer { observers.next += 1 }
+                observers.all[observers.next] = observer
+                return observers.next
+            }
+            if isSuspended { observer(true) }
+            return key
+        }
+        return NotifierObservation { _ = observers.withLock { $0.all.removeValue(forKey: key) } }
+    }
+
+    private static func change(suspending: Bool) -> Bool {
+        changes.withLock { _ in
+            let before =
+                suspending
+                ? state.bitwiseOr(suspendedFlag, ordering: .acquiringAndReleasing).oldValue
+                : state.bitwiseAnd(~suspendedFlag, ordering: .acquiringAndReleasing).oldValue
+            let changed = (before & suspendedFlag != 0) != suspending
+            if changed {
+                for (_, observer) in observers.withLock({ $0.all }).sorted(by: { $0.key < $1.key }) {
+                    observer(suspending)
+                }
+            }
+            return changed
+        }
+    }
+}
+
+extension WormholeError {
+    /// The error of a call refused while the process's wormholes are suspended.
+    package static func suspended(_ what: String, identifier: String? = nil, path: String? = nil) -> WormholeError {
+        WormholeError(
+            .suspended,
+            "Could not \(what): this process's wormholes are suspended (Wormhole.suspend(), or the app went to the "
+                + "background), so no file lock may be taken. Nothing was done. Try again after Wormhole.resume().",
+            identifier: identifier,
+            path: path
+        )
+    }
+}
