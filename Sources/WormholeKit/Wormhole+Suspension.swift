@@ -17,12 +17,13 @@ extension Wormhole {
     /// From now on a call that would take a lock (a pass, a suite update, opening a queue consumer, coordinating, a
     /// shared store's write) throws ``WormholeError/Code/suspended`` (``StoreError/Code/suspended`` for a store) and
     /// does nothing; background work that would lock (a consumer's mark of life, reclaiming a queue's space, a
-    /// store's purge) is put off; a shared store's SQLite databases are suspended through GRDB's
-    /// `Database.suspendNotification`, which also suspends the app's own GRDB databases that observe it. Reading,
-    /// listening, live messages and PostgreSQL wormholes go on, since they take no lock in the container.
+    /// store's purge) is put off; once a shared store was opened in the process, its SQLite databases are suspended
+    /// through GRDB's `Database.suspendNotification`, which also suspends the app's own GRDB databases that observe
+    /// it. Reading, listening, live messages and PostgreSQL wormholes go on, since they take no lock in the container
+    /// (but a coordinated wormhole's reads do: ``CoordinatedFileTransiting`` locks them too).
     ///
     /// Calls that hold a lock already finish: call ``waitUntilLocksAreReleased(atMost:)`` inside a background task
-    /// to know when the last has. Calling `suspend()` again does nothing. On iOS, tvOS, visionOS and watchOS,
+    /// to know when the last has. Calling `suspend()` again does nothing. On iOS, tvOS and visionOS,
     /// `followApplicationLifecycle()` calls it when the app or the extension's host goes to the background.
     public static func suspend() {
         SuspensionGate.suspend()
@@ -56,19 +57,22 @@ extension Wormhole {
         return true
     }
 
-    #if os(iOS) || os(tvOS) || os(visionOS) || os(watchOS)
+    #if os(iOS) || os(tvOS) || os(visionOS)
     /// The observations of ``followApplicationLifecycle()``, once it was called.
     private static let lifecycleObservations = Locked<[any NSObjectProtocol]?>(nil)
 
-    /// Suspends this process's wormholes when the app, or an extension's host app, goes to the background, and
-    /// resumes them when it comes back to the foreground: call it once, early (in the app's `init`, or the
-    /// extension's first view controller). Later calls do nothing.
+    /// Suspends this process's wormholes when the app, or an extension's host app, goes to the background, keeping
+    /// the process running until the calls under way have let go of their locks (two seconds at most); resumes them
+    /// when it comes back to the foreground. Call it once, early (in the app's `init`, or the extension's first view
+    /// controller); later calls do nothing.
     ///
-    /// It observes `UIApplication.didEnterBackgroundNotification` and `willEnterForegroundNotification` (iOS, tvOS
-    /// and visionOS apps) and Foundation's `NSExtensionHostDidEnterBackground` and
-    /// `NSExtensionHostWillEnterForeground` (app extensions: widgets, keyboards, share extensions). An app that
-    /// works in the background (audio, location, a background task) calls ``resume()`` in each of those callbacks
-    /// and ``suspend()`` again before it returns, as GRDB's guide on sharing a database asks.
+    /// It observes `UIApplication.didEnterBackgroundNotification` and `willEnterForegroundNotification` (apps) and
+    /// Foundation's `NSExtensionHostDidEnterBackground` and `NSExtensionHostWillEnterForeground` (app extensions:
+    /// widgets, keyboards, share extensions), and asks for the time to let go through
+    /// `ProcessInfo.performExpiringActivity(withReason:using:)`. An app that works in the background (audio,
+    /// location, a background task) calls ``resume()`` when that work starts and ``suspend()`` again when it ends,
+    /// as GRDB's guide on sharing a database asks. (A watch app, which gets none of these notifications, calls
+    /// ``suspend()`` and ``resume()`` as its scene phase changes.)
     @MainActor
     public static func followApplicationLifecycle() {
         lifecycleObservations.withLock { observations in
@@ -76,7 +80,7 @@ extension Wormhole {
             var names: [(Notification.Name, suspends: Bool)] = [
                 (.NSExtensionHostDidEnterBackground, true), (.NSExtensionHostWillEnterForeground, false),
             ]
-            #if canImport(UIKit) && !os(watchOS)
+            #if canImport(UIKit)
             names += [
                 (UIApplication.didEnterBackgroundNotification, true),
                 (UIApplication.willEnterForegroundNotification, false),
@@ -84,9 +88,21 @@ extension Wormhole {
             #endif
             observations = names.map { name, suspends in
                 NotificationCenter.default.addObserver(forName: name, object: nil, queue: nil) { _ in
-                    if suspends { SuspensionGate.suspend() } else { SuspensionGate.resume() }
+                    if suspends { suspendKeepingTheProcessUntilReleased() } else { SuspensionGate.resume() }
                 }
             }
+        }
+    }
+
+    /// Suspends, and keeps the process from being suspended by the system until no call holds a lock (or two
+    /// seconds have passed, or the system says the time is up).
+    private static func suspendKeepingTheProcessUntilReleased() {
+        SuspensionGate.suspend()
+        ProcessInfo.processInfo.performExpiringActivity(withReason: "Wormhole: letting go of file locks") { expired in
+            // Called on a queue of the system's, which may wait: the process runs until this returns.
+            guard !expired else { return }
+            let deadline = ContinuousClock.now + .seconds(2)
+            while SuspensionGate.permitsHeld > 0, ContinuousClock.now < deadline { usleep(1_000) }
         }
     }
     #endif

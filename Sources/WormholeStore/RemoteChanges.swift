@@ -86,6 +86,8 @@ struct SQLiteHistory: StoreHistory {
     var logger: Logger { store.logger }
 
     func registerConsumer(_ name: String?) throws(StoreError) -> Int64 {
+        try SharedStore.takePermit("register the consumer \(name ?? "")", path: store.path)
+        defer { SuspensionGate.leave() }
         do {
             return try store.databasePool.write { db in
                 let head = try HistorySchema.currentToken(db)
@@ -128,6 +130,8 @@ struct SQLiteHistory: StoreHistory {
     }
 
     func storeToken(_ token: Int64, consumer: String) throws(StoreError) {
+        try SharedStore.takePermit("store the history token of \(consumer)", path: store.path)
+        defer { SuspensionGate.leave() }
         do {
             try store.databasePool.write { db in
                 try db.execute(

@@ -197,6 +197,10 @@ public final class SharedStore: Sendable {
             }
         }
         databasePool = pool
+        // A suspension between `followSuspension()` and the pool's opening told GRDB before the pool listened.
+        if SuspensionGate.isSuspended {
+            NotificationCenter.default.post(name: Database.suspendNotification, object: nil)
+        }
         if configuration.observesRemoteChanges { try startBridge() }
     }
 
@@ -221,8 +225,10 @@ public final class SharedStore: Sendable {
     ///   `StoreError.Code.suspended` while this process's wormholes are suspended (`Wormhole.suspend()`).
     @discardableResult
     public func write<T>(_ updates: (Database) throws -> T) throws(StoreError) -> T {
-        // Before the transaction, which takes SQLite's lock: GRDB's suspension would refuse it too, a little later.
-        if SuspensionGate.isSuspended { throw Self.storeError(Self.Suspended(), "write", path: path) }
+        // SQLite's write lock is a lock in the container: the permit is held until it is let go, and refused while
+        // suspended before the transaction begins (GRDB's suspension would refuse it too, a little later).
+        try Self.takePermit("write", path: path)
+        defer { SuspensionGate.leave() }
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try databasePool.write { db in
@@ -246,8 +252,10 @@ public final class SharedStore: Sendable {
     public func write<T: Sendable>(
         _ updates: @escaping @Sendable (Database) throws -> T
     ) async throws(StoreError) -> T {
-        // Before the transaction, which takes SQLite's lock: GRDB's suspension would refuse it too, a little later.
-        if SuspensionGate.isSuspended { throw Self.storeError(Self.Suspended(), "write", path: path) }
+        // SQLite's write lock is a lock in the container: the permit is held until it is let go, and refused while
+        // suspended before the transaction begins (GRDB's suspension would refuse it too, a little later).
+        try Self.takePermit("write", path: path)
+        defer { SuspensionGate.leave() }
         let (value, recorded): (T, Int64?)
         do {
             (value, recorded) = try await databasePool.write { [self] db in
@@ -334,6 +342,8 @@ public final class SharedStore: Sendable {
     }
 
     private func purgeHistory(maximumAgeInSeconds maximumAge: TimeInterval) throws(StoreError) -> Int {
+        try Self.takePermit("purge the history", path: path)
+        defer { SuspensionGate.leave() }
         let cutoff = Date().timeIntervalSince1970 - maximumAge
         do {
             return try databasePool.write { db in
@@ -433,7 +443,8 @@ public final class SharedStore: Sendable {
 
     private func bridgeRemoteChanges() {
         // Put off while suspended (the write would take a lock): `startBridge` runs it again on resuming.
-        guard !SuspensionGate.isSuspended else { return }
+        guard SuspensionGate.enter() else { return }
+        defer { SuspensionGate.leave() }
         do {
             let after = bridgedThrough.withLock { $0 }
             var tables = Set<String>()
@@ -464,6 +475,12 @@ public final class SharedStore: Sendable {
 
     /// A write refused before it began, since the process is suspended.
     struct Suspended: Error {}
+
+    /// Takes a suspension permit for a write of the database (``SuspensionGate``): the caller gives it back with
+    /// `SuspensionGate.leave()` once the write is over; throws ``StoreError/Code/suspended`` while suspended.
+    static func takePermit(_ action: String, path: String) throws(StoreError) {
+        guard SuspensionGate.enter() else { throw storeError(Suspended(), action, path: path) }
+    }
 
     static func storeError(_ error: any Error, _ action: String, path: String) -> StoreError {
         if let error = error as? StoreError { return error }
@@ -522,6 +539,14 @@ struct SetupLock: ~Copyable {
                 )
             }
             if taken { break }
+            if SuspensionGate.isSuspended {
+                throw StoreError(
+                    .suspended,
+                    "The process was suspended (Wormhole.suspend()) while it waited for another process to set the "
+                        + "store up; open it after Wormhole.resume().",
+                    path: path
+                )
+            }
             guard start.duration(to: .now) < timeout else {
                 throw StoreError(
                     .busy,

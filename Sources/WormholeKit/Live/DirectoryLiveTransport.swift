@@ -305,7 +305,7 @@ final class DirectoryLiveTransport: LiveTransport {
             do throws(WormholeError) {
                 handle = try DirectoryHandle.open(path: placement.directory, create: true, options: options)
             } catch {
-                guard placement.directory != path + "/" + LiveSocket.subdirectoryName else { throw error }
+                guard !placement.isWormholesOwn else { throw error }
                 throw WormholeError(
                     error.code,
                     "Live messages and requests need their sockets' addresses to fit in 104 bytes, which this "

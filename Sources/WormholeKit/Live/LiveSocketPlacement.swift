@@ -13,9 +13,9 @@ import Foundation
 /// first of these whose addresses fit:
 /// 1. the wormhole's own `.live` (a directory of 75 bytes or less: an App Group container itself, a Mac's group
 ///    container, most paths a tool is given);
-/// 2. the `.live` of the App Group container the wormhole is in (a directory `…/Containers/Shared/AppGroup/NAME`, the
-///    one place every process of the group can reach), the wormhole's path below it hashed into the names, so that the
-///    wormholes of one container do not meet;
+/// 2. the `.live` of the App Group container the wormhole is in (a directory `…/Containers/Shared/AppGroup/NAME` on
+///    iOS, `…/Library/Group Containers/NAME` on a Mac: the one place every process of the group can reach, sandboxed
+///    or not), the wormhole's path below it hashed into the names, so that the wormholes of one container do not meet;
 /// 3. `/tmp/wormhole-live-HASH`, named by the hash of the wormhole's resolved path (a simulator's containers are far
 ///    too deep for any address; its processes are the Mac's). A sandbox that keeps `/tmp` from the app (a device's)
 ///    makes listening fail with an error that says to use a shorter directory.
@@ -28,6 +28,8 @@ package struct LiveSocketPlacement: Equatable, Sendable {
     package var directory: String
     /// How the sockets are named there.
     package var naming: LiveSocketNaming
+    /// Whether the directory is the wormhole's own `.live`.
+    package var isWormholesOwn: Bool
 
     /// The longest path a socket's address may have: Darwin's `sun_path` of 104 bytes, less its NUL. (Linux's is
     /// 108; the rules keep to Darwin's, so that what the tests try here holds there.)
@@ -46,7 +48,11 @@ package struct LiveSocketPlacement: Equatable, Sendable {
     /// The place of the sockets of the wormhole at `path`.
     package static func forWormhole(at path: String) -> LiveSocketPlacement {
         guard addressesArePaths else {
-            return LiveSocketPlacement(directory: path + "/" + LiveSocket.subdirectoryName, naming: .long)
+            return LiveSocketPlacement(
+                directory: path + "/" + LiveSocket.subdirectoryName,
+                naming: .long,
+                isWormholesOwn: true
+            )
         }
         return forWormhole(resolvedPath: shortSpelling(resolvedPath(path)))
     }
@@ -55,28 +61,31 @@ package struct LiveSocketPlacement: Equatable, Sendable {
     package static func forWormhole(resolvedPath path: String) -> LiveSocketPlacement {
         let room = longestAddress - LiveSocketNaming.longestShortEntry - 1  // the directory, then "/", then the entry
         let own = path + "/" + LiveSocket.subdirectoryName
-        if own.utf8.count <= room { return LiveSocketPlacement(directory: own, naming: .short(scope: "")) }
+        if own.utf8.count <= room {
+            return LiveSocketPlacement(directory: own, naming: .short(scope: ""), isWormholesOwn: true)
+        }
         if let container = appGroupContainer(of: path) {
             let shared = container + "/" + LiveSocket.subdirectoryName
             if shared.utf8.count <= room {
                 let below = String(path.dropFirst(container.count + 1))
-                return LiveSocketPlacement(directory: shared, naming: .short(scope: below))
+                return LiveSocketPlacement(directory: shared, naming: .short(scope: below), isWormholesOwn: false)
             }
         }
         let temporary = "/tmp/wormhole-live-" + LiveSocketNaming.base32(LiveSocketNaming.hash(path), digits: 12)
-        return LiveSocketPlacement(directory: temporary, naming: .short(scope: ""))
+        return LiveSocketPlacement(directory: temporary, naming: .short(scope: ""), isWormholesOwn: false)
     }
 
     /// The App Group container that `path` is in, and not the container itself: the path up to a component that
-    /// follows `Containers/Shared/AppGroup`.
+    /// follows `Containers/Shared/AppGroup` (iOS, and its simulator) or `Library/Group Containers` (a Mac).
     package static func appGroupContainer(of path: String) -> String? {
         let components = path.split(separator: "/", omittingEmptySubsequences: false)
-        guard components.count >= 6 else { return nil }
-        for index in 3..<(components.count - 1)
-        where components[index - 3] == "Containers" && components[index - 2] == "Shared"
-            && components[index - 1] == "AppGroup" && !components[index].isEmpty
-        {
-            return components[...index].joined(separator: "/")
+        guard components.count >= 4 else { return nil }
+        for index in 2..<(components.count - 1) where !components[index].isEmpty {
+            let iOS =
+                index >= 3 && components[index - 3] == "Containers" && components[index - 2] == "Shared"
+                && components[index - 1] == "AppGroup"
+            let mac = components[index - 2] == "Library" && components[index - 1] == "Group Containers"
+            if iOS || mac { return components[...index].joined(separator: "/") }
         }
         return nil
     }
@@ -89,9 +98,10 @@ package struct LiveSocketPlacement: Equatable, Sendable {
         return path
     }
 
-    /// The path with its links resolved, or as given when it cannot be resolved.
+    /// The path with its links resolved; when it cannot be (it is not there yet), with `.`, `..` and extra slashes
+    /// taken out, so that every spelling of one directory still gives one place.
     private static func resolvedPath(_ path: String) -> String {
-        guard let resolved = realpath(path, nil) else { return path }
+        guard let resolved = realpath(path, nil) else { return URL(fileURLWithPath: path).standardizedFileURL.path }
         defer { free(resolved) }
         return String(cString: resolved)
     }

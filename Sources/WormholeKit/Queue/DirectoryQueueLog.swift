@@ -326,9 +326,10 @@ final class DirectoryQueueCursor: QueueCursor, @unchecked Sendable {
     init(log: DirectoryQueueLog, name: String) throws(WormholeError) {
         self.log = log
         // The mark below takes a lock: refused before the position file is made, so that nothing is left of it.
-        if SuspensionGate.isSuspended {
+        guard SuspensionGate.enter() else {
             throw WormholeError.suspended("open the consumer \(name)", identifier: log.identifier)
         }
+        defer { SuspensionGate.leave() }
         // Seen from here on, and marked again every quarter of the retention: reclaiming does not drop it. A file
         // dropped just before the mark is made again.
         var opened = try QueueCursorFile(directory: log.consumers, name: name, create: true)

@@ -134,7 +134,7 @@ package final class QueueCursorFile: Sendable {
     package func markSeen(waitingAtMost limit: Duration?) throws(WormholeError) -> Bool {
         guard SuspensionGate.enter() else {
             if limit == nil { return true }
-            throw WormholeError.suspended("open the consumer", path: path)
+            throw WormholeError.suspended("mark the consumer \(name) as seen", path: path)
         }
         defer { SuspensionGate.leave() }
         let file = Descriptor(rawValue: descriptor)
@@ -150,8 +150,8 @@ package final class QueueCursorFile: Sendable {
                 locked = true
             } catch {
                 // A lock that cannot be had at all (a file system without `flock`) leaves the mark unguarded; a stuck
-                // reclaimer is an error.
-                if error.code == .timedOut { throw error }
+                // reclaimer is an error, and so is a suspension that came during the wait.
+                if error.code == .timedOut || error.code == .suspended { throw error }
             }
         } else {
             guard file.tryLockShared() else { return true }
@@ -175,7 +175,8 @@ package final class QueueCursorFile: Sendable {
     package func takeForDropping() -> Bool {
         guard SuspensionGate.enter() else { return false }
         let taken = (try? Descriptor(rawValue: descriptor).tryLockExclusive().get()) == true
-        if taken { heldForDropping.store(true, ordering: .relaxed) } else { SuspensionGate.leave() }
+        // One permit for the file, however often it is taken (a second take finds the lock this file's already).
+        if !taken || heldForDropping.exchange(true, ordering: .relaxed) { SuspensionGate.leave() }
         return taken
     }
 

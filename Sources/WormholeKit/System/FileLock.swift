@@ -24,7 +24,7 @@ extension Descriptor {
     private static let longestPause = Duration.milliseconds(1)
 
     /// Takes the `flock` lock (shared for readers, exclusive for writers), waiting at most `limit` for its holder;
-    /// false when the limit ran out first (no lock is taken then).
+    /// false when the limit ran out first, or the process was suspended while it waited (no lock is taken then).
     ///
     /// `flock` locks belong to the open file description, so two descriptors in one process exclude each other
     /// just as two processes do, unlike POSIX record locks; threads sharing one description do not.
@@ -38,6 +38,8 @@ extension Descriptor {
             if flock(rawValue, operation) == 0 { return .success(true) }
             let error = currentErrno
             guard error == .resourceTemporarilyUnavailable || error == .interrupted else { return .failure(error) }
+            // A wait that began before the process was suspended takes no lock after (``SuspensionGate``).
+            if SuspensionGate.isSuspended { return .success(false) }
             let now = ContinuousClock.now
             var end = deadline ?? now + limit
             if now >= end {
@@ -65,6 +67,8 @@ extension Descriptor {
     ) throws(WormholeError) {
         switch lock(exclusive: exclusive, waitingAtMost: limit) {
         case .success(true): return
+        case .success(false) where SuspensionGate.isSuspended:
+            throw .suspended(what, identifier: identifier, path: path)
         case .success(false):
             throw .lockWaitExpired(what, limit: limit, descriptor: self, identifier: identifier, path: path)
         case .failure(let errno):

@@ -1,3 +1,4 @@
+import Dispatch
 import Synchronization
 
 /// Whether this process may take file locks in its wormholes' directories now, and how many calls hold one.
@@ -14,11 +15,17 @@ import Synchronization
 package enum SuspensionGate {
     private static let suspendedFlag = 1 << 62
     private static let state = Atomic<Int>(0)
-    /// Told of every change (true when suspended), in order, on the thread that made it: the store module suspends
-    /// its databases through it, and wakes its consumers when the gate opens again.
+    /// Told of every change (true when suspended), in order, on ``delivery``: the store module suspends its databases
+    /// through it, and wakes its consumers when the gate opens again.
     private static let observers = Locked<(next: Int, all: [Int: @Sendable (Bool) -> Void])>((0, [:]))
-    /// Serialises ``suspend()`` and ``resume()``, so that observers hear changes in the order they were made.
+    /// Serialises ``suspend()`` and ``resume()`` with the queueing of their calls to observers, so that observers hear
+    /// changes in the order they were made.
     private static let changes = Locked(())
+    /// Where observers are called, one call after another and under no lock: an observer may suspend, resume or
+    /// observe in turn (posting GRDB's notification runs the app's own observers of it), and a call that the
+    /// notifier's thread would make inline (a store's consumer handing a commit) must not hold up the caller of
+    /// ``resume()``, the main thread under `followApplicationLifecycle()`.
+    private static let delivery = DispatchQueue(label: "wormhole.suspension")
 
     /// Whether the gate is suspended now.
     package static var isSuspended: Bool { state.load(ordering: .acquiring) & suspendedFlag != 0 }
@@ -37,7 +44,9 @@ package enum SuspensionGate {
 
     /// Gives back a permit that ``enter()`` took.
     package static func leave() {
-        state.wrappingSubtract(1, ordering: .releasing)
+        let before = state.wrappingSubtract(1, ordering: .releasing).oldValue
+        // One too many would borrow from the flag and open the gate.
+        assert(before & (suspendedFlag - 1) > 0, "a suspension permit was given back that was never taken")
     }
 
     /// Runs `body` holding a permit; throws ``WormholeError/Code/suspended``, saying that nothing was done, while the
@@ -66,8 +75,9 @@ package enum SuspensionGate {
         change(suspending: false)
     }
 
-    /// Calls `observer` at every change from now on, with true when the gate is suspended (and at once when it is
-    /// now), until the observation is cancelled or released.
+    /// Calls `observer` at every change from now on, with true when the gate is suspended (and soon when it is now),
+    /// until the observation is cancelled or released, on a queue of the gate's, one call after another; a call
+    /// queued before the cancellation may still come.
     package static func observe(_ observer: @escaping @Sendable (Bool) -> Void) -> NotifierObservation {
         let key = changes.withLock { _ in
             let key = observers.withLock { observers in
@@ -75,7 +85,7 @@ package enum SuspensionGate {
                 observers.all[observers.next] = observer
                 return observers.next
             }
-            if isSuspended { observer(true) }
+            if isSuspended { delivery.async { observers.withLock { $0.all[key] }?(true) } }
             return key
         }
         return NotifierObservation { _ = observers.withLock { $0.all.removeValue(forKey: key) } }
@@ -88,9 +98,11 @@ package enum SuspensionGate {
                 ? state.bitwiseOr(suspendedFlag, ordering: .acquiringAndReleasing).oldValue
                 : state.bitwiseAnd(~suspendedFlag, ordering: .acquiringAndReleasing).oldValue
             let changed = (before & suspendedFlag != 0) != suspending
+            // Queued under the lock, so in the order of the changes; called outside it.
             if changed {
-                for (_, observer) in observers.withLock({ $0.all }).sorted(by: { $0.key < $1.key }) {
-                    observer(suspending)
+                delivery.async {
+                    let all = observers.withLock { $0.all }.sorted { $0.key < $1.key }
+                    for (_, observer) in all { observer(suspending) }
                 }
             }
             return changed

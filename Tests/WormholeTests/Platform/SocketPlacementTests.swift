@@ -39,16 +39,22 @@ struct SocketPlacementTests {
 
         #expect(LiveSocketPlacement.appGroupContainer(of: Self.container + "/wormhole") == Self.container)
         #expect(LiveSocketPlacement.appGroupContainer(of: Self.container) == nil)
-        #expect(LiveSocketPlacement.appGroupContainer(of: "/Users/a/Library/Group Containers/g/x") == nil)
+        let macGroup = "/Users/a/Library/Group Containers/g"
+        #expect(LiveSocketPlacement.appGroupContainer(of: macGroup + "/x") == macGroup)
+        #expect(LiveSocketPlacement.appGroupContainer(of: macGroup) == nil)
     }
 
-    @Test("A Mac's group container keeps its .live; a simulator's, far too deep, uses /tmp by its path's hash")
+    @Test("A Mac's group container is like an iOS one; a simulator's, far too deep, uses /tmp by its path's hash")
     func otherPlaces() {
-        let mac = LiveSocketPlacement.forWormhole(
-            resolvedPath: "/Users/alice/Library/Group Containers/group.com.ex.app"
-        )
-        #expect(mac.directory == "/Users/alice/Library/Group Containers/group.com.ex.app/.live")
+        let group = "/Users/alice/Library/Group Containers/group.com.ex.app"
+        let mac = LiveSocketPlacement.forWormhole(resolvedPath: group)
+        #expect(mac.directory == group + "/.live")
         #expect(Self.longestAddress(mac) <= LiveSocketPlacement.longestAddress)
+        // A sandboxed Mac app reaches its group container, not /tmp: a deep wormhole in it uses the container's.
+        let below = String(repeating: "x", count: 40)
+        let deep = LiveSocketPlacement.forWormhole(resolvedPath: group + "/" + below)
+        #expect(deep.directory == group + "/.live")
+        #expect(deep.naming == .short(scope: below))
 
         let simulator =
             "/Users/alice/Library/Developer/CoreSimulator/Devices/\(Self.uuid)/data/Containers/Shared/AppGroup/"
