@@ -35,6 +35,9 @@ enum EngineKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
 /// The PostgreSQL server of this test run, started at first use in a temporary directory and stopped, by its process
 /// id, when the test process exits.
 let testServer: Result<LocalPostgresServer, any Error> = {
+    if QuickRun.isOn {
+        return .failure(TestServerUnavailable(description: "a quick run (WORMHOLE_TEST_QUICK=1) starts no server"))
+    }
     if let reason = LocalPostgresServer.unavailableReason() {
         return .failure(TestServerUnavailable(description: reason))
     }

@@ -23,7 +23,7 @@ struct LiveContract {
         var doubled: Int
     }
 
-    @Test("Sending with no listener throws .notReachable", arguments: EngineKind.allCases)
+    @Test("Sending with no listener throws .notReachable", arguments: EngineKind.underTest)
     func noListener(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -33,7 +33,7 @@ struct LiveContract {
         }
     }
 
-    @Test("Two listeners in two wormholes both receive 50 messages, in order", arguments: EngineKind.allCases)
+    @Test("Two listeners in two wormholes both receive 50 messages, in order", arguments: EngineKind.underTest)
     func twoListeners(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -55,7 +55,7 @@ struct LiveContract {
         }
     }
 
-    @Test("A request gets its reply from a responder in another wormhole", arguments: EngineKind.allCases)
+    @Test("A request gets its reply from a responder in another wormhole", arguments: EngineKind.underTest)
     func requestAndReply(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let senders = Collector<String>()
@@ -77,7 +77,7 @@ struct LiveContract {
         responder.cancel()
     }
 
-    @Test("Each request reaches exactly one of several responders", arguments: EngineKind.allCases)
+    @Test("Each request reaches exactly one of several responders", arguments: EngineKind.underTest)
     func oneResponderPerRequest(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let calls = [Collector<Int>(), Collector<Int>()]
@@ -105,7 +105,7 @@ struct LiveContract {
         for responder in responders { responder.cancel() }
     }
 
-    @Test("liveMessages: an AsyncSequence of the messages; ending it stops listening", arguments: EngineKind.allCases)
+    @Test("liveMessages: an AsyncSequence of the messages; ending it stops listening", arguments: EngineKind.underTest)
     func liveMessagesSequence(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let app = try fixture.wormhole("app")
@@ -133,7 +133,7 @@ struct LiveContract {
         #expect(error?.code == .notReachable)
     }
 
-    @Test("A message or request over 64 KiB is refused with .messageTooLarge", arguments: EngineKind.allCases)
+    @Test("A message or request over 64 KiB is refused with .messageTooLarge", arguments: EngineKind.underTest)
     func tooLarge(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let server = try fixture.wormhole("server")
@@ -151,7 +151,7 @@ struct LiveContract {
         responder.cancel()
     }
 
-    @Test("A responder that throws gives .remoteFailure", arguments: EngineKind.allCases)
+    @Test("A responder that throws gives .remoteFailure", arguments: EngineKind.underTest)
     func throwingResponder(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let reported = Collector<WormholeError>()
@@ -173,7 +173,7 @@ struct LiveContract {
         responder.cancel()
     }
 
-    @Test("A time-out of .seconds(Int64.max) means as long as it takes", arguments: EngineKind.allCases)
+    @Test("A time-out of .seconds(Int64.max) means as long as it takes", arguments: EngineKind.underTest)
     func hugeTimeout(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let responder = try fixture.wormhole("server").respondToRequests(withIdentifier: "lookup", as: Query.self) {
@@ -189,7 +189,7 @@ struct LiveContract {
         responder.cancel()
     }
 
-    @Test("A request with no responder gives .notReachable", arguments: EngineKind.allCases)
+    @Test("A request with no responder gives .notReachable", arguments: EngineKind.underTest)
     func noResponder(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let client = try fixture.wormhole("client")
@@ -199,7 +199,7 @@ struct LiveContract {
         #expect(error?.code == .notReachable)
     }
 
-    @Test("A responder that does not answer within the time-out gives .timedOut", arguments: EngineKind.allCases)
+    @Test("A responder that does not answer within the time-out gives .timedOut", arguments: EngineKind.underTest)
     func slowResponder(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let started = Collector<Int>()
@@ -225,7 +225,7 @@ struct LiveContract {
 
     @Test(
         "Listeners never receive requests and responders never receive messages",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func listenersAndRespondersApart(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
@@ -261,7 +261,7 @@ struct LiveContract {
         responder.cancel()
     }
 
-    @Test("After cancel, listeners and responders are not reachable", arguments: EngineKind.allCases)
+    @Test("After cancel, listeners and responders are not reachable", arguments: EngineKind.underTest)
     func afterCancel(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let server = try fixture.wormhole("server")
@@ -292,7 +292,7 @@ struct LiveContract {
 
     @Test(
         "A request dropped by its responder unanswered fails at once, not at its time-out",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func droppedRequestFailsAtOnce(kind: EngineKind) async throws {
         try await offThePool {

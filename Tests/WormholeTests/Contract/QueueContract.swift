@@ -21,7 +21,7 @@ struct QueueContract {
 
     @Test(
         "Two producers × 200: two consumers each get every message once, each producer's order kept",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func producersAndConsumers(kind: EngineKind) async throws {
         try await offThePool {
@@ -74,7 +74,7 @@ struct QueueContract {
 
     @Test(
         "A consumer restarted under its name gets nothing acknowledged and catches up on what came while away",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func restartedConsumer(kind: EngineKind) async throws {
         try await offThePool {
@@ -107,7 +107,7 @@ struct QueueContract {
 
     @Test(
         "A handler that throws gets its message again, and the error is .handlerFailed",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func throwingHandler(kind: EngineKind) async throws {
         try await offThePool {
@@ -160,7 +160,7 @@ struct QueueContract {
         }
     }
 
-    @Test("enqueue(contentsOf:) batches arrive contiguous, in order", arguments: EngineKind.allCases)
+    @Test("enqueue(contentsOf:) batches arrive contiguous, in order", arguments: EngineKind.underTest)
     func contiguousBatches(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -202,7 +202,7 @@ struct QueueContract {
 
     @Test(
         "The AsyncSequence: acknowledging the 3rd and breaking, a new sequence starts at the 4th",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func asyncSequence(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
@@ -240,7 +240,7 @@ struct QueueContract {
         #expect(status.consumers.first { $0.name == "worker" }?.lagMessages == 0)
     }
 
-    @Test("Invalid queue and consumer names are refused with .invalidIdentifier", arguments: EngineKind.allCases)
+    @Test("Invalid queue and consumer names are refused with .invalidIdentifier", arguments: EngineKind.underTest)
     func invalidNames(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let wormhole = try fixture.wormhole("app")
@@ -256,7 +256,7 @@ struct QueueContract {
         #expect(try queue.status().consumers.isEmpty, "no consumer was registered")
     }
 
-    @Test("status() tells each consumer's position and lag", arguments: EngineKind.allCases)
+    @Test("status() tells each consumer's position and lag", arguments: EngineKind.underTest)
     func status(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)
         let producer = try fixture.wormhole("app").queue("jobs")

@@ -57,7 +57,7 @@ struct SessionContract {
 
     @Test(
         "The context set while the counterpart is away reaches it at activation: the newest only, changed keys",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func contextWhileAway(kind: EngineKind) async throws {
         try await offThePool {
@@ -105,7 +105,7 @@ struct SessionContract {
 
     @Test(
         "A context waits for a handler; a context wormhole reads it back after a relaunch",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func contextWaitsForHandler(kind: EngineKind) async throws {
         try await offThePool {
@@ -153,7 +153,7 @@ struct SessionContract {
         }
     }
 
-    @Test("Messages: a reply, or not reachable, counterpart unknown, not activated", arguments: EngineKind.allCases)
+    @Test("Messages: a reply, or not reachable, counterpart unknown, not activated", arguments: EngineKind.underTest)
     func messages(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -185,7 +185,7 @@ struct SessionContract {
         }
     }
 
-    @Test("A counterpart with no message handler fails the message at once", arguments: EngineKind.allCases)
+    @Test("A counterpart with no message handler fails the message at once", arguments: EngineKind.underTest)
     func noHandler(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -201,7 +201,7 @@ struct SessionContract {
 
     @Test(
         "User info: in order, once, across restarts of both sides; cancel and current info",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func userInfo(kind: EngineKind) async throws {
         try await offThePool {
@@ -254,7 +254,7 @@ struct SessionContract {
 
     @Test(
         "A handler that deactivates its session: no deadlock, nothing lost or repeated",
-        arguments: EngineKind.allCases
+        arguments: EngineKind.underTest
     )
     func deactivateFromHandler(kind: EngineKind) async throws {
         try await offThePool {
@@ -280,7 +280,7 @@ struct SessionContract {
         }
     }
 
-    @Test("Deactivated at once and activated again: each user info once", arguments: EngineKind.allCases)
+    @Test("Deactivated at once and activated again: each user info once", arguments: EngineKind.underTest)
     func reactivateAtOnce(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -316,7 +316,7 @@ struct SessionContract {
         }
     }
 
-    @Test("Deactivating while a handler waits for its queue does not wait for it", arguments: EngineKind.allCases)
+    @Test("Deactivating while a handler waits for its queue does not wait for it", arguments: EngineKind.underTest)
     func deactivateWhileHandlerWaits(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -349,7 +349,7 @@ struct SessionContract {
         }
     }
 
-    @Test("Files: progress, metadata, delivered once; cancel before delivery", arguments: EngineKind.allCases)
+    @Test("Files: progress, metadata, delivered once; cancel before delivery", arguments: EngineKind.underTest)
     func files(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)
@@ -387,7 +387,7 @@ struct SessionContract {
         }
     }
 
-    @Test("MMWormhole's form: passMessageObject and listenForMessage ride the session", arguments: EngineKind.allCases)
+    @Test("MMWormhole's form: passMessageObject and listenForMessage ride the session", arguments: EngineKind.underTest)
     func transitingTypes(kind: EngineKind) async throws {
         try await offThePool {
             let fixture = try EngineFixture(kind)

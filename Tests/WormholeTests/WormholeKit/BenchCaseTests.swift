@@ -4,7 +4,7 @@ import Testing
 /// The wormhole's side of `Benchmarks/compare` (`wormhole bench-case`), run small: every mode and metric completes
 /// between two real processes and prints the line the comparison reads. No figure is checked: speed is measured by
 /// the benchmark, not by tests.
-@Suite("Comparison cases", .limit(minutes: 2))
+@Suite("Comparison cases", .slow("the benchmark cases, run once each"), .limit(minutes: 2))
 struct BenchCaseTests {
     let directory = TemporaryDirectory()
 

@@ -4,7 +4,7 @@ import Testing
 /// Crash consistency in every mode: `wormhole crash-test` starts writers and consumers (copies of the tool) and
 /// kills them with SIGKILL 0–10 ms into their work, checking after each kill and at the end that nothing is torn, lost
 /// or delivered twice. The suite runs 25 kills per mode; `scripts/crash-test` runs 1,000 (RELIABILITY.md).
-@Suite("Crash consistency", .limit(minutes: 5))
+@Suite("Crash consistency", .slow("hundreds of processes killed mid-write"), .limit(minutes: 5))
 struct CrashTests {
     let directory = TemporaryDirectory()
 

@@ -7,7 +7,7 @@ import WormholeKit
 /// builds the states a power cut may leave at each point (ext4's `data=ordered`, torn at 512-byte boundaries) and
 /// checks each with the library. `scripts/power-loss` runs larger workloads; RELIABILITY.md has the figures. The
 /// regression tests below keep the states that once broke a promise.
-@Suite("Power loss", .limit(minutes: 5))
+@Suite("Power loss", .slow("the power-loss explorer replays thousands of traces"), .limit(minutes: 5))
 struct PowerLossTests {
     let directory = TemporaryDirectory()
 

@@ -3,7 +3,7 @@ import Testing
 import WormholeKit
 
 /// Resources over time, measured in child processes so that other tests do not disturb the figures.
-@Suite("Resources", .limit(minutes: 3))
+@Suite("Resources", .slow("loads of thousands of identifiers and messages"), .limit(minutes: 3))
 struct ResourceTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }
@@ -95,7 +95,7 @@ struct ResourceTests {
     }
 }
 
-@Suite("Load", .limit(minutes: 5))
+@Suite("Load", .slow("loads of thousands of identifiers and messages"), .limit(minutes: 5))
 struct LoadTests {
     let directory = TemporaryDirectory()
     var location: [String] { ["--directory", directory("wormhole")] }

@@ -60,7 +60,11 @@ func consumedIndexes(_ lines: [String]) -> [Int] {
     }
 }
 
-@Suite("Across hosts: the PostgreSQL engine between network namespaces", .serialized)
+@Suite(
+    "Across hosts: the PostgreSQL engine between network namespaces",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
+    .serialized
+)
 struct AcrossHostsTests {
     @Test(
         "Processes on two hosts pass, enqueue and consume, request and respond, watch a suite, transfer 100 MiB",

@@ -4,7 +4,12 @@ import WormholeCLI
 
 /// The fixtures the PostgreSQL tests stand on: a real server of their own, and hosts joined to it by links that can
 /// be cut.
-@Suite("A local PostgreSQL server and network hosts", .serialized, .timeLimit(.minutes(3)))
+@Suite(
+    "A local PostgreSQL server and network hosts",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
+    .serialized,
+    .timeLimit(.minutes(3))
+)
 struct LocalServerTests {
     /// `ping`, when the machine has it; otherwise host reachability is tried with a TCP connection to a server.
     static let ping = ["/usr/bin/ping", "/bin/ping", "/usr/sbin/ping", "/sbin/ping"]

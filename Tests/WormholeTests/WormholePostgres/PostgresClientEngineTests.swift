@@ -13,6 +13,7 @@ import WormholeKit
 /// client lends nothing.
 @Suite(
     "PostgreSQL engine on a PostgresClient",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
     .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
     .limit(minutes: 3)
 )

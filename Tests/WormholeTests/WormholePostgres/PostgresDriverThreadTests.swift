@@ -8,6 +8,7 @@ import WormholePostgres
 /// execution runs the listener's callbacks there, and a callback that blocks has that thread's work taken over.
 @Suite(
     "PostgreSQL engine: live callbacks on the endpoint's thread",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
     .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
     .limit(minutes: 2)
 )

@@ -9,7 +9,12 @@ import WormholeKit
 /// What the PostgreSQL engine does when another holder of the group's rights (or of none) does not behave: rows
 /// written by hand are checked before use, a transfer's row cannot hand over a file outside its destination, a
 /// dropped role breaks no group, and a URL means what libpq makes of it.
-@Suite("PostgreSQL engine: hostile and stuck peers", .serialized, .limit(minutes: 3))
+@Suite(
+    "PostgreSQL engine: hostile and stuck peers",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
+    .serialized,
+    .limit(minutes: 3)
+)
 struct PostgresHostilePeerTests {
     // MARK: Rows written by hand
 

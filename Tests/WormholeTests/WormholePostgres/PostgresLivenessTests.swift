@@ -8,6 +8,7 @@ import WormholePostgres
 /// SIGKILL drops its connection, the server ends its session, and senders find nobody within seconds.
 @Suite(
     "PostgreSQL engine: live endpoints of processes killed",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
     .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
     .limit(minutes: 2)
 )
@@ -149,6 +150,7 @@ struct PostgresLivenessTests {
 /// beyond its 8 KiB output buffer before the commit, but the statement's end after it).
 @Suite(
     "PostgreSQL engine: a write returns once committed",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
     .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
     .limit(minutes: 3)
 )

@@ -13,6 +13,7 @@ import WormholeKit
 /// statement must not be prepared again on every call, and one the server can no longer run must not fail forever.
 @Suite(
     "PostgreSQL engine: prepared statements",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
     .enabled(if: LocalPostgresServer.unavailableReason() == nil, "PostgreSQL is not installed"),
     .limit(minutes: 2)
 )

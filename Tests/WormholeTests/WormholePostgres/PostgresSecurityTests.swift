@@ -10,6 +10,7 @@ import WormholePostgres
 /// log line or the tool's output, and `sslmode` means what libpq means by it.
 @Suite(
     "PostgreSQL engine: group isolation, SQL injection, passwords and TLS",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
     .serialized,
     .timeLimit(.minutes(3))
 )

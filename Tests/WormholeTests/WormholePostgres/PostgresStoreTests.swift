@@ -8,7 +8,7 @@ import WormholePostgres
 /// The PostgreSQL store's own promises, beyond the store contract: external writers, ordering against a transaction
 /// that stays open, migrations run once, a server restart. A real server each (the test run's, or one of the test's
 /// own when it restarts it).
-@Suite("PostgreSQL store", .limit(minutes: 3))
+@Suite("PostgreSQL store", .slow("needs a PostgreSQL server (and some, network namespaces)"), .limit(minutes: 3))
 struct PostgresStoreTests {
     static func open(
         url: String,

@@ -3,7 +3,11 @@ import Testing
 import WormholeCLI
 import WormholeKit
 
-@Suite("Sessions across hosts: a phone and a watch on two network namespaces, through PostgreSQL", .serialized)
+@Suite(
+    "Sessions across hosts: a phone and a watch on two network namespaces, through PostgreSQL",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
+    .serialized
+)
 struct SessionAcrossHostsTests {
     @Test(
         "Context while away, user info and files across kills and restarts, messages, not reachable",

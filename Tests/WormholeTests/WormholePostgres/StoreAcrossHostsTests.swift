@@ -14,7 +14,11 @@ struct ConsumedTransaction: Decodable, Equatable {
     }
 }
 
-@Suite("Across hosts: a shared store on PostgreSQL between network namespaces", .serialized)
+@Suite(
+    "Across hosts: a shared store on PostgreSQL between network namespaces",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
+    .serialized
+)
 struct StoreAcrossHostsTests {
     @Test(
         "Four writers on four hosts × 500 transactions, two durable consumers: none lost, none twice, in commit order",
@@ -134,7 +138,11 @@ struct StoreAcrossHostsTests {
     }
 }
 
-@Suite("The tool on a PostgreSQL store", .limit(minutes: 3))
+@Suite(
+    "The tool on a PostgreSQL store",
+    .slow("needs a PostgreSQL server (and some, network namespaces)"),
+    .limit(minutes: 3)
+)
 struct StoreToolTests {
     @Test("wormhole store sql|history|watch|purge --postgres: tables made through the tool are tracked")
     func toolOnPostgres() async throws {
