@@ -350,7 +350,21 @@ public final class FileTransiting: Transiting {
     }
 
     public func deleteAllMessages() throws(WormholeError) {
-        for identifier in try mailboxFileIdentifiers() { try deleteMessage(identifier: identifier) }
+        // Every mailbox that can be cleared is, one that cannot (of another format version, say) is kept, and the
+        // first failure is thrown after: a clear that stopped half-way would leave the later mailboxes as they were.
+        var failures: [WormholeError] = []
+        for identifier in try mailboxFileIdentifiers() {
+            do throws(WormholeError) { try deleteMessage(identifier: identifier) } catch { failures.append(error) }
+        }
+        guard let first = failures.first else { return }
+        guard failures.count > 1 else { throw first }
+        throw WormholeError(
+            first.code,
+            "\(failures.count) mailboxes could not be cleared (the others were); the first: \(first.message)",
+            identifier: first.identifier,
+            path: first.path,
+            underlyingError: first
+        )
     }
 
     public func identifiers() throws(WormholeError) -> [String] {

@@ -93,6 +93,10 @@ extension Wormhole {
     }
 
     /// Empties every mailbox of the wormhole.
+    ///
+    /// On a directory, a mailbox that cannot be emptied (a file of another format version, which is kept for the
+    /// processes that read it) does not stop the others: each one that can be is emptied, then the first failure is
+    /// thrown.
     public func clearAllMessageContents() throws(WormholeError) {
         try transiting.deleteAllMessages()
     }

@@ -275,6 +275,27 @@ struct FileTransitingTests {
         }
     }
 
+    @Test("Clearing every mailbox clears each it can and keeps one of another version, failing with its error after")
+    func clearAllKeepsAnotherVersion() async throws {
+        try await offThePool {
+            let files = try transiting()
+            for identifier in ["a", "c"] {
+                _ = try files.writeMessage(Data(identifier.utf8), sender: "test", identifier: identifier)
+            }
+            // Sorted between the two: a clear that stopped at it would leave "c" as it was.
+            let newer = directory("wormhole/b.msg")
+            let bytes = Self.fileWithVersion(7)
+            try Data(bytes).write(to: URL(fileURLWithPath: newer))
+            chmod(newer, 0o600)
+            let refused = #expect(throws: WormholeError.self) { try files.deleteAllMessages() }
+            #expect(refused?.code == .unsupportedFormatVersion, "\(String(describing: refused))")
+            #expect(refused?.identifier == "b")
+            #expect(try files.readMessage(identifier: "a") == nil)
+            #expect(try files.readMessage(identifier: "c") == nil)
+            #expect(try Data(contentsOf: URL(fileURLWithPath: newer)) == Data(bytes))
+        }
+    }
+
     static func fileWithVersion(_ version: UInt16) -> [UInt8] {
         var bytes = MailboxFormat.encodeFile(
             header: .init(slotCapacity: 512, generation: 1),
