@@ -36,7 +36,7 @@ public final class Wormhole: Sendable {
     /// The sender recorded in every message this wormhole passes.
     public let sender: String
     /// The directory of the wormhole's files, for wormholes on a ``DirectoryEngine``; nil for other engines.
-    public var directory: String? { (engine as? DirectoryEngine)?.directory }
+    public var directory: String? { engine.storageDirectory }
     let logger: Logger
     let registry: ListenerRegistry
     /// Whether a pass posts the mailbox's notification name; not when the mailbox file's own write wakes listeners
@@ -113,8 +113,7 @@ public final class Wormhole: Sendable {
         // Kept here, not asked of the engine on every pass: the mailbox's path makes no existential call for them.
         self.transiting = engine.transiting
         self.notifier = engine.notifier
-        // The engine's own files only: a mailbox-file notifier handed to another engine is posted to as any other.
-        self.postsPasses = !((engine as? DirectoryEngine)?.notifier is MailboxFileNotifier)
+        self.postsPasses = !engine.mailboxWritesWakeListeners
         self.coder = coder
         self.sender = sender
         self.logger = logger

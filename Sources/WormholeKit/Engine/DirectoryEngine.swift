@@ -23,6 +23,14 @@ public final class DirectoryEngine: WormholeEngine {
     public let options: FileTransiting.Options
     public let transiting: any Transiting
     public let notifier: any Notifier
+
+    /// True where the notifier watches the mailbox files themselves (inotify on Linux): a write wakes listeners, and
+    /// a pass posts nothing. Only this engine's own files count: a mailbox-file notifier handed to another engine is
+    /// posted to as any other.
+    public var mailboxWritesWakeListeners: Bool { notifier is MailboxFileNotifier }
+
+    /// ``directory``.
+    public var storageDirectory: String? { directory }
     /// The mailboxes' files, which suites share.
     let files: FileTransiting
     /// The directory notifier behind ``notifier``, when there is one: queues then watch their logs instead.

@@ -45,4 +45,16 @@ public protocol Transiting: Sendable {
 
     /// The identifiers of the mailboxes that hold a message, sorted.
     func identifiers() throws(WormholeError) -> [String]
+
+    /// The newest message of a mailbox, read for its listeners right after the notifier's observation of it was
+    /// called: ``readMessage(identifier:)`` by default. A transiting that knows from its own notifier which checks
+    /// such a read may skip does less (``FileTransiting``: one `pread` while the inotify monitor runs the handler).
+    func readMessageOnWake(identifier: String) throws(WormholeError) -> Envelope?
+}
+
+extension Transiting {
+    /// Reads as ``readMessage(identifier:)`` does.
+    public func readMessageOnWake(identifier: String) throws(WormholeError) -> Envelope? {
+        try readMessage(identifier: identifier)
+    }
 }

@@ -30,6 +30,14 @@ public protocol WormholeEngine: Sendable {
     /// How mailbox listeners are woken.
     var notifier: any Notifier { get }
 
+    /// Whether a write of a mailbox through ``transiting`` wakes the listeners of ``notifier`` by itself, so that a
+    /// pass posts no notification after it: false by default. ``DirectoryEngine`` says true where its notifier watches
+    /// the mailbox files (Linux's inotify).
+    var mailboxWritesWakeListeners: Bool { get }
+
+    /// The directory the engine keeps every mode in, when it keeps them in one: nil by default.
+    var storageDirectory: String? { get }
+
     /// The log of the durable queue `identifier`, whose appends record `sender`.
     ///
     /// - Parameters:
@@ -51,6 +59,12 @@ public protocol WormholeEngine: Sendable {
 }
 
 extension WormholeEngine {
+    /// False: a pass posts its notification.
+    public var mailboxWritesWakeListeners: Bool { false }
+
+    /// None.
+    public var storageDirectory: String? { nil }
+
     /// The error an engine throws for a mode it does not offer.
     public func unsupported(_ mode: String, identifier: String? = nil) -> WormholeError {
         WormholeError(

@@ -187,7 +187,7 @@ public final class FileTransiting: Transiting {
     /// user's) can only have changed through an event that the monitor reads before it runs this handler again. Run
     /// anywhere else (a handler of the polling monitor, say), it checks the descriptor, as such an event may still
     /// be on its way.
-    func readMessageOnWake(identifier: String) throws(WormholeError) -> Envelope? {
+    public func readMessageOnWake(identifier: String) throws(WormholeError) -> Envelope? {
         #if os(Linux) || os(Android)
         try readFile(identifier: identifier, woken: InotifyMonitor.isRunningHandler)
         #else

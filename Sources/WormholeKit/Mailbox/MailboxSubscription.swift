@@ -3,10 +3,9 @@ import Synchronization
 /// The listeners of one identifier in one wormhole, sharing one notifier observation and one read per change.
 final class MailboxSubscription: Sendable {
     let identifier: String
+    /// Read with ``Transiting/readMessageOnWake(identifier:)``: a directory's own skips the checks of a descriptor
+    /// checked before, after a wake-up of its mailbox file's watch.
     private let transiting: any Transiting
-    /// The transiting when it is a directory's own, whose reads after a wake-up of its mailbox file's watch may skip
-    /// the checks of a descriptor checked before (``FileTransiting/readMessageOnWake(identifier:)``).
-    private let files: FileTransiting?
     /// The listeners, in the order of their ids: a change copies this array (no allocation) rather than sorting a
     /// dictionary's values into a new one.
     private let sinks = Locked<[ListenerSink]>([])
@@ -15,7 +14,6 @@ final class MailboxSubscription: Sendable {
     init(identifier: String, transiting: any Transiting) {
         self.identifier = identifier
         self.transiting = transiting
-        self.files = transiting as? FileTransiting
     }
 
     func start(notifier: any Notifier) throws(WormholeError) {
@@ -64,11 +62,7 @@ final class MailboxSubscription: Sendable {
         let result: Result<Envelope?, WormholeError>
         do {
             // The identifier was validated when listening began.
-            if let files {
-                result = .success(try files.readMessageOnWake(identifier: identifier))
-            } else {
-                result = .success(try transiting.readMessage(identifier: identifier))
-            }
+            result = .success(try transiting.readMessageOnWake(identifier: identifier))
         } catch {
             result = .failure(error)
         }
