@@ -14,6 +14,8 @@ import Synchronization
 /// - Listeners of messages and responders of requests are apart: a message never reaches a responder, a request
 ///   never a listener.
 /// - An endpoint stops when its observation is cancelled or released: senders no longer reach it.
+///
+/// Not yet stable: it may change in a minor release before 1.0 (see ``WormholeEngine``).
 public protocol LiveTransport: Sendable {
     /// Sends `payload` to every endpoint listening for `identifier`; returns how many it reached.
     func send(_ payload: Data, identifier: String) throws(WormholeError) -> Int

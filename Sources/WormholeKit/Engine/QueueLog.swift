@@ -13,6 +13,8 @@ import Foundation
 ///   it. A new consumer starts at the oldest record kept and holds back reclaiming from then on.
 /// - ``QueueCursor/observeAppends(_:)`` calls its handler, at least once, after each append that completes after it
 ///   returned, in this process or another.
+///
+/// Not yet stable: it may change in a minor release before 1.0 (see ``WormholeEngine``).
 public protocol QueueLog: Sendable {
     /// The queue's identifier.
     var identifier: String { get }

@@ -13,6 +13,8 @@ import Foundation
 ///   no longer does, it returns nil for the changes and the current state, so that the caller can report the
 ///   difference.
 /// - ``observe(_:)`` calls its handler, at least once, after each recorded change that completes after it returned.
+///
+/// Not yet stable: it may change in a minor release before 1.0 (see ``WormholeEngine``).
 public protocol SuiteStore: Sendable {
     /// The suite's name.
     var name: String { get }

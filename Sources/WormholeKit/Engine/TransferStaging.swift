@@ -12,6 +12,8 @@ import Foundation
 /// - ``deliver(_:into:)`` puts the staged file into the destination directory once: called again for the same
 ///   transfer (a receiver killed before acknowledging), it returns where the file went the first time.
 /// - A transfer cancelled before delivery is gone: ``deliver(_:into:)`` returns nil.
+///
+/// Not yet stable: it may change in a minor release before 1.0 (see ``WormholeEngine``).
 public protocol TransferStaging: Sendable {
     /// Copies the regular file at `path` into the staging area under `id`, calling `progress` after each chunk.
     ///

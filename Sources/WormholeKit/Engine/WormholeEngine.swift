@@ -19,7 +19,11 @@ import Foundation
 /// package's contract test suites run every mode against every engine. An engine's calls may block for I/O, as file
 /// calls do; they never wait for another process's work to finish.
 ///
-/// An engine that does not offer a mode throws ``WormholeError/Code/unsupported`` from the method that makes it.
+/// An engine that does not offer a mode throws ``WormholeError/Code/unsupported`` from the method that makes it.///
+/// **Not yet stable.** `WormholeEngine` and the protocols of the modes beyond mailboxes (``QueueLog``,
+/// ``QueueCursor``, ``SuiteStore``, ``LiveTransport``, ``TransferStaging``) may change in a minor release before
+/// 1.0, as the modes grow (retries and workers for queues, say): an engine of your own follows them. ``Transiting``
+/// and ``Notifier``, MMWormhole's two protocols, are kept.
 public protocol WormholeEngine: Sendable {
     /// What the engine is, for messages and logs: `directory /path`, `in-memory`.
     var description: String { get }

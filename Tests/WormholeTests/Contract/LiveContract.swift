@@ -55,6 +55,35 @@ struct LiveContract {
         }
     }
 
+    @Test(
+        "The live(_:) channel: its messages reach its listeners only, its requests its responders",
+        arguments: EngineKind.underTest
+    )
+    func liveChannel(kind: EngineKind) async throws {
+        let fixture = try EngineFixture(kind)
+        let app = try fixture.wormhole("app")
+        let widget = try fixture.wormhole("widget")
+        let cursor = try widget.live("cursor")
+        #expect(cursor.identifier == "cursor")
+        let positions = Collector<Int>()
+        let listener = try cursor.listen(as: Int.self) { positions.append($0) }
+        let other = Collector<Int>()
+        let otherListener = try widget.live("other").listen(as: Int.self) { other.append($0) }
+        for value in 1...3 { #expect(try app.live("cursor").send(value) == 1) }
+        #expect(eventually { positions.values == [1, 2, 3] })
+        #expect(other.values.isEmpty, "another channel's listener got nothing")
+
+        let responder = try widget.live("lookup").respond(as: Query.self) { query in
+            Answer(result: query.term.uppercased(), doubled: query.number * 2)
+        }
+        let answer = try await app.live("lookup").request(Query(term: "swift", number: 21), as: Answer.self)
+        #expect(answer == Answer(result: "SWIFT", doubled: 42))
+        // A message on the requests' channel reaches no responder.
+        #expect(wormholeError { try app.live("lookup").send(1) }?.code == .notReachable)
+        #expect(wormholeError { _ = try app.live("../escape") }?.code == .invalidIdentifier)
+        for cancellable in [listener, otherListener, responder] { cancellable.cancel() }
+    }
+
     @Test("A request gets its reply from a responder in another wormhole", arguments: EngineKind.underTest)
     func requestAndReply(kind: EngineKind) async throws {
         let fixture = try EngineFixture(kind)

@@ -229,6 +229,19 @@ enum DocumentationExamples {
         return (listener, reached)  // (not in the docs)
     }
 
+    // Sources/WormholeKit/WormholeKit.docc/LiveMessagesAndRequests.md, "One identifier as a value"; the same example
+    // opens WormholeLiveChannel's doc comment (Sources/WormholeKit/Live/WormholeLiveChannel.swift).
+    static func liveChannel(wormhole: Wormhole) async throws -> (LiveListener, LiveListener, Int) {
+        let cursor = try wormhole.live("cursor")
+        let listener = try cursor.listen(as: Int.self) { position in print("at", position) }
+        try cursor.send(42)  // to every process listening now; nothing is kept
+
+        let lookup = try wormhole.live("lookup")
+        let responder = try lookup.respond(as: String.self) { term in term.count }
+        let length = try await lookup.request("swift", as: Int.self)
+        return (listener, responder, length)  // (not in the docs)
+    }
+
     // Sources/WormholeKit/WormholeKit.docc/LiveMessagesAndRequests.md, "Send and listen" (nobody listening).
     static func liveNobodyListening(wormhole: Wormhole) {
         struct Cursor: Codable, Sendable {
@@ -1312,6 +1325,10 @@ struct DocumentationExamplesTests {
         let (lookup, count) = try await Examples.liveRequestsAndReplies(wormhole: live)
         #expect(count == 3)
         lookup.cancel()
+        let (channelListener, channelResponder, length) = try await Examples.liveChannel(wormhole: live)
+        #expect(length == 5)
+        channelListener.cancel()
+        channelResponder.cancel()
 
         // Shared suites: set and read, update, observe, catch up.
         let suites = Wormhole(engine: InMemoryEngine(), sender: "app")

@@ -296,6 +296,23 @@ struct FileTransitingTests {
         }
     }
 
+    @Test("A mailbox file of a newer format version is refused, not overwritten")
+    func newerVersionIsKept() async throws {
+        try await offThePool {
+            let wormhole = try Wormhole(directory: directory("wormhole"))
+            try wormhole.passMessageObject(Tap(number: 1), identifier: "button")
+            let file = directory("wormhole/button.msg")
+            var bytes = try Data(contentsOf: URL(fileURLWithPath: file))
+            bytes[4] = 2  // the format version, little-endian, after the magic
+            try bytes.write(to: URL(fileURLWithPath: file))
+            let error = #expect(throws: WormholeError.self) {
+                try wormhole.passMessageObject(Tap(number: 2), identifier: "button")
+            }
+            #expect(error?.code == .unsupportedFormatVersion)
+            #expect(try Data(contentsOf: URL(fileURLWithPath: file)) == bytes, "the newer writer's file is unchanged")
+        }
+    }
+
     static func fileWithVersion(_ version: UInt16) -> [UInt8] {
         var bytes = MailboxFormat.encodeFile(
             header: .init(slotCapacity: 512, generation: 1),

@@ -9,8 +9,11 @@ import WormholeKit
 /// What a review of the store found its history recording wrong: a changed primary key, a renamed table, a virtual
 /// table, another tool's transaction left unannounced, a link at the database's path, and purging past a live
 /// consumer. Each test fails without its fix.
-@Suite("Shared store history, after a review", .limit(minutes: 2))
-struct StoreHistoryReviewTests {
+@Suite(
+    "Shared store history: changed keys, renamed and virtual tables, other tools, links, purging",
+    .limit(minutes: 2)
+)
+struct StoreHistoryEdgeTests {
     let directory = TemporaryDirectory()
     var path: String { directory("store.sqlite") }
 
