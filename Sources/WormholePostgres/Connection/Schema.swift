@@ -4,8 +4,8 @@ import WormholeKit
 /// The engine's tables, in the schema `wormhole`, made and upgraded by numbered migrations.
 ///
 /// Migrations run in one transaction under a transaction-level advisory lock, so that processes on several hosts
-/// opening a new database at once run each of them once. `wormhole.schema_migrations` records what ran. FORMAT.md
-/// describes every table.
+/// opening a new database at once run each of them once. `wormhole.schema_migrations` records what ran.
+/// FORMAT-POSTGRES.md describes every table.
 enum Schema {
     /// The newest migration this build knows.
     static var version: Int { migrations.count }
@@ -205,7 +205,7 @@ enum Schema {
             """,
             // An append: offsets from the queue's head row, which stays locked until the append commits, so that
             // appends commit in offset order. Returns the first offset. With `p_carried`, the notification carries
-            // the records: `Q`, the first offset, `:`, then `p_carried` (FORMAT.md); else it is `p_notification`.
+            // the records: `Q`, the first offset, `:`, then `p_carried` (FORMAT-POSTGRES.md); else it is `p_notification`.
             """
             CREATE FUNCTION wormhole.queue_append(
                 p_grp text, p_queue text, p_sender text, p_time_ns bigint, p_payloads bytea[], p_channel text,
@@ -284,7 +284,7 @@ enum Schema {
             $$
             """,
         ],
-        // Version 3: shared stores (PostgresStore). FORMAT.md's "Stores on PostgreSQL" describes them.
+        // Version 3: shared stores (PostgresStore). FORMAT-POSTGRES.md's "Stores on PostgreSQL" describes them.
         StoreSchema.migration,
         // Version 4: the stores' purge keeps merged history for a grace period, for passing consumers.
         StoreSchema.graceMigration,

@@ -2,7 +2,7 @@ import Crypto
 import Foundation
 
 /// Notifications that carry data (queue records, live messages, requests and replies) are sealed by the server, so
-/// that no role outside the group can forge or replay one (FORMAT.md, "Sealed notifications").
+/// that no role outside the group can forge or replay one (FORMAT-POSTGRES.md, "Sealed notifications").
 ///
 /// PostgreSQL checks no right on `LISTEN` or `pg_notify`: whoever knows a channel's name hears it and can send on it.
 /// So a notification is taken on its own word only when it is sealed: the statement that sends it appends

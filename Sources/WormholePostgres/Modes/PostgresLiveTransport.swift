@@ -5,7 +5,7 @@ import Synchronization
 import WormholeKit
 
 /// A live message, request or reply as it rides a notification: `L`, then its fields, each a netstring (its length
-/// in UTF-8 bytes in decimal, `:`, the bytes) but for two one-character fields (FORMAT.md, "Notifications on
+/// in UTF-8 bytes in decimal, `:`, the bytes) but for two one-character fields (FORMAT-POSTGRES.md, "Notifications on
 /// PostgreSQL").
 ///
 /// The target comes first, so that the server can put a request's chosen responder in front of the rest; a reader

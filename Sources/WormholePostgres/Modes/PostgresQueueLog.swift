@@ -274,7 +274,7 @@ final class PostgresQueueCursor: QueueCursor {
         ]
         let checks = end.map(handedBefore) ?? []
         // Returns once the acknowledgement has committed: the server sends a statement's end at the Sync after
-        // it, when it commits (FORMAT.md, "Queues").
+        // it, when it commits (FORMAT-POSTGRES.md, "Queues").
         let position: Int64?
         let records: [QueueRecord]
         do throws(WormholeError) {
@@ -485,7 +485,7 @@ final class PostgresQueueCursor: QueueCursor {
 
 /// An append's records as its notification carries them, when they are small: `Q`, the first offset in decimal, `:`,
 /// then netstrings of the queue's identifier, the sender, the time in nanoseconds in decimal, and each payload in
-/// Base64 (FORMAT.md, "Notifications on PostgreSQL"). A consumer whose next record is the first one carried takes
+/// Base64 (FORMAT-POSTGRES.md, "Notifications on PostgreSQL"). A consumer whose next record is the first one carried takes
 /// them without reading the table; any other reads it as ever.
 struct CarriedAppend: Sendable, Equatable {
     var identifier: String

@@ -5,7 +5,7 @@ import WormholeCrashStates
 
 @testable import WormholePostgres
 
-/// The PostgreSQL engine's live notifications: `L` and netstrings (FORMAT.md, "Notifications on PostgreSQL").
+/// The PostgreSQL engine's live notifications: `L` and netstrings (FORMAT-POSTGRES.md, "Notifications on PostgreSQL").
 @Suite("Live envelopes on PostgreSQL notifications")
 struct LiveEnvelopeTests {
     static let envelopes: [LiveEnvelope] = {
@@ -84,7 +84,7 @@ struct LiveEnvelopeTests {
     }
 }
 
-/// Sealed notifications: an HMAC under the group's key, and the guard against replays (FORMAT.md).
+/// Sealed notifications: an HMAC under the group's key, and the guard against replays (FORMAT-POSTGRES.md).
 @Suite("Sealed PostgreSQL notifications")
 struct NotificationSealTests {
     /// The pads of the key 0, 1, …, 31 (then zeros), as `wormhole.fill_group_key` makes them.
@@ -185,7 +185,7 @@ struct NotificationSealTests {
     }
 }
 
-/// The records an append notification carries: `Q`, the first offset, `:`, then netstrings (FORMAT.md).
+/// The records an append notification carries: `Q`, the first offset, `:`, then netstrings (FORMAT-POSTGRES.md).
 @Suite("Queue appends carried by PostgreSQL notifications")
 struct CarriedAppendTests {
     @Test("An append reads back as written, records and all; one too large is not carried")
