@@ -79,7 +79,8 @@ public struct TraceError: Error, CustomStringConvertible, Sendable {
 ///
 /// With `-f` a call that another thread interrupts is printed in two pieces (`<unfinished ...>`, then
 /// `<... NAME resumed>`); the pieces are joined, and the call takes its place where it completed, the moment its
-/// effect is certain to have happened. Lines that are not calls (signals, exits) are skipped.
+/// effect is certain to have happened. Lines that are not calls (signals, exits, a thread detached mid-call) are
+/// skipped.
 public enum SystemCallTrace: Sendable {
     /// The calls to trace (`strace -e trace=…`): those that change files or say where a descriptor points. `read`s are
     /// left out (their bytes would fill the trace), so that a write without an offset is followed only through
@@ -104,6 +105,12 @@ public enum SystemCallTrace: Sendable {
                 line = line.dropFirst(digits.count).drop { $0 == " " }
             }
             if line.hasPrefix("+++") || line.hasPrefix("---") { continue }
+            // A thread strace let go of in the middle of a call, often one it could not name (`???( <detached ...>`),
+            // as a process exits on a busy machine: no effect of it is certain, as for a call that never returned.
+            if line.hasSuffix("<detached ...>") {
+                unfinished[threadID] = nil
+                continue
+            }
             if line.hasSuffix("<unfinished ...>") {
                 unfinished[threadID] = String(line.dropLast("<unfinished ...>".count))
                 continue

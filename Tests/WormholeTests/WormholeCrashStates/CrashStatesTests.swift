@@ -17,6 +17,9 @@ struct CrashStatesTests {
                 101 <... pwrite64 resumed>, 3, 0) = 3
                 100 close(3</r/a>(deleted)) = 0
                 100 write(-1, "\\x64\\x6f\\x6e\\x65", 4) = -1 EBADF (Bad file descriptor)
+                102 ???( <detached ...>
+                103 fsync(4</r/b> <unfinished ...>
+                103 ???( <detached ...>
                 100 +++ exited with 0 +++
                 """
             let calls = try SystemCallTrace.parse(trace)
