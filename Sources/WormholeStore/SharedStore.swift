@@ -434,7 +434,8 @@ public final class SharedStore: Sendable {
         _ = suspensionFollower
     }
 
-    private static let suspensionFollower = SuspensionGate.observe { suspended in
+    /// Told before `suspend()` and `resume()` return, so that a write right after `resume()` finds GRDB resumed.
+    private static let suspensionFollower: Void = SuspensionGate.observeImmediately { suspended in
         NotificationCenter.default.post(
             name: suspended ? Database.suspendNotification : Database.resumeNotification,
             object: nil

@@ -15,9 +15,13 @@ import Synchronization
 package enum SuspensionGate {
     private static let suspendedFlag = 1 << 62
     private static let state = Atomic<Int>(0)
-    /// Told of every change (true when suspended), in order, on ``delivery``: the store module suspends its databases
-    /// through it, and wakes its consumers when the gate opens again.
+    /// Told of every change (true when suspended), in order, on ``delivery``: the store module wakes its consumers
+    /// through them when the gate opens again.
     private static let observers = Locked<(next: Int, all: [Int: @Sendable (Bool) -> Void])>((0, [:]))
+    /// Told of the state before ``suspend()`` or ``resume()`` returns, on the caller's thread and under no lock of the
+    /// gate's, so that what follows the call finds them suspended or resumed: the store module suspends and resumes
+    /// its databases through them. Each must be quick, and idempotent: it may be told one state twice.
+    private static let immediateObservers = Locked<[@Sendable (Bool) -> Void]>([])
     /// Serialises ``suspend()`` and ``resume()`` with the queueing of their calls to observers, so that observers hear
     /// changes in the order they were made.
     private static let changes = Locked(())
@@ -91,7 +95,29 @@ package enum SuspensionGate {
         return NotifierObservation { _ = observers.withLock { $0.all.removeValue(forKey: key) } }
     }
 
+    /// Calls `observer` with the gate's state before every ``suspend()`` or ``resume()`` that changes it returns, on
+    /// the caller's thread (and now, when the gate is suspended), for as long as the process runs.
+    package static func observeImmediately(_ observer: @escaping @Sendable (Bool) -> Void) {
+        immediateObservers.withLock { $0.append(observer) }
+        if isSuspended { observer(true) }
+    }
+
     private static func change(suspending: Bool) -> Bool {
+        let changed = changeQueueingObservers(suspending: suspending)
+        guard changed else { return false }
+        // Outside every lock of the gate's (an observer may suspend or resume in turn), until what the observers were
+        // last told is the state: two callers at once leave them told the state the later one made.
+        var told: Bool?
+        while true {
+            let now = isSuspended
+            if told == now { break }
+            for observer in immediateObservers.withLock({ $0 }) { observer(now) }
+            told = now
+        }
+        return true
+    }
+
+    private static func changeQueueingObservers(suspending: Bool) -> Bool {
         changes.withLock { _ in
             let before =
                 suspending
