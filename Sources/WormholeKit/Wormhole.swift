@@ -35,7 +35,8 @@ public final class Wormhole: Sendable {
     public let coder: any MessageCoder
     /// The sender recorded in every message this wormhole passes.
     public let sender: String
-    /// The directory of the wormhole's files, for wormholes on a ``DirectoryEngine``; nil for other engines.
+    /// The directory the engine keeps the wormhole's files in (``WormholeEngine/storageDirectory``): a
+    /// ``DirectoryEngine``'s; nil for engines that keep no directory.
     public var directory: String? { engine.storageDirectory }
     let logger: Logger
     let registry: ListenerRegistry

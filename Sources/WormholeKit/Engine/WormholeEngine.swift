@@ -19,7 +19,8 @@ import Foundation
 /// package's contract test suites run every mode against every engine. An engine's calls may block for I/O, as file
 /// calls do; they never wait for another process's work to finish.
 ///
-/// An engine that does not offer a mode throws ``WormholeError/Code/unsupported`` from the method that makes it.///
+/// An engine that does not offer a mode throws ``WormholeError/Code/unsupported`` from the method that makes it.
+///
 /// **Not yet stable.** `WormholeEngine` and the protocols of the modes beyond mailboxes (``QueueLog``,
 /// ``QueueCursor``, ``SuiteStore``, ``LiveTransport``, ``TransferStaging``) may change in a minor release before
 /// 1.0, as the modes grow (retries and workers for queues, say): an engine of your own follows them. ``Transiting``
@@ -37,6 +38,9 @@ public protocol WormholeEngine: Sendable {
     /// Whether a write of a mailbox through ``transiting`` wakes the listeners of ``notifier`` by itself, so that a
     /// pass posts no notification after it: false by default. ``DirectoryEngine`` says true where its notifier watches
     /// the mailbox files (Linux's inotify).
+    ///
+    /// Say true only when it holds for every write: with true and a notifier that writes do not wake, a pass wakes
+    /// no listener at all.
     var mailboxWritesWakeListeners: Bool { get }
 
     /// The directory the engine keeps every mode in, when it keeps them in one: nil by default.

@@ -77,6 +77,7 @@ public struct WormholeLiveChannel: Sendable {
     }
 
     /// The messages sent from now on, as an `AsyncSequence` (``Wormhole/liveMessages(withIdentifier:as:)``).
+    @inlinable  // as liveMessages(withIdentifier:as:) is, for the loop's module to specialise it
     public func messages<Message: Decodable & Sendable>(
         as type: Message.Type = Message.self
     ) -> ListeningSequence<Message> {

@@ -5,7 +5,8 @@ import Foundation
 /// `NSFileCoordinator` does not exist on Linux; this is its counterpart for a wormhole. Every operation takes a
 /// `flock` lock on the hidden file `.coordination.lock` in the directory: reads take it shared, writes and
 /// deletions exclusive. So writers from many processes serialise in one order, and a reader never sees a
-/// half-done ``deleteAllMessages()``: it sees every mailbox before the clearing or every mailbox after it.
+/// ``deleteAllMessages()`` in progress: it sees every mailbox before the clearing or after it (where a mailbox that
+/// could not be cleared, of another format version say, is as it was).
 /// ``snapshot()`` reads all mailboxes under one shared lock.
 ///
 /// The price is one more `open`, `flock` and `close` per operation, and writers to different identifiers wait

@@ -188,10 +188,12 @@ public final class FileTransiting: Transiting {
     /// anywhere else (a handler of the polling monitor, say), it checks the descriptor, as such an event may still
     /// be on its way.
     public func readMessageOnWake(identifier: String) throws(WormholeError) -> Envelope? {
+        // Public, so checked again: a few instructions over the identifier's bytes.
+        try MessageIdentifier.validate(identifier)
         #if os(Linux) || os(Android)
-        try readFile(identifier: identifier, woken: InotifyMonitor.isRunningHandler)
+        return try readFile(identifier: identifier, woken: InotifyMonitor.isRunningHandler)
         #else
-        try readFile(identifier: identifier, woken: false)
+        return try readFile(identifier: identifier, woken: false)
         #endif
     }
 
@@ -352,18 +354,27 @@ public final class FileTransiting: Transiting {
     public func deleteAllMessages() throws(WormholeError) {
         // Every mailbox that can be cleared is, one that cannot (of another format version, say) is kept, and the
         // first failure is thrown after: a clear that stopped half-way would leave the later mailboxes as they were.
+        // What would fail every mailbox alike (suspension, the directory, a full disk) is thrown at once.
+        let identifiers = try mailboxFileIdentifiers()
         var failures: [WormholeError] = []
-        for identifier in try mailboxFileIdentifiers() {
-            do throws(WormholeError) { try deleteMessage(identifier: identifier) } catch { failures.append(error) }
+        for identifier in identifiers {
+            do throws(WormholeError) {
+                try deleteMessage(identifier: identifier)
+            } catch  where error.code == .suspended || error.code == .directoryUnavailable || error.code == .diskFull {
+                throw error
+            } catch {
+                failures.append(error)
+            }
         }
         guard let first = failures.first else { return }
         guard failures.count > 1 else { throw first }
         throw WormholeError(
             first.code,
-            "\(failures.count) mailboxes could not be cleared (the others were); the first: \(first.message)",
+            "\(failures.count) of \(identifiers.count) mailboxes could not be cleared (the others were); the first: "
+                + first.message,
             identifier: first.identifier,
             path: first.path,
-            underlyingError: first
+            underlyingError: first.underlyingError ?? first
         )
     }
 

@@ -96,7 +96,9 @@ extension Wormhole {
     ///
     /// On a directory, a mailbox that cannot be emptied (a file of another format version, which is kept for the
     /// processes that read it) does not stop the others: each one that can be is emptied, then the first failure is
-    /// thrown.
+    /// thrown (saying how many of how many failed). What would fail every mailbox alike stops the clearing at once:
+    /// ``WormholeError/Code/suspended``, ``WormholeError/Code/directoryUnavailable`` and
+    /// ``WormholeError/Code/diskFull``.
     public func clearAllMessageContents() throws(WormholeError) {
         try transiting.deleteAllMessages()
     }

@@ -15,20 +15,20 @@ import Synchronization
 package enum SuspensionGate {
     private static let suspendedFlag = 1 << 62
     private static let state = Atomic<Int>(0)
-    /// Told of every change (true when suspended), in order, on ``delivery``: the store module wakes its consumers
-    /// through them when the gate opens again.
+    /// Told of the gate's state after every change (true when suspended), on ``delivery``: the store module wakes its
+    /// consumers through them when the gate opens again.
     private static let observers = Locked<(next: Int, all: [Int: @Sendable (Bool) -> Void])>((0, [:]))
+    /// The state ``observers`` were last told, read and written on ``delivery`` only.
+    private static let observersTold = Locked(false)
     /// Told of the state before ``suspend()`` or ``resume()`` returns, on the caller's thread and under no lock of the
     /// gate's, so that what follows the call finds them suspended or resumed: the store module suspends and resumes
-    /// its databases through them. Each must be quick, and idempotent: it may be told one state twice.
+    /// its databases through them.
     private static let immediateObservers = Locked<[@Sendable (Bool) -> Void]>([])
-    /// Serialises ``suspend()`` and ``resume()`` with the queueing of their calls to observers, so that observers hear
-    /// changes in the order they were made.
-    private static let changes = Locked(())
+    /// Whether a thread is telling ``immediateObservers`` now, and the state they were last told.
+    private static let immediateTelling = Locked((active: false, told: false))
     /// Where observers are called, one call after another and under no lock: an observer may suspend, resume or
-    /// observe in turn (posting GRDB's notification runs the app's own observers of it), and a call that the
-    /// notifier's thread would make inline (a store's consumer handing a commit) must not hold up the caller of
-    /// ``resume()``, the main thread under `followApplicationLifecycle()`.
+    /// observe in turn, and a call that an observer makes inline (a store's consumer handing a commit) must not hold
+    /// up the caller of ``resume()``, the main thread under `followApplicationLifecycle()`.
     private static let delivery = DispatchQueue(label: "wormhole.suspension")
 
     /// Whether the gate is suspended now.
@@ -79,60 +79,80 @@ package enum SuspensionGate {
         change(suspending: false)
     }
 
-    /// Calls `observer` at every change from now on, with true when the gate is suspended (and soon when it is now),
-    /// until the observation is cancelled or released, on a queue of the gate's, one call after another; a call
-    /// queued before the cancellation may still come.
+    /// Calls `observer` with the gate's state after every change from now on (with true soon when it is suspended
+    /// now), until the observation is cancelled or released, on a queue of the gate's, one call after another. Two
+    /// changes in quick succession may be told as one (the state the later made), one state may be told twice, and a
+    /// call queued before the cancellation may still come.
     package static func observe(_ observer: @escaping @Sendable (Bool) -> Void) -> NotifierObservation {
-        let key = changes.withLock { _ in
-            let key = observers.withLock { observers in
-                defer { observers.next += 1 }
-                observers.all[observers.next] = observer
-                return observers.next
-            }
-            if isSuspended { delivery.async { observers.withLock { $0.all[key] }?(true) } }
-            return key
+        let key = observers.withLock { observers in
+            defer { observers.next += 1 }
+            observers.all[observers.next] = observer
+            return observers.next
         }
+        if isSuspended { delivery.async { observers.withLock { $0.all[key] }?(true) } }
         return NotifierObservation { _ = observers.withLock { $0.all.removeValue(forKey: key) } }
     }
 
-    /// Calls `observer` with the gate's state before every ``suspend()`` or ``resume()`` that changes it returns, on
-    /// the caller's thread (and now, when the gate is suspended), for as long as the process runs.
+    /// Calls `observer` with the gate's state at every ``suspend()`` or ``resume()`` that changes it from now on,
+    /// before the call returns, on the caller's thread, for as long as the process runs.
+    ///
+    /// Observers are told one state at a time, never concurrently; each must be quick, and idempotent (one state may
+    /// be told twice). Nothing is told at registration: whoever registers while the gate is suspended acts on
+    /// ``isSuspended`` itself. When two threads change the gate at once, the one telling the observers goes on until
+    /// they were told the state the later change made, so "before the call returns" holds for that thread; the other
+    /// may return a moment before.
     package static func observeImmediately(_ observer: @escaping @Sendable (Bool) -> Void) {
         immediateObservers.withLock { $0.append(observer) }
-        if isSuspended { observer(true) }
     }
 
     private static func change(suspending: Bool) -> Bool {
-        let changed = changeQueueingObservers(suspending: suspending)
-        guard changed else { return false }
-        // Outside every lock of the gate's (an observer may suspend or resume in turn), until what the observers were
-        // last told is the state: two callers at once leave them told the state the later one made.
-        var told: Bool?
-        while true {
-            let now = isSuspended
-            if told == now { break }
-            for observer in immediateObservers.withLock({ $0 }) { observer(now) }
-            told = now
-        }
+        let before =
+            suspending
+            ? state.bitwiseOr(suspendedFlag, ordering: .acquiringAndReleasing).oldValue
+            : state.bitwiseAnd(~suspendedFlag, ordering: .acquiringAndReleasing).oldValue
+        guard (before & suspendedFlag != 0) != suspending else { return false }
+        // The databases first, so that a consumer woken by the queued observers finds them resumed.
+        tellImmediateObservers()
+        delivery.async(execute: tellObservers)
         return true
     }
 
-    private static func changeQueueingObservers(suspending: Bool) -> Bool {
-        changes.withLock { _ in
-            let before =
-                suspending
-                ? state.bitwiseOr(suspendedFlag, ordering: .acquiringAndReleasing).oldValue
-                : state.bitwiseAnd(~suspendedFlag, ordering: .acquiringAndReleasing).oldValue
-            let changed = (before & suspendedFlag != 0) != suspending
-            // Queued under the lock, so in the order of the changes; called outside it.
-            if changed {
-                delivery.async {
-                    let all = observers.withLock { $0.all }.sorted { $0.key < $1.key }
-                    for (_, observer) in all { observer(suspending) }
-                }
-            }
-            return changed
+    /// Tells the immediate observers the gate's state until what they were last told is the state, unless another
+    /// thread is telling them now (an observer that suspends or resumes in turn, or a second caller), which then goes
+    /// on until they were told this change too.
+    private static func tellImmediateObservers() {
+        let starts = immediateTelling.withLock { telling in
+            if telling.active { return false }
+            telling.active = true
+            return true
         }
+        guard starts else { return }
+        while true {
+            let now = isSuspended
+            // Checked and given up under the lock: a change made after it finds `active` false and tells itself.
+            let observers = immediateTelling.withLock { telling -> [@Sendable (Bool) -> Void]? in
+                if telling.told == now {
+                    telling.active = false
+                    return nil
+                }
+                telling.told = now
+                return immediateObservers.withLock { $0 }
+            }
+            guard let observers else { return }
+            for observer in observers { observer(now) }
+        }
+    }
+
+    /// Tells the observers the gate's state, when it is not what they were last told; on ``delivery`` only.
+    private static func tellObservers() {
+        let now = isSuspended
+        let changed = observersTold.withLock { told in
+            defer { told = now }
+            return told != now
+        }
+        guard changed else { return }
+        let all = observers.withLock { $0.all }.sorted { $0.key < $1.key }
+        for (_, observer) in all { observer(now) }
     }
 }
 
