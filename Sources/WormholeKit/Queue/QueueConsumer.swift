@@ -19,6 +19,11 @@ public final class QueueConsumer: WormholeCancellable {
     private let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
     /// Hands over a batch of records; false when they were not handled (and stay unacknowledged).
     private let deliver: @Sendable ([QueueRecord]) -> Bool
+    /// Run at the start of every pass, with the stored position, before the queue is read: hands over the messages
+    /// set aside for another attempt whose time has come (``QueueRetries``).
+    private let prepare: (@Sendable (UInt64) -> Void)?
+    /// Run by ``wakeUp()``: the owner is ready now, so that messages waiting for their time wait no longer.
+    private let releaseWaits: (@Sendable () -> Void)?
     /// The most messages in one batch: 1 for a handler of single messages.
     private let batchSize: Int
     private let reportError: @Sendable (WormholeError) -> Void
@@ -42,9 +47,13 @@ public final class QueueConsumer: WormholeCancellable {
         execution: CallbackExecution,
         label: String,
         batchSize: Int,
+        prepare: (@Sendable (UInt64) -> Void)? = nil,
+        releaseWaits: (@Sendable () -> Void)? = nil,
         deliver: @escaping @Sendable ([QueueRecord]) -> Bool,
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {
+        self.prepare = prepare
+        self.releaseWaits = releaseWaits
         self.name = cursor.consumer
         self.storedPosition = Atomic(cursor.position)
         self.batchSize = max(1, batchSize)
@@ -98,9 +107,16 @@ public final class QueueConsumer: WormholeCancellable {
 
     deinit { cancel() }
 
-    /// Reads again from the stored position, as an append would make it: for an owner that left a batch
-    /// unacknowledged on purpose and is now ready for it.
+    /// Reads again from the stored position, as an append would make it, and offers at once the messages that wait
+    /// for their next attempt: for an owner that left messages unacknowledged on purpose and is now ready for them.
     func wakeUp() {
+        guard !isCancelled else { return }
+        releaseWaits?()
+        wake()
+    }
+
+    /// Reads again from the stored position: some messages set aside came due.
+    func wakeForDueMessages() {
         guard !isCancelled else { return }
         wake()
     }
@@ -125,6 +141,7 @@ public final class QueueConsumer: WormholeCancellable {
         cursor.withLock { cursor in
             deliveringThread.store(currentThreadID(), ordering: .releasing)
             defer { deliveringThread.store(0, ordering: .releasing) }
+            prepare?(cursor.position)
             do throws(WormholeError) {
                 var batch: [QueueRecord]
                 let owed = owedAcknowledgement.load(ordering: .acquiring)

@@ -17,7 +17,12 @@ public struct QueueMessage<Value: Sendable>: Sendable {
     /// The position just past the message: where its consumer's position moves when it is acknowledged.
     public var end: UInt64
 
-    init(record: QueueRecord, value: Value) {
+    /// Which time the message is offered to this consumer: 1 at first, one more after each failed attempt (a
+    /// message put off with ``QueueOutcome/later(_:)`` keeps its number). See ``QueueRetryPolicy``.
+    public var attempt: Int
+
+    init(record: QueueRecord, value: Value, attempt: Int = 1) {
+        self.attempt = attempt
         offset = record.offset
         end = record.end
         sender = record.sender

@@ -31,6 +31,8 @@ public final class WormholeQueue: Sendable {
     public let log: any QueueLog
     let coder: any MessageCoder
     let logger: Logger
+    let engine: any WormholeEngine
+    let sender: String
 
     init(wormhole: Wormhole, identifier: String, retention: Duration) throws(WormholeError) {
         try MessageIdentifier.validate(identifier)
@@ -39,6 +41,8 @@ public final class WormholeQueue: Sendable {
         self.log = try wormhole.engine.queueLog(identifier, sender: wormhole.sender, retention: retention)
         self.coder = wormhole.coder
         self.logger = wormhole.logger
+        self.engine = wormhole.engine
+        self.sender = wormhole.sender
     }
 
     // MARK: Producing
@@ -81,14 +85,19 @@ public final class WormholeQueue: Sendable {
     /// new one as it is appended.
     ///
     /// The handler returning acknowledges the message: the consumer's position is stored before the next one is
-    /// handled, so a message is never handled twice once acknowledged. A handler that throws leaves the message
-    /// unacknowledged: the error goes to `errorHandler`, and the message is offered again at the next append (or
-    /// when the consumer starts again). A message that cannot be decoded as `type` is reported as
-    /// ``WormholeError/Code/decodingFailed`` and passed over, so that it cannot block the queue.
+    /// handled, so a message is never handled twice once acknowledged. A handler that throws has failed an attempt:
+    /// `retry` says when the message is offered again (``QueueMessage/attempt`` counts them) and whether later
+    /// messages wait meanwhile; after its last attempt the message goes to the consumer's dead letters
+    /// (``deadLetters(consumer:)``) and the consumer moves on, so that no message can stop it for good. The error
+    /// goes to `errorHandler` either way. A message that cannot be decoded as `type` is reported as
+    /// ``WormholeError/Code/decodingFailed`` and goes to the dead letters at once. A handler that throws
+    /// `CancellationError` stops the consumer: its message stays unacknowledged, with no attempt counted.
     ///
     /// - Parameters:
     ///   - consumer: The consumer's durable name (rules of ``MessageIdentifier``).
     ///   - type: The type of the messages.
+    ///   - retry: How failed attempts are retried; by default 5 attempts, later messages flowing past one that
+    ///     waits (``QueueRetryPolicy/default``).
     ///   - execution: Where the handler runs; by default ``CallbackExecution/automatic``: one message at a time, on
     ///     the notifier's thread while the handler returns quickly (a backlog is taken in passes of a few
     ///     milliseconds).
@@ -99,6 +108,7 @@ public final class WormholeQueue: Sendable {
     public func consume<Message: Decodable & Sendable>(
         consumer: String,
         as type: Message.Type = Message.self,
+        retry: QueueRetryPolicy = .default,
         on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Message>) throws -> Void
@@ -106,6 +116,41 @@ public final class WormholeQueue: Sendable {
         try startConsumer(
             consumer,
             batchSize: 1,
+            retry: retry,
+            execution: execution,
+            errorHandler: errorHandler,
+            decode: decoder(for: type),
+            handler: .each({ message in
+                try handler(message)
+                return .done
+            })
+        )
+    }
+
+    /// Calls `handler` with every message this consumer has not handled yet, as
+    /// ``consume(consumer:as:retry:on:errorHandler:handler:)`` does, with a handler that says what became of each
+    /// message: ``QueueOutcome/done`` acknowledges it, ``QueueOutcome/later(_:)`` offers it again after that long,
+    /// without counting a failed attempt.
+    ///
+    /// ```swift
+    /// let consumer = try jobs.process(consumer: "worker", as: Job.self) { message in
+    ///     guard isOnline() else { return .later(.seconds(30)) }
+    ///     try perform(message.value)
+    ///     return .done
+    /// }
+    /// ```
+    public func process<Message: Decodable & Sendable>(
+        consumer: String,
+        as type: Message.Type = Message.self,
+        retry: QueueRetryPolicy = .default,
+        on execution: CallbackExecution = .automatic,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        handler: @escaping @Sendable (QueueMessage<Message>) throws -> QueueOutcome
+    ) throws(WormholeError) -> QueueConsumer {
+        try startConsumer(
+            consumer,
+            batchSize: 1,
+            retry: retry,
             execution: execution,
             errorHandler: errorHandler,
             decode: decoder(for: type),
@@ -114,16 +159,18 @@ public final class WormholeQueue: Sendable {
     }
 
     /// Calls `handler` with every message of the queue as stored bytes, without decoding; otherwise as
-    /// ``consume(consumer:as:on:errorHandler:handler:)``.
-    public func consumeData(
+    /// ``process(consumer:as:retry:on:errorHandler:handler:)``.
+    public func processData(
         consumer: String,
+        retry: QueueRetryPolicy = .default,
         on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
-        handler: @escaping @Sendable (QueueMessage<Data>) throws -> Void
+        handler: @escaping @Sendable (QueueMessage<Data>) throws -> QueueOutcome
     ) throws(WormholeError) -> QueueConsumer {
         try startConsumer(
             consumer,
             batchSize: 1,
+            retry: retry,
             execution: execution,
             errorHandler: errorHandler,
             decode: Self.bytes,
@@ -131,25 +178,53 @@ public final class WormholeQueue: Sendable {
         )
     }
 
+    /// Calls `handler` with every message of the queue as stored bytes, without decoding; otherwise as
+    /// ``consume(consumer:as:retry:on:errorHandler:handler:)``.
+    public func consumeData(
+        consumer: String,
+        retry: QueueRetryPolicy = .default,
+        on execution: CallbackExecution = .automatic,
+        errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
+        handler: @escaping @Sendable (QueueMessage<Data>) throws -> Void
+    ) throws(WormholeError) -> QueueConsumer {
+        try startConsumer(
+            consumer,
+            batchSize: 1,
+            retry: retry,
+            execution: execution,
+            errorHandler: errorHandler,
+            decode: Self.bytes,
+            handler: .each({ message in
+                try handler(message)
+                return .done
+            })
+        )
+    }
+
     /// Calls `handler` with the messages this consumer has not handled yet in batches, in order: up to
     /// `maximumCount` messages at a time, as many as are there.
     ///
     /// The fast way to consume a busy queue: the handler returning acknowledges the whole batch by storing the
-    /// consumer's position once, where ``consume(consumer:as:on:errorHandler:handler:)`` stores it once per message.
-    /// A handler that throws leaves the whole batch unacknowledged, to be offered again. A message that cannot be
-    /// decoded is reported as ``WormholeError/Code/decodingFailed`` and left out of its batch.
+    /// consumer's position once, where ``consume(consumer:as:retry:on:errorHandler:handler:)`` stores it once per
+    /// message. A handler that throws has failed an attempt of every message of the batch: in
+    /// ``QueueRetryPolicy/Order-swift.enum/unordered`` order each is set aside and comes back, with the others due
+    /// then, in a later batch; in ``QueueRetryPolicy/Order-swift.enum/strict`` order the batch is offered again after
+    /// the back-off. A message that cannot be decoded is reported as ``WormholeError/Code/decodingFailed`` and goes
+    /// to the dead letters.
     ///
     /// - Parameters:
-    ///   - consumer: The consumer's durable name, as for ``consume(consumer:as:on:errorHandler:handler:)``.
+    ///   - consumer: The consumer's durable name, as for ``consume(consumer:as:retry:on:errorHandler:handler:)``.
     ///   - type: The type of the messages.
     ///   - maximumCount: The most messages in one batch (at least 1).
-    ///   - execution: Where the handler runs, as for ``consume(consumer:as:on:errorHandler:handler:)``.
-    ///   - errorHandler: Called with the errors, as for ``consume(consumer:as:on:errorHandler:handler:)``.
+    ///   - retry: How failed attempts are retried, as for ``consume(consumer:as:retry:on:errorHandler:handler:)``.
+    ///   - execution: Where the handler runs, as for ``consume(consumer:as:retry:on:errorHandler:handler:)``.
+    ///   - errorHandler: Called with the errors, as for ``consume(consumer:as:retry:on:errorHandler:handler:)``.
     ///   - handler: Called with each batch; returning acknowledges it.
     public func consumeBatches<Message: Decodable & Sendable>(
         consumer: String,
         as type: Message.Type = Message.self,
         maximumCount: Int = 1_000,
+        retry: QueueRetryPolicy = .default,
         on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable ([QueueMessage<Message>]) throws -> Void
@@ -157,6 +232,7 @@ public final class WormholeQueue: Sendable {
         try startConsumer(
             consumer,
             batchSize: maximumCount,
+            retry: retry,
             execution: execution,
             errorHandler: errorHandler,
             decode: decoder(for: type),
@@ -165,10 +241,11 @@ public final class WormholeQueue: Sendable {
     }
 
     /// Calls `handler` with batches of messages as stored bytes; see
-    /// ``consumeBatches(consumer:as:maximumCount:on:errorHandler:handler:)``.
+    /// ``consumeBatches(consumer:as:maximumCount:retry:on:errorHandler:handler:)``.
     public func consumeDataBatches(
         consumer: String,
         maximumCount: Int = 1_000,
+        retry: QueueRetryPolicy = .default,
         on execution: CallbackExecution = .automatic,
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable ([QueueMessage<Data>]) throws -> Void
@@ -176,6 +253,7 @@ public final class WormholeQueue: Sendable {
         try startConsumer(
             consumer,
             batchSize: maximumCount,
+            retry: retry,
             execution: execution,
             errorHandler: errorHandler,
             decode: Self.bytes,
@@ -210,7 +288,7 @@ public final class WormholeQueue: Sendable {
     /// What a consumer's handler takes.
     private enum MessageHandler<Value: Sendable>: Sendable {
         /// One message at a time (batches of one): no array is made per message.
-        case each(@Sendable (QueueMessage<Value>) throws -> Void)
+        case each(@Sendable (QueueMessage<Value>) throws -> QueueOutcome)
         /// Batches of messages.
         case batches(@Sendable ([QueueMessage<Value>]) throws -> Void)
     }
@@ -218,82 +296,215 @@ public final class WormholeQueue: Sendable {
     private func startConsumer<Value: Sendable>(
         _ consumer: String,
         batchSize: Int,
+        retry policy: QueueRetryPolicy,
         execution: CallbackExecution,
         errorHandler: (@Sendable (WormholeError) -> Void)?,
         decode: @escaping @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Value>,
         handler: MessageHandler<Value>
     ) throws(WormholeError) -> QueueConsumer {
         try MessageIdentifier.validate(consumer)
+        let retries = try QueueRetries(
+            policy: policy,
+            queue: identifier,
+            consumer: consumer,
+            sender: sender,
+            engine: engine,
+            longestWait: retention
+        ) { [self] error in report(error, to: errorHandler) }
+        let delivery = QueueDelivery(
+            queue: self,
+            consumer: consumer,
+            retries: retries,
+            batchSize: batchSize,
+            errorHandler: errorHandler,
+            decode: decode,
+            handler: handler
+        )
         let cursor = try log.openCursor(consumer: consumer)
         let core = QueueConsumer(
             cursor: cursor,
             execution: execution,
             label: "wormhole.queue.\(identifier).\(consumer)",
-            batchSize: batchSize
-        ) { [self] records in
+            batchSize: batchSize,
+            prepare: { position in delivery.deliverDue(before: position) },
+            releaseWaits: { retries.releaseWaits() },
+            deliver: { records in delivery.deliver(records) },
+            reportError: { [self] error in report(error, to: errorHandler) }
+        )
+        retries.attach(core)
+        try core.start()
+        return core
+    }
+
+    /// Hands one consumer's records to its handler and settles each attempt with its ``QueueRetries``.
+    private struct QueueDelivery<Value: Sendable>: Sendable {
+        let queue: WormholeQueue
+        let consumer: String
+        let retries: QueueRetries
+        let batchSize: Int
+        let errorHandler: (@Sendable (WormholeError) -> Void)?
+        let decode: @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Value>
+        let handler: MessageHandler<Value>
+
+        /// Records read from the queue at the consumer's position; false leaves them unacknowledged.
+        func deliver(_ records: [QueueRecord]) -> Bool {
+            // The success path of a consumer with nothing set aside looks at nothing more than this.
+            let anySetAside = !retries.isEmpty
             switch handler {
             case .each(let handle):
-                // A batch of one, as read for this handler: a failure leaves it unacknowledged.
                 for record in records {
-                    let message: QueueMessage<Value>
-                    do throws(WormholeError) {
-                        message = try decode(record)
-                    } catch {
-                        reportPassedOver(error, to: errorHandler)
-                        continue
+                    var entry: SetAsideMessage?
+                    if anySetAside {
+                        switch retries.standing(of: record.offset) {
+                        case .fresh: break
+                        case .setAside: continue
+                        case .waiting(let until):
+                            retries.wake(at: until)
+                            return false
+                        case .due(let found): entry = found
+                        }
                     }
-                    do {
-                        try handle(message)
-                    } catch {
-                        reportHandlerFailure(error, count: 1, from: message.offset, to: errorHandler)
+                    guard deliverOne(record, number: (entry?.attempts ?? 0) + 1, entry: entry, handle) else {
                         return false
                     }
                 }
                 return true
             case .batches(let handle):
-                var messages: [QueueMessage<Value>] = []
-                messages.reserveCapacity(records.count)
-                for record in records {
-                    do throws(WormholeError) {
-                        messages.append(try decode(record))
-                    } catch {
-                        reportPassedOver(error, to: errorHandler)
+                var items: [(record: QueueRecord, number: Int, entry: SetAsideMessage?)] = []
+                items.reserveCapacity(records.count)
+                scan: for record in records {
+                    var entry: SetAsideMessage?
+                    if anySetAside {
+                        switch retries.standing(of: record.offset) {
+                        case .fresh: break
+                        case .setAside: continue scan
+                        case .waiting(let until):
+                            // Strict: the batch goes as far as the first message that waits.
+                            if items.isEmpty {
+                                retries.wake(at: until)
+                                return false
+                            }
+                            break scan
+                        case .due(let found): entry = found
+                        }
                     }
+                    items.append((record, (entry?.attempts ?? 0) + 1, entry))
                 }
-                guard !messages.isEmpty else { return true }
-                do {
-                    try handle(messages)
-                    return true
-                } catch {
-                    reportHandlerFailure(error, count: messages.count, from: messages[0].offset, to: errorHandler)
-                    return false
+                return deliverBatch(items, handle)
+            }
+        }
+
+        /// Hands over the set-aside messages whose time has come, before the queue is read.
+        func deliverDue(before position: UInt64) {
+            guard !retries.isEmpty else { return }
+            // A pass takes a bounded number; the rest comes at the next, which `wake(at:)` asks for now.
+            var handed = 0
+            while handed < 256 {
+                let due = retries.due(before: position, now: QueueRetries.now(), limit: batchSize)
+                guard !due.isEmpty else { return }
+                handed += due.count
+                switch handler {
+                case .each(let handle):
+                    for entry in due {
+                        _ = deliverOne(entry.record, number: entry.attempts + 1, entry: entry, handle)
+                    }
+                case .batches(let handle):
+                    _ = deliverBatch(due.map { ($0.record, $0.attempts + 1, $0) }, handle)
                 }
             }
-        } reportError: { [self] error in
-            report(error, to: errorHandler)
+            retries.wake(at: QueueRetries.now())
         }
-        try core.start()
-        return core
-    }
 
-    /// A message that cannot be decoded: passed over, so that it cannot block the queue.
-    private func reportPassedOver(_ error: WormholeError, to errorHandler: (@Sendable (WormholeError) -> Void)?) {
-        var error = error
-        error.message += " It is passed over."
-        report(error, to: errorHandler)
-    }
+        private func deliverOne(
+            _ record: QueueRecord,
+            number: Int,
+            entry: SetAsideMessage?,
+            _ handle: @Sendable (QueueMessage<Value>) throws -> QueueOutcome
+        ) -> Bool {
+            var message: QueueMessage<Value>
+            do throws(WormholeError) {
+                message = try decode(record)
+            } catch {
+                reportUndecodable(error)
+                return retries.giveUp(on: record, attempts: number, error: error)
+            }
+            message.attempt = number
+            let attempt: QueueRetries.Attempt
+            do {
+                switch try handle(message) {
+                case .done:
+                    // The success path: nothing to store but the position.
+                    guard entry != nil else { return true }
+                    attempt = .done
+                case .later(let delay): attempt = .later(delay)
+                }
+            } catch is CancellationError {
+                return stop()
+            } catch {
+                reportFailure(error, count: 1, from: record.offset, number: number)
+                attempt = .failed(error)
+            }
+            return retries.settle(attempt, of: record, number: number, entry: entry)
+        }
 
-    private func reportHandlerFailure(
-        _ error: any Error,
-        count: Int,
-        from offset: UInt64,
-        to errorHandler: (@Sendable (WormholeError) -> Void)?
-    ) {
-        let place = count == 1 ? "the message at offset \(offset)" : "\(count) messages from offset \(offset)"
-        report(
-            .handlerFailed(error, "on \(place); it stays unacknowledged and is offered again", identifier: identifier),
-            to: errorHandler
-        )
+        private func deliverBatch(
+            _ items: [(record: QueueRecord, number: Int, entry: SetAsideMessage?)],
+            _ handle: @Sendable ([QueueMessage<Value>]) throws -> Void
+        ) -> Bool {
+            var messages: [QueueMessage<Value>] = []
+            var handed: [(record: QueueRecord, number: Int, entry: SetAsideMessage?)] = []
+            messages.reserveCapacity(items.count)
+            for item in items {
+                do throws(WormholeError) {
+                    var message = try decode(item.record)
+                    message.attempt = item.number
+                    messages.append(message)
+                    handed.append(item)
+                } catch {
+                    reportUndecodable(error)
+                    guard retries.giveUp(on: item.record, attempts: item.number, error: error) else { return false }
+                }
+            }
+            guard !messages.isEmpty else { return true }
+            do {
+                try handle(messages)
+                guard handed.contains(where: { $0.entry != nil }) else { return true }
+                return retries.settle(handed, .done)
+            } catch is CancellationError {
+                return stop()
+            } catch {
+                reportFailure(error, count: messages.count, from: messages[0].offset, number: handed[0].number)
+                return retries.settle(handed, .failed(error))
+            }
+        }
+
+        /// A handler threw `CancellationError`: the message is not handled, no attempt is counted, and the consumer
+        /// stops.
+        private func stop() -> Bool {
+            retries.cancelConsumer()
+            return false
+        }
+
+        /// A message that cannot be decoded: to the dead letters, so that it cannot block the queue.
+        private func reportUndecodable(_ error: WormholeError) {
+            var error = error
+            error.message += " It goes to the dead letters of consumer \(consumer)."
+            queue.report(error, to: errorHandler)
+        }
+
+        private func reportFailure(_ error: any Error, count: Int, from offset: UInt64, number: Int) {
+            let policy = retries.policy
+            let place = count == 1 ? "the message at offset \(offset)" : "\(count) messages from offset \(offset)"
+            let limit = policy.maximumAttempts == .max ? "" : " of \(policy.maximumAttempts)"
+            let fate =
+                number >= policy.maximumAttempts
+                ? "it was the last attempt: it goes to the dead letters of consumer \(consumer)"
+                : "it is offered again after a back-off"
+            queue.report(
+                .handlerFailed(error, "on \(place), attempt \(number)\(limit); \(fate)", identifier: queue.identifier),
+                to: errorHandler
+            )
+        }
     }
 
     /// The messages this consumer has not handled yet, then each new one, as an `AsyncSequence`.

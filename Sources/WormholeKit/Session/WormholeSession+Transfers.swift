@@ -100,12 +100,17 @@ extension WormholeSession {
         let outbox = try wormhole.suite(incoming.userInfoOutbox)
         // On a queue of its own, never inline on the notifier's thread: the handler waits for the user's handlers,
         // which run where they were registered, perhaps on that very thread.
-        return try wormhole.queue(incoming.userInfo).consumeData(
+        return try wormhole.queue(incoming.userInfo).processData(
             consumer: name,
+            // In order, never skipped: a transfer waits for the session's handlers however long it takes.
+            retry: .forever,
             on: .serialQueue,
             errorHandler: { [weak self] error in self?.reportUnlessStopping(error) }
         ) { [weak self] message in
-            guard let self, activationState == .activated, !userInfoHandlers.isEmpty else { throw NoHandlerLeft() }
+            // Not now: offered again at the next activation or handler (`wakeUp()`), or in a minute.
+            guard let self, activationState == .activated, !userInfoHandlers.isEmpty else {
+                return .later(Self.untilWoken)
+            }
             let transfer: SessionUserInfoTransfer
             do throws(WormholeError) {
                 transfer = try Self.decode(
@@ -122,14 +127,15 @@ extension WormholeSession {
                         identifier: incoming.userInfo
                     )
                 )
-                return
+                return .done
             }
-            try exclusively(incoming.userInfo, transfer.id) { () throws(WormholeError) in
+            let outcome = try exclusively(incoming.userInfo, transfer.id) { () throws(WormholeError) -> QueueOutcome in
                 if !running.withLock({ $0.handledUserInfo.contains(transfer.id) }) {
                     // Claimed in the outbox before the handlers run: from then on it cannot be cancelled, and if this
                     // process dies before it is done, it comes again and is delivered.
-                    guard try claim(transfer.id, in: outbox) else { return }
-                    guard userInfoHandlers.deliverAndWait(transfer) else { throw .noHandlerLeft }
+                    guard try claim(transfer.id, in: outbox) else { return .done }
+                    // The last handler went while it was handed over: it waits for the next.
+                    guard userInfoHandlers.deliverAndWait(transfer) else { return .later(Self.untilWoken) }
                     running.withLock { _ = $0.handledUserInfo.insert(transfer.id) }
                 }
                 // Handled: if this write fails, the transfer comes again and only this write is tried again.
@@ -140,9 +146,16 @@ extension WormholeSession {
                     throw error
                 }
                 running.withLock { _ = $0.handledUserInfo.remove(transfer.id) }
+                return .done
             }
+            // Another session of this process is handing it over: in a second.
+            return outcome ?? .later(.seconds(1))
         }
     }
+
+    /// How long a transfer waits for a handler, unless the session's next activation or handler wakes its consumer
+    /// first.
+    static let untilWoken = Duration.seconds(60)
 
     /// Marks a transfer of the counterpart's outbox as being delivered; false when it is not there (cancelled,
     /// replaced by a newer current one, or delivered before a crash).
@@ -290,7 +303,8 @@ extension WormholeSession {
             // Moved into the directory already: when it comes again, it is found there and not moved twice.
             guard let self, activationState == .activated else { throw NoHandlerLeft() }
             let id = file.transfer.id
-            try exclusively(incoming.files, id) { () throws(WormholeError) in
+            // A transfer's receive handler cannot put a file off: it throws, and the file comes again (in order).
+            let handed: Void? = try exclusively(incoming.files, id) { () throws(WormholeError) in
                 if !running.withLock({ $0.handledFiles.contains(id) }) {
                     guard fileHandlers.deliverAndWait(file) else { throw .noHandlerLeft }
                     running.withLock { _ = $0.handledFiles.insert(id) }
@@ -303,6 +317,7 @@ extension WormholeSession {
                 }
                 running.withLock { _ = $0.handledFiles.remove(id) }
             }
+            if handed == nil { throw NoHandlerLeft() }
         }
     }
 

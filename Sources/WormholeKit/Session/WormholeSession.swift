@@ -73,17 +73,17 @@ public final class WormholeSession: Sendable {
     /// (an app that makes its session anew) must not hand over what the one before it is still handing over.
     static let deliveriesUnderWay = Locked<Set<String>>([])
 
-    /// Runs `body` as the only delivery of `id` on `channel` in this process; throws ``NoHandlerLeft`` (the transfer
-    /// stays unacknowledged, and is tried again in a second) when another is under way.
+    /// Runs `body` as the only delivery of `id` on `channel` in this process; returns nil, running nothing, when
+    /// another is under way (the transfer waits, and the consumers are woken again in a second).
     func exclusively<Result>(
         _ channel: String,
         _ id: String,
         _ body: () throws(WormholeError) -> Result
-    ) throws -> Result {
+    ) throws(WormholeError) -> Result? {
         let key = channel + "/" + id
         guard Self.deliveriesUnderWay.withLock({ $0.insert(key).inserted }) else {
             retryConsumersLater()
-            throw NoHandlerLeft()
+            return nil
         }
         defer { _ = Self.deliveriesUnderWay.withLock { $0.remove(key) } }
         return try body()
@@ -99,8 +99,8 @@ public final class WormholeSession: Sendable {
         /// Made at the first activation with a handler of their kind, and kept until the session goes: stopping one
         /// would wait for a delivery that may wait for the caller's queue, and a second one could deliver what the
         /// first one is still handling. While the session is deactivated, or has no handler of their kind, they
-        /// leave each transfer unacknowledged (``NoHandlerLeft``), and are woken again at the next activation or
-        /// handler.
+        /// leave each transfer unacknowledged (user info puts it off with `QueueOutcome.later`, files throw
+        /// ``NoHandlerLeft``), and are woken again at the next activation or handler.
         var userInfoConsumer: QueueConsumer?
         var fileReceiver: QueueConsumer?
         var timer: (any DispatchSourceTimer)?

@@ -92,6 +92,8 @@ public final class WormholeTransfers: Sendable {
     /// The file is renamed into `destination` (copied when it is on another file system), under its transfer name,
     /// with ` (2)`, ` (3)`… added when the name is taken. The transfer is acknowledged when `handler` returns; a
     /// receiver killed before that gets the same file again (already in `destination`: it is not moved twice). A
+    /// handler that throws gets it again, before any later file, after a wait of 1 s doubling to a minute, for as
+    /// many times as it throws (``QueueRetryPolicy/forever``): a file is never skipped. A
     /// transfer cancelled before it was received is reported to `errorHandler` (or logged) and passed over, as is one
     /// whose staged file is not this package's (``WormholeError/Code/untrustedFile``) or whose chunks no sender
     /// writes (``WormholeError/Code/corruptMessage``): neither is handed over, and neither holds up the channel.
@@ -107,8 +109,13 @@ public final class WormholeTransfers: Sendable {
         _ = try DirectoryHandle.open(path: destination, create: true)
         // The delivery whose marker is kept until the queue has acknowledged it: the next delivery's start.
         let acknowledged = Locked<String?>(nil)
-        return try queue.consume(consumer: consumer, as: FileTransfer.self, on: execution, errorHandler: errorHandler) {
-            [self] message in
+        return try queue.consume(
+            consumer: consumer,
+            as: FileTransfer.self,
+            retry: .forever,
+            on: execution,
+            errorHandler: errorHandler
+        ) { [self] message in
             let transfer = message.value
             // The previous transfer's marker goes once its acknowledgement is on the disk: a power cut that kept the
             // marker's removal but lost the position would make the file look cancelled when it comes again.

@@ -8,8 +8,8 @@ import WormholeKit
 /// each producer's order kept, across restarts of either side. Appending a batch is atomic and ordered: consumers see
 /// its messages together, with no other append in between. A consumer's position moves only when it acknowledges
 /// (its handler returns, or its sequence asks for the next message or is told to acknowledge): a consumer restarted
-/// under the same name gets nothing it acknowledged and catches up on what came while it was away; a handler that
-/// throws leaves its message unacknowledged, to be offered again, and reports ``WormholeError/Code/handlerFailed``.
+/// under the same name gets nothing it acknowledged and catches up on what came while it was away. What a handler
+/// that throws leads to (attempts, back-off, dead letters) is `QueueRetryContract`'s.
 /// ``WormholeQueue/status()`` tells each consumer's position and lag.
 @Suite("Contract: queues", .limit(minutes: 3))
 struct QueueContract {
@@ -102,61 +102,6 @@ struct QueueContract {
             #expect(eventually { received.values.last == 20 })
             #expect(received.values == Array(0...20), "none twice, none lost, in order")
             second.cancel()
-        }
-    }
-
-    @Test(
-        "A handler that throws gets its message again, and the error is .handlerFailed",
-        arguments: EngineKind.underTest
-    )
-    func throwingHandler(kind: EngineKind) async throws {
-        try await offThePool {
-            let fixture = try EngineFixture(kind)
-            let producer = try fixture.wormhole("app").queue("jobs")
-            let attempts = Collector<Int>()
-            let handled = Collector<Int>()
-            let errors = Collector<WormholeError>()
-            let consumer = try fixture.wormhole("worker").queue("jobs").consume(
-                consumer: "worker",
-                as: Int.self,
-                errorHandler: { errors.append($0) }
-            ) { message in
-                attempts.append(message.value)
-                if attempts.count == 1 { throw ContractFailure() }
-                handled.append(message.value)
-            }
-
-            try producer.enqueue(1)
-            #expect(eventually { errors.count == 1 })
-            // The next append offers the unacknowledged message again, before the new one.
-            try producer.enqueue(2)
-            #expect(eventually { handled.count == 2 })
-            #expect(handled.values == [1, 2])
-            #expect(attempts.values == [1, 1, 2])
-            #expect(errors.values.map(\.code) == [.handlerFailed])
-            #expect(errors.values.first?.underlyingError is ContractFailure)
-            consumer.cancel()
-
-            // Restarted after a failure: the failed message is offered again.
-            let refused = Collector<Int>()
-            let failing = try fixture.wormhole("worker-2").queue("jobs").consume(
-                consumer: "fragile",
-                as: Int.self,
-                errorHandler: { _ in }
-            ) { message in
-                refused.append(message.value)
-                throw ContractFailure()
-            }
-            #expect(eventually { refused.count >= 1 })
-            failing.cancel()
-            #expect(refused.values.allSatisfy { $0 == 1 }, "the first message blocks the consumer until handled")
-            let again = Collector<Int>()
-            let restarted = try fixture.wormhole("worker-3").queue("jobs").consume(consumer: "fragile", as: Int.self) {
-                again.append($0.value)
-            }
-            #expect(eventually { again.count == 2 })
-            #expect(again.values == [1, 2], "nothing was acknowledged by the handler that threw")
-            restarted.cancel()
         }
     }
 

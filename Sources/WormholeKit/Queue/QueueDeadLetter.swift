@@ -1,0 +1,134 @@
+import Foundation
+
+/// A message a consumer gave up on: its handler failed at every attempt the consumer's ``QueueRetryPolicy``
+/// allowed, or it could not be decoded.
+///
+/// It keeps everything the message was: its bytes, its offset in the queue, who enqueued it and when, with how many
+/// times it was offered and the text of the last error. ``WormholeDeadLetters`` lists them, requeues them and drops
+/// them.
+public struct QueueDeadLetter: Sendable, Hashable, Codable {
+    /// Why a message went to the dead letters.
+    public enum Reason: String, Sendable, Hashable, Codable {
+        /// Its handler failed at its last attempt.
+        case failed
+        /// It could not be decoded as the consumer's message type.
+        case undecodable
+    }
+
+    /// The message's offset in its queue.
+    public var offset: UInt64
+    /// The position just past the message in its queue.
+    public var end: UInt64
+    /// Who enqueued it.
+    public var sender: String
+    /// When it was enqueued, in nanoseconds since 1970.
+    public var timestampNanoseconds: Int64
+    /// How many times it was offered.
+    public var attempts: Int
+    /// Why it went to the dead letters.
+    public var reason: Reason
+    /// The text of the last error.
+    public var lastError: String
+    /// When it went to the dead letters, in nanoseconds since 1970.
+    public var deadLetteredNanoseconds: Int64
+    /// The message's bytes, as enqueued.
+    public var payload: Data
+
+    /// When it was enqueued.
+    public var date: Date { Date(timeIntervalSince1970: Double(timestampNanoseconds) / 1e9) }
+
+    /// Creates a dead letter.
+    public init(
+        offset: UInt64,
+        end: UInt64,
+        sender: String,
+        timestampNanoseconds: Int64,
+        attempts: Int,
+        reason: Reason,
+        lastError: String,
+        deadLetteredNanoseconds: Int64,
+        payload: Data
+    ) {
+        self.offset = offset
+        self.end = end
+        self.sender = sender
+        self.timestampNanoseconds = timestampNanoseconds
+        self.attempts = attempts
+        self.reason = reason
+        self.lastError = lastError
+        self.deadLetteredNanoseconds = deadLetteredNanoseconds
+        self.payload = payload
+    }
+}
+
+/// A message set aside by a consumer until its next attempt: the value of its key in the consumer's retries suite.
+struct SetAsideMessage: Sendable, Hashable, Codable {
+    /// The message's offset and end in its queue.
+    var offset: UInt64
+    var end: UInt64
+    var sender: String
+    var timestampNanoseconds: Int64
+    /// How many attempts failed so far (a message put off by ``QueueOutcome/later(_:)`` does not count one).
+    var attempts: Int
+    /// When it may be offered again, in nanoseconds since 1970.
+    var notBeforeNanoseconds: Int64
+    /// The text of the last failure, if any.
+    var lastError: String?
+    var payload: Data
+
+    init(record: QueueRecord, attempts: Int, notBeforeNanoseconds: Int64, lastError: String?) {
+        offset = record.offset
+        end = record.end
+        sender = record.sender
+        timestampNanoseconds = record.timestampNanoseconds
+        self.attempts = attempts
+        self.notBeforeNanoseconds = notBeforeNanoseconds
+        self.lastError = lastError
+        payload = record.payload
+    }
+
+    /// The record it was, for its handler.
+    var record: QueueRecord {
+        QueueRecord(
+            offset: offset,
+            end: end,
+            sender: sender,
+            timestampNanoseconds: timestampNanoseconds,
+            payload: payload
+        )
+    }
+
+    /// Whether what was read makes sense: an entry that does not is reported and left where it is.
+    var isValid: Bool { end > offset && attempts >= 0 }
+}
+
+/// The names of a consumer's retries and dead letters, suites of the queue's engine.
+enum QueueWorkNames {
+    /// The key of a message's entry: its offset, zero-padded so that keys sort as offsets do.
+    static func key(_ offset: UInt64) -> String {
+        let digits = String(offset)
+        return String(repeating: "0", count: max(0, 20 - digits.utf8.count)) + digits
+    }
+
+    static func retries(queue: String, consumer: String) -> String { name(queue, "retries", consumer) }
+
+    static func deadLetters(queue: String, consumer: String) -> String { name(queue, "dead-letters", consumer) }
+
+    /// `QUEUE#KIND#CONSUMER`; when that is longer than an identifier may be, a prefix of it and a hash of the whole
+    /// (FNV-1a, the same in every process and on every platform).
+    private static func name(_ queue: String, _ kind: String, _ consumer: String) -> String {
+        let full = "\(queue)#\(kind)#\(consumer)"
+        guard full.utf8.count > MessageIdentifier.maximumLength else { return full }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in full.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        let suffix = "#" + String(hash, radix: 16)
+        // Whole characters only, so that the name stays valid UTF-8 within the limit.
+        var prefix = ""
+        for character in full {
+            guard prefix.utf8.count + character.utf8.count + suffix.utf8.count <= MessageIdentifier.maximumLength
+            else { break }
+            prefix.append(character)
+        }
+        return prefix + suffix
+    }
+}
