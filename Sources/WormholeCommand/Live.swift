@@ -103,10 +103,16 @@ struct Respond: ParsableCommand {
         var description: String { "the command exited with status \(status): \(message)" }
     }
 
-    static func run(_ command: String, input: Data) throws -> Data {
+    /// Runs `command` with `sh -c`, `input` on its standard input and `environment` added to this process's; returns
+    /// what it printed, trimmed, or throws ``CommandFailed`` with its standard error when it exits with another
+    /// status than 0.
+    static func run(_ command: String, input: Data, environment: [String: String] = [:]) throws -> Data {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/bin/sh")
         process.arguments = ["-c", command]
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, added in added }
+        }
         let stdin = Pipe()
         let stdout = Pipe()
         let stderr = Pipe()

@@ -20,7 +20,7 @@ struct WormholeCommand: ParsableCommand {
             """,
         version: "0.1.0",
         subcommands: [
-            Send.self, Read.self, Listen.self, Clear.self, List.self, Enqueue.self, Consume.self,
+            Send.self, Read.self, Listen.self, Clear.self, List.self, Enqueue.self, Consume.self, DeadLetters.self,
             QueueStatusCommand.self, Request.self, Respond.self, LiveSend.self, LiveListen.self, Defaults.self,
             TransferCommand.self, SessionCommand.self,
             StoreCommand.self,

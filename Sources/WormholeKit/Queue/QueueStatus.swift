@@ -13,6 +13,13 @@ public struct QueueStatus: Sendable, Codable, Equatable {
         public var lagBytes: UInt64
         /// How many messages it has not handled.
         public var lagMessages: Int
+        /// How many messages wait for another attempt (set aside by its ``QueueRetryPolicy``); nil in an engine's own
+        /// report, which ``WormholeQueue/status()`` fills in.
+        public var waitingForRetry: Int?
+        /// When the first of them comes due, in nanoseconds since 1970; nil when none waits.
+        public var nextRetryNanoseconds: Int64?
+        /// How many messages it gave up on (``WormholeDeadLetters``); nil in an engine's own report.
+        public var deadLetters: Int?
 
         /// Creates a consumer's status, as an engine's ``QueueLog`` reports it.
         public init(name: String, offset: UInt64, lagBytes: UInt64, lagMessages: Int) {

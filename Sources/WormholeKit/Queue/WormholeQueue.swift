@@ -535,9 +535,25 @@ public final class WormholeQueue: Sendable {
 
     // MARK: Status
 
-    /// The queue's size, and each consumer's position and how far behind it is.
+    /// The queue's size, and each consumer's position, how far behind it is, how many of its messages wait for
+    /// another attempt (and when the first comes due) and how many it gave up on.
     public func status() throws(WormholeError) -> QueueStatus {
-        try log.status()
+        var status = try log.status()
+        for index in status.consumers.indices {
+            let name = status.consumers[index].name
+            let waiting = try engine.suiteStore(QueueWorkNames.retries(queue: identifier, consumer: name)).read().values
+            var next: Int64?
+            for key in waiting.keys {
+                guard let entry = waiting[key, as: SetAsideMessage.self] else { continue }
+                next = min(next ?? .max, entry.notBeforeNanoseconds)
+            }
+            status.consumers[index].waitingForRetry = waiting.keys.count
+            status.consumers[index].nextRetryNanoseconds = next
+            status.consumers[index].deadLetters = try engine.suiteStore(
+                QueueWorkNames.deadLetters(queue: identifier, consumer: name)
+            ).read().values.keys.count
+        }
+        return status
     }
 
     // MARK: Reclaiming

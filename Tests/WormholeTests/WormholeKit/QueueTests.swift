@@ -464,6 +464,50 @@ struct QueueTests {
         }
     }
 
+    @Test("consume --exec: a script is a consumer; a failing message goes to dead-letters, which retries and drops")
+    func commandLineExec() async throws {
+        try await offThePool {
+            for message in [#"{"n":1}"#, #"{"n":"poison"}"#, #"{"n":3}"#] {
+                #expect(try WormholeTool.run(["enqueue"] + location + ["jobs", message]).status == 0)
+            }
+            let script = #"read line; case "$line" in *poison*) echo "bad input" >&2; exit 3;; esac; "#
+                + #"echo "done $WORMHOLE_OFFSET $WORMHOLE_ATTEMPT $line""#
+            let run = try WormholeTool.run(
+                ["consume"] + location
+                    + ["jobs", "--consumer", "w", "--exec", script, "--max-attempts", "2", "--backoff", "50ms"]
+                    + ["--timeout", "2"],
+                timeout: 30
+            )
+            #expect(run.status == 0)
+            #expect(run.lines.count == 2)
+            #expect(run.lines.allSatisfy { $0.hasPrefix("done ") && $0.contains(" 1 {") }, "\(run.lines)")
+            let listed = try WormholeTool.run(["dead-letters"] + location + ["jobs", "--consumer", "w"])
+            #expect(listed.lines.count == 1)
+            let letter = try JSONDecoder().decode(JSONValue.self, from: Data((listed.lines.first ?? "").utf8))
+            #expect(letter["message"]?["n"]?.stringValue == "poison")
+            #expect(letter["attempts"]?.intValue == 2)
+            #expect(letter["reason"]?.stringValue == "failed")
+            #expect(letter["lastError"]?.stringValue?.contains("bad input") == true)
+            let status = try WormholeTool.run(["queue-status"] + location + ["jobs"])
+            let decoded = try JSONDecoder().decode(QueueStatus.self, from: Data(status.output.utf8))
+            #expect(decoded.consumers.first?.deadLetters == 1)
+            #expect(decoded.consumers.first?.waitingForRetry == 0)
+
+            #expect(try WormholeTool.run(["dead-letters"] + location + ["jobs", "--consumer", "w", "--retry"]).lines
+                == ["requeued 1"])
+            let again = try WormholeTool.run(
+                ["consume"] + location + ["jobs", "--consumer", "w", "--exec", "cat", "--count", "1", "--timeout", "10"],
+                timeout: 30
+            )
+            #expect(again.lines == [#"{"n":"poison"}"#])
+            #expect(try WormholeTool.run(["dead-letters"] + location + ["jobs", "--consumer", "w"]).lines.isEmpty)
+            #expect(try WormholeTool.run(["dead-letters"] + location + ["jobs", "--consumer", "w", "--drop"]).lines
+                == ["dropped 0"])
+            #expect(try WormholeTool.run(["dead-letters"] + location + ["jobs", "--consumer", "w", "--offset", "1"])
+                .status == 64)
+        }
+    }
+
     @Test("enqueue, consume and queue-status from the command line")
     func commandLine() async throws {
         try await offThePool {
