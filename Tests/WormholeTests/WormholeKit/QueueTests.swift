@@ -235,6 +235,41 @@ struct QueueTests {
         }
     }
 
+    @Test("Consumers with failing messages killed at random: every message is handled or a dead letter, none lost")
+    func retryingConsumersKilledAtRandom() async throws {
+        try await offThePool {
+            let queue = try makeQueue()
+            let total = 300
+            try queue.enqueueData(contentsOf: (0..<total).map { Data(#"{"n":\#($0)}"#.utf8) })
+            // Every tenth message fails at each attempt: it must end in the dead letters, the rest handled.
+            let script = #"read line; n=$(printf %s "$line" | tr -cd 0-9); "#
+                + #"if [ $((n % 10)) -eq 3 ]; then echo "poison $n" >&2; exit 1; fi; echo "ok $n""#
+            let arguments =
+                ["consume"] + location
+                + ["jobs", "--consumer", "w", "--exec", script, "--max-attempts", "2", "--backoff", "20ms"]
+            var handled: [Int] = []
+            for _ in 0..<8 {
+                let consumer = try RunningTool(arguments)
+                usleep(UInt32.random(in: 30_000...200_000))
+                consumer.kill()
+                handled += consumer.finish().lines.compactMap { Int($0.dropFirst(3)) }
+            }
+            // The last one drains what is left, retries included.
+            let last = try WormholeTool.run(arguments + ["--timeout", "8"], timeout: 60)
+            handled += last.lines.compactMap { Int($0.dropFirst(3)) }
+            let poison = Set((0..<total).filter { $0 % 10 == 3 })
+            let dead = try queue.deadLetters(consumer: "w").list().map {
+                try JSONDecoder().decode(JSONValue.self, from: $0.payload)["n"]?.intValue ?? -1
+            }
+            #expect(Set(handled) == Set(0..<total).subtracting(poison), "every good message handled")
+            #expect(Set(dead) == poison, "every poison message a dead letter")
+            #expect(dead.count == poison.count, "each once")
+            // A kill repeats at most the message in flight (handled, not yet acknowledged).
+            #expect(handled.count - Set(handled).count <= 8)
+            #expect(try queue.status().consumers.first?.waitingForRetry == 0)
+        }
+    }
+
     @Test("Consumers killed at random points never skip a message and repeat only the one in flight")
     func consumersKilledAtRandom() async throws {
         try await offThePool {
