@@ -515,7 +515,8 @@ public final class WormholeQueue: Sendable {
     /// A message counts as handled when the iteration asks for the next one, or when you pass it to
     /// ``QueueSequence/acknowledge(_:)``. A message that cannot be decoded ends the sequence with
     /// ``WormholeError/Code/decodingFailed`` (it stays unacknowledged); use
-    /// ``consume(consumer:as:on:errorHandler:handler:)`` to pass over such messages.
+    /// ``consume(consumer:as:retry:on:errorHandler:handler:)`` to set such messages aside as dead letters. The
+    /// sequence has no retry policy: the loop decides what a failure means.
     ///
     /// - Throws: ``WormholeError/Code/invalidIdentifier`` for an invalid consumer name, or the error that opening
     ///   the consumer's position met.

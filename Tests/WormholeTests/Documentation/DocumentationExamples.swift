@@ -190,6 +190,57 @@ enum DocumentationExamples {
         return worker  // (not in the docs)
     }
 
+    // Sources/WormholeKit/WormholeKit.docc/DurableQueues.md, "Retries and dead letters".
+    static func durableQueuesRetries(
+        jobs: WormholeQueue,
+        perform: @escaping @Sendable (Job) throws -> Void
+    ) throws -> QueueConsumer {
+        let policy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .milliseconds(200))
+        let worker = try jobs.consume(consumer: "worker", as: Job.self, retry: policy) { message in
+            try perform(message.value)  // throwing fails attempt message.attempt
+        }
+        return worker  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/WormholeKit.docc/DurableQueues.md, "Retries and dead letters" (the dead letters).
+    static func durableQueuesDeadLetters(jobs: WormholeQueue) throws {
+        let dead = try jobs.deadLetters(consumer: "worker")
+        for letter in try dead.list() {
+            print(letter.offset, letter.attempts, letter.reason, letter.lastError)
+        }
+        try dead.requeue()  // offered to the consumer again, from attempt 1
+    }
+
+    // Sources/WormholeKit/Queue/QueueRetryPolicy.swift, QueueRetryPolicy.
+    static func retryPolicyExample() -> [QueueRetryPolicy] {
+        let policy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .milliseconds(200))
+        let strict = QueueRetryPolicy.default.order(.strict)
+        return [policy, strict]  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/Queue/WormholeQueue.swift, process(consumer:as:retry:on:errorHandler:handler:).
+    static func processExample(
+        jobs: WormholeQueue,
+        isOnline: @escaping @Sendable () -> Bool,
+        perform: @escaping @Sendable (Job) throws -> Void
+    ) throws -> QueueConsumer {
+        let consumer = try jobs.process(consumer: "worker", as: Job.self) { message in
+            guard isOnline() else { return .later(.seconds(30)) }
+            try perform(message.value)
+            return .done
+        }
+        return consumer  // (not in the docs)
+    }
+
+    // Sources/WormholeKit/Queue/WormholeDeadLetters.swift, WormholeDeadLetters.
+    static func deadLettersExample(wormhole: Wormhole) throws {
+        let dead = try wormhole.queue("jobs").deadLetters(consumer: "worker")
+        for letter in try dead.list() {
+            print(letter.offset, letter.attempts, letter.lastError)
+        }
+        try dead.requeue()  // each is offered to the consumer again, from attempt 1
+    }
+
     // MARK: - WormholeKit.docc/SecurityAndFailures.md
 
     // Sources/WormholeKit/WormholeKit.docc/SecurityAndFailures.md, "Who may read and write".
@@ -1254,6 +1305,27 @@ struct DocumentationExamplesTests {
         #expect(await waitUntil { batches.withLock { $0.flatMap { $0 } } == [1, 2, 3] })
         #expect(batches.withLock { $0.count } == 1, "the three messages were there at once: one batch")
         batchWorker.cancel()
+
+        // Retries: the first attempt of job 1 fails, its second (200 ms later) succeeds; a job that always fails
+        // ends, after 3 attempts, in the dead letters, which the example requeues.
+        let retryWormhole = Wormhole(engine: InMemoryEngine())
+        let retryJobs = try retryWormhole.queue("jobs")
+        try retryJobs.enqueue(contentsOf: [Examples.Job(id: 1), Examples.Job(id: 13)])
+        let tries = Mutex<[Int]>([])
+        struct NotYet: Error {}
+        let retrying = try Examples.durableQueuesRetries(jobs: retryJobs) { job in
+            let count = tries.withLock { tries in
+                tries.append(job.id)
+                return tries.filter { $0 == job.id }.count
+            }
+            if job.id == 13 || count == 1 { throw NotYet() }
+        }
+        #expect(await waitUntil { (try? retryJobs.deadLetters(consumer: "worker").count) == 1 })
+        #expect(tries.withLock { $0.filter { $0 == 1 }.count } == 2, "job 1 succeeded at its second attempt")
+        #expect(tries.withLock { $0.filter { $0 == 13 }.count } == 3, "job 13 had 3 attempts")
+        try Examples.durableQueuesDeadLetters(jobs: retryJobs)
+        #expect(await waitUntil { tries.withLock { $0.filter { $0 == 13 }.count } == 4 }, "requeued")
+        retrying.cancel()
 
         // QueueSequence's example acknowledges the message it breaks after.
         let sequenceWormhole = Wormhole(engine: InMemoryEngine())
