@@ -147,6 +147,9 @@ struct DeadLetters: ParsableCommand {
             Output.line("dropped \(try letters.drop(offsets: chosen))")
         } else {
             for letter in try letters.list() { Output.line(try Self.line(letter)) }
+            for key in try letters.unreadableKeys {
+                Output.error("dead letter \(key) is not one this version reads; --drop removes it")
+            }
         }
     }
 
@@ -154,7 +157,9 @@ struct DeadLetters: ParsableCommand {
         var object: [String: JSONValue] = [
             "offset": .integer(Int64(clamping: letter.offset)),
             "sender": .string(letter.sender),
-            "enqueuedAt": .string(Date(timeIntervalSince1970: Double(letter.timestampNanoseconds) / 1e9).ISO8601Format()),
+            "enqueuedAt": .string(
+                Date(timeIntervalSince1970: Double(letter.timestampNanoseconds) / 1e9).ISO8601Format()
+            ),
             "deadLetteredAt": .string(
                 Date(timeIntervalSince1970: Double(letter.deadLetteredNanoseconds) / 1e9).ISO8601Format()
             ),

@@ -18,7 +18,10 @@ struct CrashTest: ParsableCommand {
         shouldDisplay: false
     )
 
-    enum Mode: String, ExpressibleByArgument, CaseIterable, Sendable { case mailbox, queue, suite, store }
+    enum Mode: String, ExpressibleByArgument, CaseIterable, Sendable {
+        case mailbox, queue, suite, store
+        case queueRetry = "queue-retry"
+    }
 
     @Argument var mode: Mode
     @Option(help: "How many victims to kill.") var kills = 1000
@@ -35,6 +38,7 @@ struct CrashTest: ParsableCommand {
         switch mode {
         case .mailbox: try runMailbox(&report)
         case .queue: try runQueue(&report)
+        case .queueRetry: try runQueueRetry(&report)
         case .suite: try runSuite(&report)
         case .store: try runStore(&report)
         }
@@ -158,6 +162,75 @@ struct CrashTest: ParsableCommand {
         report.details =
             "\(kills - consumerKills) producers and \(consumerKills) consumers killed; \(appended.count) messages "
             + "appended whole, 0 torn delivered, \(lost.count) lost, \(repeated) handled twice (at most 1 a consumer kill)"
+    }
+
+    // MARK: Queue retries: consumers whose handlers fail, killed; every message handled or a dead letter, once
+
+    /// The policy of the retry victims and of the drain: 3 attempts, 1 ms apart, so that kills land among the writes
+    /// of attempts, set-aside messages and dead letters.
+    static let retryPolicy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .milliseconds(1), jitter: 0)
+
+    /// Whether a retry victim's handler fails `index` at `attempt`: every fifth message always (it must end a dead
+    /// letter), every fifth but one at its first attempt only (it must end handled).
+    static func retryFails(index: Int, attempt: Int) -> Bool {
+        index % 5 == 2 || (index % 5 == 4 && attempt == 1)
+    }
+
+    private func runQueueRetry(_ report: inout CrashReport) throws {
+        let queue = try Wormhole(directory: directory).queue("jobs")
+        let total = max(500, kills * 4)
+        try queue.enqueue(contentsOf: (0..<total).map { QueueExerciseMessage(writer: "p", index: $0) })
+        var handled: [String] = []
+        for _ in 0..<kills {
+            handled += try killVictim(["queue-retry-consume", "--tag", "worker"]).filter { $0.hasPrefix("handled ") }
+            report.kills += 1
+        }
+        // The drain: the same consumer, in this process, until its position is at the end and nothing waits.
+        let rest = Locked<[String]>([])
+        let errors = Locked<[String]>([])
+        let drain = try queue.consume(
+            consumer: "worker",
+            as: QueueExerciseMessage.self,
+            retry: Self.retryPolicy,
+            on: .notifierThread,
+            errorHandler: { error in
+                if error.code != .handlerFailed { errors.withLock { $0.append("drain: \(error)") } }
+            }
+        ) { message in
+            if Self.retryFails(index: message.value.index, attempt: message.attempt) { throw RetryVictimFailure() }
+            rest.withLock { $0.append("handled \(message.value.index)") }
+        }
+        let end = try queue.status().endOffset
+        let deadline = Date().addingTimeInterval(120)
+        while Date() < deadline {
+            let consumer = try queue.status().consumers.first { $0.name == "worker" }
+            if drain.position >= end, consumer?.waitingForRetry == 0 { break }
+            usleep(10_000)
+        }
+        drain.cancel()
+        report.failures += errors.withLock { $0 }
+        let seen = handled + rest.withLock { $0 }
+        let good = Set((0..<total).filter { $0 % 5 != 2 }.map { "handled \($0)" })
+        let lost = good.subtracting(seen)
+        let wrongly = Set(seen).subtracting(good)
+        let repeated = seen.count - Set(seen).count
+        let dead = try queue.deadLetters(consumer: "worker").list().map {
+            try JSONDecoder().decode(QueueExerciseMessage.self, from: $0.payload).index
+        }
+        let poison = Set((0..<total).filter { $0 % 5 == 2 })
+        if !lost.isEmpty { report.failures.append("\(lost.count) good messages never handled, e.g. \(lost.first!)") }
+        if !wrongly.isEmpty { report.failures.append("\(wrongly.count) messages handled that always fail") }
+        if Set(dead) != poison || dead.count != poison.count {
+            report.failures.append(
+                "dead letters: \(dead.count) (\(Set(dead).count) distinct), expected the \(poison.count) failing ones"
+            )
+        }
+        // A kill repeats at most the message its handler was running.
+        if repeated > kills { report.failures.append("\(repeated) repeats for \(kills) kills") }
+        report.checks = total
+        report.details =
+            "\(kills) failing consumers killed over \(total) messages: \(good.count) handled, \(dead.count) dead "
+            + "letters, \(lost.count) lost, \(repeated) handled twice (at most 1 a kill)"
     }
 
     // MARK: Suite: a committed update is never lost, an update is never half applied
@@ -330,6 +403,7 @@ struct CrashVictim: ParsableCommand {
         case mailbox
         case queueProduce = "queue-produce"
         case queueConsume = "queue-consume"
+        case queueRetryConsume = "queue-retry-consume"
         case suite, store
     }
 
@@ -378,6 +452,22 @@ struct CrashVictim: ParsableCommand {
             }
             announce()
             waitWhileParentLives(keeping: consumer)
+        case .queueRetryConsume:
+            let queue = try Wormhole(directory: directory).queue("jobs")
+            Output.line("started")
+            let consumer = try queue.consume(
+                consumer: tag,
+                as: QueueExerciseMessage.self,
+                retry: CrashTest.retryPolicy,
+                on: .notifierThread,
+                errorHandler: { _ in }
+            ) { message in
+                if CrashTest.retryFails(index: message.value.index, attempt: message.attempt) {
+                    throw RetryVictimFailure()
+                }
+                Output.line("handled \(message.value.index)")
+            }
+            waitWhileParentLives(keeping: consumer)
         case .suite:
             let suite = try Wormhole(directory: directory).suite("settings")
             Output.line("started")
@@ -405,4 +495,9 @@ struct CrashVictim: ParsableCommand {
             }
         }
     }
+}
+
+/// What a retry victim's handler throws for the messages that fail.
+struct RetryVictimFailure: Error, CustomStringConvertible {
+    var description: String { "this message fails by design" }
 }

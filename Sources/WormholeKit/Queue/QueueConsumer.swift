@@ -17,13 +17,17 @@ func currentThreadID() -> UInt {
 public final class QueueConsumer: WormholeCancellable {
     private let cursor: Locked<any QueueCursor>
     private let schedule: @Sendable (@escaping @Sendable () -> Void) -> Void
-    /// Hands over a batch of records; false when they were not handled (and stay unacknowledged).
-    private let deliver: @Sendable ([QueueRecord]) -> Bool
+    /// Hands over a batch of records; returns the end of those handled, to acknowledge through (nil when none was:
+    /// they stay unacknowledged). A handler may take fewer than it was given (a strict retry policy stops a batch
+    /// at a message that waits): the rest is read again.
+    private let deliver: @Sendable ([QueueRecord]) -> UInt64?
     /// Run at the start of every pass, with the stored position, before the queue is read: hands over the messages
     /// set aside for another attempt whose time has come (``QueueRetries``).
     private let prepare: (@Sendable (UInt64) -> Void)?
     /// Run by ``wakeUp()``: the owner is ready now, so that messages waiting for their time wait no longer.
     private let releaseWaits: (@Sendable () -> Void)?
+    /// Run by ``cancel()``: what works for the consumer besides its observation (a retry policy's timers) stops.
+    private let onCancel: (@Sendable () -> Void)?
     /// The most messages in one batch: 1 for a handler of single messages.
     private let batchSize: Int
     private let reportError: @Sendable (WormholeError) -> Void
@@ -49,11 +53,13 @@ public final class QueueConsumer: WormholeCancellable {
         batchSize: Int,
         prepare: (@Sendable (UInt64) -> Void)? = nil,
         releaseWaits: (@Sendable () -> Void)? = nil,
-        deliver: @escaping @Sendable ([QueueRecord]) -> Bool,
+        onCancel: (@Sendable () -> Void)? = nil,
+        deliver: @escaping @Sendable ([QueueRecord]) -> UInt64?,
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {
         self.prepare = prepare
         self.releaseWaits = releaseWaits
+        self.onCancel = onCancel
         self.name = cursor.consumer
         self.storedPosition = Atomic(cursor.position)
         self.batchSize = max(1, batchSize)
@@ -83,6 +89,7 @@ public final class QueueConsumer: WormholeCancellable {
     /// when `cancel()` returns (from outside a handler), no message is left handled but unacknowledged.
     public func cancel() {
         cancelled.store(true, ordering: .releasing)
+        onCancel?()
         let watch = observation.withLock { watch in
             defer { watch = nil }
             return watch
@@ -153,7 +160,7 @@ public final class QueueConsumer: WormholeCancellable {
                     batch = try cursor.read(maximumCount: batchSize)
                 }
                 while !cancelled.load(ordering: .relaxed) {
-                    guard let end = batch.last?.end, deliver(batch) else { return }
+                    guard !batch.isEmpty, let end = deliver(batch) else { return }
                     // Let go of the batch before the next read, so that the cursor can reuse its memory.
                     batch = []
                     owedAcknowledgement.store(end, ordering: .releasing)

@@ -12,7 +12,7 @@ import Foundation
 ///
 /// ```swift
 /// let policy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .milliseconds(200))
-/// let strict = QueueRetryPolicy.default.order(.strict)
+/// let strict = QueueRetryPolicy.default.ordered(.strict)
 /// ```
 public struct QueueRetryPolicy: Sendable, Hashable {
     /// Which order a consumer's messages are handled in when some wait for another attempt.
@@ -73,7 +73,7 @@ public struct QueueRetryPolicy: Sendable, Hashable {
     )
 
     /// This policy with another order.
-    public func order(_ order: Order) -> QueueRetryPolicy {
+    public func ordered(_ order: Order) -> QueueRetryPolicy {
         var policy = self
         policy.order = order
         return policy
@@ -86,13 +86,20 @@ public struct QueueRetryPolicy: Sendable, Hashable {
         let exponent = Double(max(0, attempt - 1))
         let raw = first * pow(factor, min(exponent, 1_000))
         let capped = raw.isFinite ? min(raw, maximumDelay.milliseconds / 1000) : maximumDelay.milliseconds / 1000
-        return .nanoseconds(Int64(max(0, capped) * 1e9))
+        return Self.duration(seconds: capped)
     }
 
     /// ``delay(afterAttempt:)`` moved by `spread` (between -1 and 1) times ``jitter``.
     func delay(afterAttempt attempt: Int, spread: Double) -> Duration {
         let base = delay(afterAttempt: attempt).milliseconds / 1000
-        return .nanoseconds(Int64(max(0, base * (1 + jitter * min(1, max(-1, spread)))) * 1e9))
+        return Self.duration(seconds: base * (1 + jitter * min(1, max(-1, spread))))
+    }
+
+    /// `seconds` as a duration, between 0 and `Int64.max` nanoseconds.
+    private static func duration(seconds: Double) -> Duration {
+        guard seconds > 0 else { return .zero }
+        guard seconds < Double(Int64.max) / 1e9 else { return .nanoseconds(Int64.max) }
+        return .nanoseconds(Int64(seconds * 1e9))
     }
 }
 

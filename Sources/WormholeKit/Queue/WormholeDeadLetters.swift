@@ -34,39 +34,44 @@ public final class WormholeDeadLetters: Sendable {
         retries = try queue.engine.suiteStore(QueueWorkNames.retries(queue: queue.identifier, consumer: consumer))
     }
 
-    /// Every dead letter, by offset.
-    ///
-    /// - Throws: ``WormholeError/Code/corruptMessage`` when an entry is not one this version reads (nothing is
-    ///   changed), and the engine's errors.
+    /// Every dead letter, by offset. An entry this version cannot read (``unreadableKeys``) is left out, and left
+    /// where it is: ``drop(offsets:)`` removes it.
     public func list() throws(WormholeError) -> [QueueDeadLetter] {
+        try read().letters
+    }
+
+    /// The keys of the entries that are not dead letters this version reads (written by a newer version, or
+    /// damaged): checked before use, never offered.
+    public var unreadableKeys: [String] {
+        get throws(WormholeError) { try read().unreadable }
+    }
+
+    /// How many dead letters there are, readable or not.
+    public var count: Int {
+        get throws(WormholeError) { try letters.read().values.keys.count }
+    }
+
+    private func read() throws(WormholeError) -> (letters: [QueueDeadLetter], unreadable: [String]) {
         let values = try letters.read().values
         var result: [QueueDeadLetter] = []
+        var unreadable: [String] = []
         for key in values.keys {
             guard let letter = values[key, as: QueueDeadLetter.self], QueueWorkNames.key(letter.offset) == key,
-                letter.end > letter.offset
+                letter.end > letter.offset, letter.attempts >= 0
             else {
-                throw WormholeError(
-                    .corruptMessage,
-                    "The dead letter \(key) of consumer \(consumer) is not one this version can read; it is left in "
-                        + "the suite \(letters.name).",
-                    identifier: queue
-                )
+                unreadable.append(key)
+                continue
             }
             result.append(letter)
         }
-        return result.sorted { $0.offset < $1.offset }
-    }
-
-    /// How many dead letters there are.
-    public var count: Int {
-        get throws(WormholeError) { try letters.read().values.keys.count }
+        return (result.sorted { $0.offset < $1.offset }, unreadable)
     }
 
     /// Offers dead letters to the consumer again, from attempt 1, as soon as it runs (now, when it is running): all of
     /// them, or those at `offsets`. Returns how many were requeued.
     ///
     /// Each goes into the consumer's retries before it leaves the dead letters: a process killed in between leaves
-    /// it in both, and it is handled once and listed until it is dropped.
+    /// it in both, and the consumer, when it starts, keeps it a dead letter only (requeue it again).
     @discardableResult
     public func requeue(offsets: [UInt64]? = nil) throws(WormholeError) -> Int {
         let chosen = try selected(offsets)
@@ -89,12 +94,20 @@ public final class WormholeDeadLetters: Sendable {
         return chosen.count
     }
 
-    /// Removes dead letters for good: all of them, or those at `offsets`. Returns how many were dropped.
+    /// Removes dead letters for good: all of them (readable or not), or those at `offsets`. Returns how many were
+    /// dropped.
     @discardableResult
     public func drop(offsets: [UInt64]? = nil) throws(WormholeError) -> Int {
-        let chosen = try selected(offsets)
-        try remove(chosen)
-        return chosen.count
+        var dropped = 0
+        try letters.update(sender: sender, direction: "removed") { values in
+            let keys = offsets.map { $0.map(QueueWorkNames.key) } ?? values.keys
+            dropped = 0
+            for key in keys where values.json(forKey: key) != nil {
+                values.removeValue(forKey: key)
+                dropped += 1
+            }
+        }
+        return dropped
     }
 
     private func selected(_ offsets: [UInt64]?) throws(WormholeError) -> [QueueDeadLetter] {

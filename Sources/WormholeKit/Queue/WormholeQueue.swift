@@ -328,6 +328,7 @@ public final class WormholeQueue: Sendable {
             batchSize: batchSize,
             prepare: { position in delivery.deliverDue(before: position) },
             releaseWaits: { retries.releaseWaits() },
+            onCancel: { retries.stop() },
             deliver: { records in delivery.deliver(records) },
             reportError: { [self] error in report(error, to: errorHandler) }
         )
@@ -346,113 +347,129 @@ public final class WormholeQueue: Sendable {
         let decode: @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Value>
         let handler: MessageHandler<Value>
 
-        /// Records read from the queue at the consumer's position; false leaves them unacknowledged.
-        func deliver(_ records: [QueueRecord]) -> Bool {
+        /// Records read from the queue at the consumer's position; returns the end of those handled (nil: none).
+        func deliver(_ records: [QueueRecord]) -> UInt64? {
             // The success path of a consumer with nothing set aside looks at nothing more than this.
             let anySetAside = !retries.isEmpty
             switch handler {
             case .each(let handle):
+                var end: UInt64?
                 for record in records {
                     var entry: SetAsideMessage?
                     if anySetAside {
                         switch retries.standing(of: record.offset) {
                         case .fresh: break
-                        case .setAside: continue
+                        case .setAside:
+                            end = record.end
+                            continue
                         case .waiting(let until):
                             retries.wake(at: until)
-                            return false
+                            return end
                         case .due(let found): entry = found
                         }
                     }
-                    guard deliverOne(record, number: (entry?.attempts ?? 0) + 1, entry: entry, handle) else {
-                        return false
-                    }
+                    let item = (record, (entry?.attempts ?? 0) + 1, entry)
+                    guard deliverOne(item, atPosition: true, handle) else { return end }
+                    end = record.end
                 }
-                return true
+                return end
             case .batches(let handle):
-                var items: [(record: QueueRecord, number: Int, entry: SetAsideMessage?)] = []
-                items.reserveCapacity(records.count)
-                scan: for record in records {
-                    var entry: SetAsideMessage?
-                    if anySetAside {
-                        switch retries.standing(of: record.offset) {
-                        case .fresh: break
-                        case .setAside: continue scan
-                        case .waiting(let until):
-                            // Strict: the batch goes as far as the first message that waits.
-                            if items.isEmpty {
-                                retries.wake(at: until)
-                                return false
-                            }
-                            break scan
-                        case .due(let found): entry = found
-                        }
-                    }
-                    items.append((record, (entry?.attempts ?? 0) + 1, entry))
+                guard anySetAside else {
+                    let items = records.map { (record: $0, number: 1, entry: SetAsideMessage?.none) }
+                    return deliverBatch(items, atPosition: true, handle) ? records.last?.end : nil
                 }
-                return deliverBatch(items, handle)
+                // The batch runs while its messages stand alike: all fresh, or (strict order) all due at the same
+                // attempt, so that they share one fate; the rest is read again.
+                var items: [QueueRetries.Item] = []
+                var end: UInt64?
+                scan: for record in records {
+                    let item: QueueRetries.Item
+                    switch retries.standing(of: record.offset) {
+                    case .fresh: item = (record, 1, nil)
+                    case .setAside:
+                        if items.isEmpty { end = record.end }
+                        guard items.isEmpty else { break scan }
+                        continue scan
+                    case .waiting(let until):
+                        if items.isEmpty { retries.wake(at: until) }
+                        break scan
+                    case .due(let found): item = (record, found.attempts + 1, found)
+                    }
+                    if let first = items.first, first.number != item.number { break scan }
+                    items.append(item)
+                }
+                guard let last = items.last else { return end }
+                return deliverBatch(items, atPosition: true, handle) ? last.record.end : end
             }
         }
 
-        /// Hands over the set-aside messages whose time has come, before the queue is read.
+        /// Hands over the set-aside messages whose time has come, before the queue is read: each at most once a
+        /// pass, within the pass's time budget, until one could not be settled or the consumer is cancelled.
         func deliverDue(before position: UInt64) {
+            retries.settleOwedResolutions()
             guard !retries.isEmpty else { return }
-            // A pass takes a bounded number; the rest comes at the next, which `wake(at:)` asks for now.
-            var handed = 0
-            while handed < 256 {
-                let due = retries.due(before: position, now: QueueRetries.now(), limit: batchSize)
+            let started = CallbackDriver.passStart()
+            var offered = Set<UInt64>()
+            while !retries.consumerIsCancelled {
+                let due = retries.due(before: position, excluding: offered, limit: batchSize)
                 guard !due.isEmpty else { return }
-                handed += due.count
+                offered.formUnion(due.map(\.offset))
+                let settled: Bool
                 switch handler {
                 case .each(let handle):
-                    for entry in due {
-                        _ = deliverOne(entry.record, number: entry.attempts + 1, entry: entry, handle)
+                    settled = due.allSatisfy { entry in
+                        deliverOne((entry.record, entry.attempts + 1, entry), atPosition: false, handle)
                     }
                 case .batches(let handle):
-                    _ = deliverBatch(due.map { ($0.record, $0.attempts + 1, $0) }, handle)
+                    settled = deliverBatch(due.map { ($0.record, $0.attempts + 1, $0) }, atPosition: false, handle)
+                }
+                // Not settled: `settle` asked for a wake-up in a second. Over budget: the rest in the next pass.
+                guard settled else { return }
+                if CallbackDriver.passIsOverBudget(started) {
+                    retries.wake(at: QueueRetries.now())
+                    return
                 }
             }
-            retries.wake(at: QueueRetries.now())
         }
 
         private func deliverOne(
-            _ record: QueueRecord,
-            number: Int,
-            entry: SetAsideMessage?,
+            _ item: QueueRetries.Item,
+            atPosition: Bool,
             _ handle: @Sendable (QueueMessage<Value>) throws -> QueueOutcome
         ) -> Bool {
             var message: QueueMessage<Value>
             do throws(WormholeError) {
-                message = try decode(record)
+                message = try decode(item.record)
             } catch {
                 reportUndecodable(error)
-                return retries.giveUp(on: record, attempts: number, error: error)
+                return retries.giveUp(on: item.record, attempts: item.number, error: error)
             }
-            message.attempt = number
+            message.attempt = item.number
             let attempt: QueueRetries.Attempt
             do {
                 switch try handle(message) {
                 case .done:
                     // The success path: nothing to store but the position.
-                    guard entry != nil else { return true }
+                    guard item.entry != nil else { return true }
                     attempt = .done
                 case .later(let delay): attempt = .later(delay)
                 }
             } catch is CancellationError {
                 return stop()
             } catch {
-                reportFailure(error, count: 1, from: record.offset, number: number)
+                reportFailure(error, count: 1, from: item.record.offset, number: item.number)
                 attempt = .failed(error)
             }
-            return retries.settle(attempt, of: record, number: number, entry: entry)
+            return retries.settle([item], attempt, atPosition: atPosition)
         }
 
         private func deliverBatch(
-            _ items: [(record: QueueRecord, number: Int, entry: SetAsideMessage?)],
+            _ items: [QueueRetries.Item],
+            atPosition: Bool,
             _ handle: @Sendable ([QueueMessage<Value>]) throws -> Void
         ) -> Bool {
             var messages: [QueueMessage<Value>] = []
-            var handed: [(record: QueueRecord, number: Int, entry: SetAsideMessage?)] = []
+            var handed: [QueueRetries.Item] = []
             messages.reserveCapacity(items.count)
             for item in items {
                 do throws(WormholeError) {
@@ -469,12 +486,12 @@ public final class WormholeQueue: Sendable {
             do {
                 try handle(messages)
                 guard handed.contains(where: { $0.entry != nil }) else { return true }
-                return retries.settle(handed, .done)
+                return retries.settle(handed, .done, atPosition: atPosition)
             } catch is CancellationError {
                 return stop()
             } catch {
                 reportFailure(error, count: messages.count, from: messages[0].offset, number: handed[0].number)
-                return retries.settle(handed, .failed(error))
+                return retries.settle(handed, .failed(error), atPosition: atPosition)
             }
         }
 
@@ -543,12 +560,19 @@ public final class WormholeQueue: Sendable {
         for index in status.consumers.indices {
             let name = status.consumers[index].name
             let waiting = try engine.suiteStore(QueueWorkNames.retries(queue: identifier, consumer: name)).read().values
+            // As a consumer reads them: an entry it would not offer is not counted, and no wait is longer than the
+            // retention.
             var next: Int64?
+            var count = 0
+            let latest = QueueRetries.now().addingClamped(QueueRetries.nanoseconds(retention))
             for key in waiting.keys {
-                guard let entry = waiting[key, as: SetAsideMessage.self] else { continue }
-                next = min(next ?? .max, entry.notBeforeNanoseconds)
+                guard let entry = waiting[key, as: SetAsideMessage.self], entry.isValid,
+                    QueueWorkNames.key(entry.offset) == key
+                else { continue }
+                count += 1
+                next = min(next ?? .max, min(entry.notBeforeNanoseconds, latest))
             }
-            status.consumers[index].waitingForRetry = waiting.keys.count
+            status.consumers[index].waitingForRetry = count
             status.consumers[index].nextRetryNanoseconds = next
             status.consumers[index].deadLetters = try engine.suiteStore(
                 QueueWorkNames.deadLetters(queue: identifier, consumer: name)

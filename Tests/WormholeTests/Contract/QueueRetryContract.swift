@@ -25,10 +25,12 @@ struct QueueRetryContract {
             let seen = Collector<String>()
             let handled = Collector<Int>()
             let errors = Collector<WormholeError>()
+            // A back-off long enough that 2 and 3 are handled before 1's second attempt, even on a loaded machine.
+            let policy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .milliseconds(400), jitter: 0)
             let consumer = try fixture.wormhole("worker").queue("jobs").consume(
                 consumer: "worker",
                 as: Int.self,
-                retry: Self.quick,
+                retry: policy,
                 errorHandler: { errors.append($0) }
             ) { message in
                 seen.append("\(message.value)#\(message.attempt)")
@@ -36,7 +38,7 @@ struct QueueRetryContract {
                 handled.append(message.value)
             }
             try producer.enqueue(contentsOf: [1, 2, 3])
-            #expect(eventually { handled.count == 3 })
+            #expect(eventually(timeout: 20) { handled.count == 3 })
             #expect(handled.values == [2, 3, 1], "2 and 3 flow past 1 while it waits")
             #expect(seen.values.filter { $0.hasPrefix("1#") } == ["1#1", "1#2", "1#3"])
             #expect(errors.values.map(\.code) == [.handlerFailed, .handlerFailed])
@@ -109,7 +111,7 @@ struct QueueRetryContract {
             let consumer = try fixture.wormhole("worker").queue("jobs").consume(
                 consumer: "worker",
                 as: Int.self,
-                retry: Self.quick.order(.strict),
+                retry: Self.quick.ordered(.strict),
                 errorHandler: { _ in }
             ) { message in
                 seen.append("\(message.value)#\(message.attempt)")
@@ -123,7 +125,7 @@ struct QueueRetryContract {
             let second = try fixture.wormhole("worker").queue("jobs").consume(
                 consumer: "strict-poison",
                 as: Int.self,
-                retry: Self.quick.order(.strict),
+                retry: Self.quick.ordered(.strict),
                 errorHandler: { _ in }
             ) { message in
                 if message.value == 1 { throw ContractFailure() }
@@ -148,26 +150,100 @@ struct QueueRetryContract {
             for order in [QueueRetryPolicy.Order.unordered, .strict] {
                 let seen = Collector<String>()
                 let putOff = Locked<ContinuousClock.Instant?>(nil)
+                let waited = Locked<Duration?>(nil)
                 let consumer = try fixture.wormhole("worker").queue("jobs").process(
                     consumer: "later-\(order)",
                     as: Int.self,
-                    retry: Self.quick.order(order)
+                    retry: Self.quick.ordered(order)
                 ) { message in
-                    if message.value == 1, putOff.withLock({ $0 }) == nil {
-                        putOff.withLock { $0 = .now }
-                        return .later(.milliseconds(300))
+                    if message.value == 1 {
+                        guard let first = putOff.withLock({ $0 }) else {
+                            putOff.withLock { $0 = .now }
+                            return .later(.milliseconds(300))
+                        }
+                        waited.withLock { $0 = ContinuousClock.now - first }
                     }
                     seen.append("\(message.value)#\(message.attempt)")
                     return .done
                 }
                 if order == .unordered { try producer.enqueue(contentsOf: [1, 2]) }
                 #expect(eventually { seen.count == 2 })
-                let waited = putOff.withLock { $0 }.map { ContinuousClock.now - $0 }
-                #expect(waited.map { $0 >= .milliseconds(250) } == true, "put off for its time")
+                let wait = waited.withLock { $0 }
+                #expect(
+                    wait.map { $0 >= .milliseconds(290) } == true,
+                    "put off for its time: \(String(describing: wait))"
+                )
                 let expected = order == .unordered ? ["2#1", "1#1"] : ["1#1", "2#1"]
                 #expect(seen.values == expected, "\(order): the attempt is not counted")
                 consumer.cancel()
             }
+        }
+    }
+
+    @Test(
+        "Strict batches: a message that waits is never skipped, and messages at different attempts never share a batch",
+        arguments: EngineKind.underTest
+    )
+    func strictBatches(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let producer = try fixture.wormhole("app").queue("jobs")
+            let batches = Collector<[String]>()
+            let consumer = try fixture.wormhole("worker").queue("jobs").consumeBatches(
+                consumer: "worker",
+                as: Int.self,
+                retry: QueueRetryPolicy(maximumAttempts: 3, firstDelay: .milliseconds(150), jitter: 0, order: .strict),
+                errorHandler: { _ in }
+            ) { messages in
+                batches.append(messages.map { "\($0.value)#\($0.attempt)" })
+                if messages.contains(where: { $0.value == 1 }) { throw ContractFailure() }
+            }
+            try producer.enqueue(1)
+            #expect(eventually { batches.count == 1 })
+            // Appended while 1 waits for its second attempt: it is fresh, 1 is not, so they go apart.
+            try producer.enqueue(2)
+            #expect(eventually { batches.values.last == ["2#1"] })
+            #expect(batches.values == [["1#1"], ["1#2"], ["1#3"], ["2#1"]])
+            #expect(try producer.deadLetters(consumer: "worker").list().map(\.attempts) == [3])
+            usleep(300_000)
+            #expect(batches.count == 4, "nothing comes again")
+            #expect(try producer.status().consumers.first?.lagMessages == 0)
+            consumer.cancel()
+        }
+    }
+
+    @Test("A requeued message put off in strict order waits for its time", arguments: EngineKind.underTest)
+    func putOffRequeued(kind: EngineKind) async throws {
+        try await offThePool {
+            let fixture = try EngineFixture(kind)
+            let producer = try fixture.wormhole("app").queue("jobs")
+            try producer.enqueueData(Data("not a number".utf8))
+            // A dead letter: the message cannot be decoded as this consumer's type.
+            let typed = try fixture.wormhole("typed").queue("jobs").consume(
+                consumer: "typed",
+                as: Int.self,
+                errorHandler: { _ in }
+            ) { _ in }
+            let dead = try producer.deadLetters(consumer: "typed")
+            #expect(eventually { (try? dead.count) == 1 })
+            typed.cancel()
+            let requeuedCalls = Collector<Int>()
+            let strict = try fixture.wormhole("typed-again").queue("jobs").processData(
+                consumer: "typed",
+                retry: Self.quick.ordered(.strict),
+                errorHandler: { _ in }
+            ) { message in
+                requeuedCalls.append(message.attempt)
+                return requeuedCalls.count == 1 ? .later(.milliseconds(400)) : .done
+            }
+            #expect(try dead.requeue() == 1)
+            #expect(eventually { requeuedCalls.count >= 1 })
+            usleep(200_000)
+            #expect(requeuedCalls.count == 1, "put off, not offered again at once: \(requeuedCalls.values)")
+            #expect(eventually { requeuedCalls.count == 2 })
+            usleep(200_000)
+            #expect(requeuedCalls.values == [1, 1], "handled once more, no attempt counted")
+            strict.cancel()
         }
     }
 

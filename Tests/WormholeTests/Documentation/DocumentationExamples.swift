@@ -214,7 +214,7 @@ enum DocumentationExamples {
     // Sources/WormholeKit/Queue/QueueRetryPolicy.swift, QueueRetryPolicy.
     static func retryPolicyExample() -> [QueueRetryPolicy] {
         let policy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .milliseconds(200))
-        let strict = QueueRetryPolicy.default.order(.strict)
+        let strict = QueueRetryPolicy.default.ordered(.strict)
         return [policy, strict]  // (not in the docs)
     }
 

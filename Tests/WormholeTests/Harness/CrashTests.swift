@@ -10,7 +10,7 @@ struct CrashTests {
 
     @Test(
         "Writers and consumers killed at random: nothing torn, lost or repeated",
-        arguments: ["mailbox", "queue", "suite", "store"]
+        arguments: ["mailbox", "queue", "queue-retry", "suite", "store"]
     )
     func randomKills(mode: String) async throws {
         // On a thread of its own: the run takes seconds, and waiting for it on the cooperative pool would starve the
