@@ -7,7 +7,11 @@ import WormholeKit
 struct Enqueue: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Append a JSON message to a durable queue.",
-        discussion: "The message is the JSON argument, or standard input. Invalid JSON is refused and nothing appended."
+        discussion: """
+            The message is the JSON argument, or standard input. Invalid JSON is refused and nothing appended. With \
+            --delay or --at, consumers are offered it no earlier than then; with --expires-after, not after that \
+            long past that time (a consumer that comes to it later makes it a dead letter, reason "expired").
+            """
     )
 
     @OptionGroup var location: LocationOptions
@@ -18,9 +22,41 @@ struct Enqueue: ParsableCommand {
     @Argument(help: "The message, as JSON. Read from standard input when left out.")
     var json: String?
 
+    @Option(help: "Offer it no earlier than this long from now (500ms, 30s, 5m, 1h).")
+    var delay: DurationArgument?
+
+    @Option(help: "Offer it no earlier than this time (ISO 8601, such as 2026-12-03T09:00:00Z).")
+    var at: String?
+
+    @Option(help: "Offer it no later than this long after it is due (now, or --delay or --at).")
+    var expiresAfter: DurationArgument?
+
+    func validate() throws {
+        if delay != nil && at != nil { throw ValidationError("--delay and --at cannot be given together.") }
+        if let at, Self.date(at) == nil {
+            throw ValidationError("--at \(at) is not an ISO 8601 time, such as 2026-12-03T09:00:00Z.")
+        }
+    }
+
+    static func date(_ text: String) -> Date? {
+        let formatter = ISO8601DateFormatter()
+        if let date = formatter.date(from: text) { return date }
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.date(from: text)
+    }
+
     func run() throws {
         let trimmed = try validatedJSON(json, what: "message")
-        try location.makeWormhole().queue(identifier).enqueueData(trimmed)
+        let queue = try location.makeWormhole().queue(identifier)
+        guard delay != nil || at != nil || expiresAfter != nil else {
+            try queue.enqueueData(trimmed)
+            return
+        }
+        var schedule = QueueSchedule()
+        if let delay { schedule = .after(delay.duration) }
+        if let at, let date = Self.date(at) { schedule = .at(date) }
+        if let expiresAfter { schedule = schedule.expiring(after: expiresAfter.duration) }
+        try queue.enqueueData(trimmed, schedule: schedule)
     }
 }
 
@@ -30,8 +66,9 @@ struct Consume: ParsableCommand {
         discussion: """
             The consumer's position moves past a message once its line is printed: a later consume with the same \
             --consumer resumes after it. With --exec, each message is handled by running the command with `sh -c` \
-            instead, the message's JSON on its standard input and WORMHOLE_OFFSET, WORMHOLE_ATTEMPT and \
-            WORMHOLE_SENDER in its environment; what it prints is printed. Exit status 0 acknowledges the message; \
+            instead, the message's JSON on its standard input and WORMHOLE_OFFSET, WORMHOLE_ATTEMPT, \
+            WORMHOLE_SENDER and WORMHOLE_SCHEDULED (1 for a message enqueued with --delay, --at or \
+            --expires-after, whose offset is in the queue's scheduled log) in its environment; what it prints is printed. Exit status 0 acknowledges the message; \
             any other fails the attempt, and the message comes back after a back-off (--backoff, doubling each time) \
             until --max-attempts, then goes to the consumer's dead letters (see dead-letters). Later messages flow \
             past one that waits, unless --strict. "consuming IDENTIFIER" goes to standard error when ready. With \
@@ -92,6 +129,7 @@ struct Consume: ParsableCommand {
                             "WORMHOLE_OFFSET": String(message.offset),
                             "WORMHOLE_ATTEMPT": String(message.attempt),
                             "WORMHOLE_SENDER": message.sender,
+                            "WORMHOLE_SCHEDULED": message.isScheduled ? "1" : "0",
                         ]
                     )
                     if !output.isEmpty { Output.line(String(decoding: output, as: UTF8.self)) }
@@ -109,9 +147,9 @@ struct DeadLetters: ParsableCommand {
         commandName: "dead-letters",
         abstract: "List the messages a queue's consumer gave up on, one JSON line each; or requeue or drop them.",
         discussion: """
-            Each line holds the message ("message", its JSON, or "payloadBase64" when it is not JSON), its offset, \
-            sender and time, how many attempts it had, why it was given up on ("failed" or "undecodable") and the \
-            last error. --retry offers them to the consumer again from attempt 1; --drop removes them. Both take \
+            Each line holds the message ("message", its JSON, or "payloadBase64" when it is not JSON), its offset \
+            (in the queue, or in its scheduled log when "scheduled" is true), sender and time, how many attempts it \
+            had, why it was given up on ("failed", "undecodable" or "expired") and the last error. --retry offers them to the consumer again from attempt 1; --drop removes them. Both take \
             every dead letter, or those given with --offset, and print how many they moved.
             """
     )
@@ -166,6 +204,7 @@ struct DeadLetters: ParsableCommand {
             "attempts": .integer(Int64(letter.attempts)),
             "reason": .string(letter.reason.rawValue),
             "lastError": .string(letter.lastError),
+            "scheduled": .bool(letter.isScheduled),
         ]
         if let message = try? JSONDecoder().decode(JSONValue.self, from: letter.payload) {
             object["message"] = message
@@ -206,7 +245,8 @@ struct QueueStatusCommand: ParsableCommand {
         abstract: "Print a queue's size and each consumer's position and lag, as JSON.",
         discussion: """
             For each consumer: offset, lagBytes and lagMessages; waitingForRetry and nextRetryNanoseconds (the \
-            messages set aside for another attempt, and when the first comes due); deadLetters.
+            messages set aside for another attempt, and when the first comes due); scheduled (messages enqueued \
+            with --delay, --at or --expires-after that wait for their time); deadLetters.
             """
     )
 

@@ -28,6 +28,9 @@ public final class QueueConsumer: WormholeCancellable {
     private let releaseWaits: (@Sendable () -> Void)?
     /// Run by ``cancel()``: what works for the consumer besides its observation (a retry policy's timers) stops.
     private let onCancel: (@Sendable () -> Void)?
+    /// Run after each stored position: a scheduled log's consumer wakes the queue's consumer, whose messages from
+    /// that log may be offered once the position is past them.
+    private let onAcknowledged: (@Sendable () -> Void)?
     /// The most messages in one batch: 1 for a handler of single messages.
     private let batchSize: Int
     private let reportError: @Sendable (WormholeError) -> Void
@@ -54,12 +57,14 @@ public final class QueueConsumer: WormholeCancellable {
         prepare: (@Sendable (UInt64) -> Void)? = nil,
         releaseWaits: (@Sendable () -> Void)? = nil,
         onCancel: (@Sendable () -> Void)? = nil,
+        onAcknowledged: (@Sendable () -> Void)? = nil,
         deliver: @escaping @Sendable ([QueueRecord]) -> UInt64?,
         reportError: @escaping @Sendable (WormholeError) -> Void
     ) {
         self.prepare = prepare
         self.releaseWaits = releaseWaits
         self.onCancel = onCancel
+        self.onAcknowledged = onAcknowledged
         self.name = cursor.consumer
         self.storedPosition = Atomic(cursor.position)
         self.batchSize = max(1, batchSize)
@@ -187,6 +192,7 @@ public final class QueueConsumer: WormholeCancellable {
         owedAcknowledgement.store(0, ordering: .releasing)
         retryDelay.store(50, ordering: .relaxed)
         storedPosition.store(cursor.position, ordering: .releasing)
+        onAcknowledged?()
     }
 
     /// Wakes the consumer again after a back-off, to retry an owed acknowledgement even when nothing is appended.

@@ -13,12 +13,18 @@ public struct QueueDeadLetter: Sendable, Hashable, Codable {
         case failed
         /// It could not be decoded as the consumer's message type.
         case undecodable
+        /// Its time to live (``QueueSchedule/expires``) ran out before it was handled: its handler never saw it.
+        case expired
     }
 
-    /// The message's offset in its queue.
+    /// The message's offset in its queue, or in the queue's scheduled log when ``isScheduled``.
     public var offset: UInt64
-    /// The position just past the message in its queue.
+    /// The position just past the message there.
     public var end: UInt64
+    /// Stored as `scheduled`, absent when false.
+    var scheduled: Bool?
+    /// Whether the message was enqueued with a ``QueueSchedule``: its offset is then in the queue's scheduled log.
+    public var isScheduled: Bool { scheduled ?? false }
     /// Who enqueued it.
     public var sender: String
     /// When it was enqueued, in nanoseconds since 1970.
@@ -47,8 +53,10 @@ public struct QueueDeadLetter: Sendable, Hashable, Codable {
         reason: Reason,
         lastError: String,
         deadLetteredNanoseconds: Int64,
-        payload: Data
+        payload: Data,
+        isScheduled: Bool = false
     ) {
+        self.scheduled = isScheduled ? true : nil
         self.offset = offset
         self.end = end
         self.sender = sender
@@ -75,8 +83,21 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
     /// The text of the last failure, if any.
     var lastError: String?
     var payload: Data
+    /// True for a message enqueued with a schedule, whose offset is in the scheduled log; absent when false.
+    var scheduled: Bool?
+    /// When a scheduled message is no longer offered, in nanoseconds since 1970.
+    var expiresNanoseconds: Int64?
 
-    init(record: QueueRecord, attempts: Int, notBeforeNanoseconds: Int64, lastError: String?) {
+    init(
+        record: QueueRecord,
+        attempts: Int,
+        notBeforeNanoseconds: Int64,
+        lastError: String?,
+        scheduled: Bool = false,
+        expiresNanoseconds: Int64? = nil
+    ) {
+        self.scheduled = scheduled ? true : nil
+        self.expiresNanoseconds = expiresNanoseconds
         offset = record.offset
         end = record.end
         sender = record.sender
@@ -98,17 +119,33 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
         )
     }
 
+    /// Whether the message came from the scheduled log.
+    var isScheduled: Bool { scheduled ?? false }
+
+    /// Whether it is a scheduled message that has not been offered yet: its time is its own, which nothing brings
+    /// forward.
+    var waitsForItsTime: Bool { isScheduled && attempts == 0 && lastError == nil }
+
+    /// Its key in the retries suite.
+    var key: String { QueueWorkNames.key(offset, scheduled: isScheduled) }
+
     /// Whether what was read makes sense: an entry that does not is reported and left where it is.
     var isValid: Bool { end > offset && attempts >= 0 }
+
+    /// Whether it may no longer be offered.
+    func hasExpired(at now: Int64) -> Bool { expiresNanoseconds.map { $0 <= now } ?? false }
 }
 
 /// The names of a consumer's retries and dead letters, suites of the queue's engine.
 enum QueueWorkNames {
-    /// The key of a message's entry: its offset, zero-padded so that keys sort as offsets do.
-    static func key(_ offset: UInt64) -> String {
+    /// The key of a message's entry: its offset, zero-padded so that keys sort as offsets do, after an `s` for an
+    /// offset in the scheduled log.
+    static func key(_ offset: UInt64, scheduled: Bool = false) -> String {
         let digits = String(offset)
-        return String(repeating: "0", count: max(0, 20 - digits.utf8.count)) + digits
+        return (scheduled ? "s" : "") + String(repeating: "0", count: max(0, 20 - digits.utf8.count)) + digits
     }
+
+    static func scheduled(queue: String) -> String { name(queue, "scheduled", nil) }
 
     static func retries(queue: String, consumer: String) -> String { name(queue, "retries", consumer) }
 
@@ -116,8 +153,8 @@ enum QueueWorkNames {
 
     /// `QUEUE#KIND#CONSUMER`; when that is longer than an identifier may be, a prefix of it and a hash of the whole
     /// (FNV-1a, the same in every process and on every platform).
-    private static func name(_ queue: String, _ kind: String, _ consumer: String) -> String {
-        let full = "\(queue)#\(kind)#\(consumer)"
+    private static func name(_ queue: String, _ kind: String, _ consumer: String?) -> String {
+        let full = consumer.map { "\(queue)#\(kind)#\($0)" } ?? "\(queue)#\(kind)"
         guard full.utf8.count > MessageIdentifier.maximumLength else { return full }
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         for byte in full.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }

@@ -21,6 +21,10 @@ public struct QueueMessage<Value: Sendable>: Sendable {
     /// message put off with ``QueueOutcome/later(_:)`` keeps its number). See ``QueueRetryPolicy``.
     public var attempt: Int
 
+    /// Whether the message was enqueued with a ``QueueSchedule``: its ``offset`` is then in the queue's scheduled log,
+    /// not in the queue.
+    public var isScheduled: Bool = false
+
     init(record: QueueRecord, value: Value, attempt: Int = 1) {
         self.attempt = attempt
         offset = record.offset

@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import Synchronization
 
 /// One consumer's attempts, retries and dead letters: what its ``QueueRetryPolicy`` makes of a handler's failures.
 ///
@@ -33,14 +34,14 @@ final class QueueRetries: Sendable {
     /// never holds a message for longer than the queue keeps its consumers.
     private let longestWait: Int64
     private let report: @Sendable (WormholeError) -> Void
-    /// The set-aside messages by offset, as the retries suite holds them.
-    private let pending = Locked<[UInt64: SetAsideMessage]>([:])
+    /// The set-aside messages by key, as the retries suite holds them.
+    private let pending = Locked<[String: SetAsideMessage]>([:])
     /// In strict order, the message at the position put off (``QueueOutcome/later(_:)``) until a time: in memory
     /// only, as the position holds it anyway (a restarted consumer offers it at once).
     private let holds = Locked<[UInt64: Int64]>([:])
     /// Messages handled whose entry could not be removed: gone from ``pending`` (so never offered again by this
     /// process), and removed from the suite at the next pass.
-    private let owedResolutions = Locked<Set<UInt64>>([])
+    private let owedResolutions = Locked<Set<String>>([])
     private let consumer = Locked<WeakConsumer>(WeakConsumer())
     /// The lineage and version of the retries suite that this consumer's last write made: a reload that read an
     /// older version of that lineage is dropped, as it could bring back what was resolved since.
@@ -50,6 +51,8 @@ final class QueueRetries: Sendable {
     /// The earliest time a timer is set for, and a count that cancels the timers set before.
     private let timer = Locked<(deadline: Int64?, generation: UInt64)>((nil, 0))
     private let stopped = Locked(false)
+    /// Whether ``pending`` and ``holds`` are both empty, readable without their locks.
+    private let empty = Atomic<Bool>(true)
 
     private struct WeakConsumer: @unchecked Sendable {
         weak var core: QueueConsumer?
@@ -107,11 +110,9 @@ final class QueueRetries: Sendable {
     /// entries this process does not know are taken (requeued dead letters), and the consumer is woken for them.
     private func load(merging: Bool) throws(WormholeError) {
         let state = try retries.read()
-        var loaded: [UInt64: SetAsideMessage] = [:]
+        var loaded: [String: SetAsideMessage] = [:]
         for key in state.values.keys {
-            guard let entry = state.values[key, as: SetAsideMessage.self], entry.isValid,
-                QueueWorkNames.key(entry.offset) == key
-            else {
+            guard let entry = state.values[key, as: SetAsideMessage.self], entry.isValid, entry.key == key else {
                 if !merging {
                     report(
                         WormholeError(
@@ -124,7 +125,7 @@ final class QueueRetries: Sendable {
                 }
                 continue
             }
-            loaded[entry.offset] = entry
+            loaded[key] = entry
         }
         let owed = owedResolutions.withLock { $0 }
         let added = pending.withLock { pending -> Bool in
@@ -138,12 +139,13 @@ final class QueueRetries: Sendable {
             // A suite that started over (its file removed, say) is taken as it is now.
             if state.lineage != own.lineage { ownVersion.withLock { $0 = (state.lineage, state.version) } }
             var added = false
-            for (offset, entry) in loaded where pending[offset] == nil && !owed.contains(offset) {
-                pending[offset] = entry
+            for (key, entry) in loaded where pending[key] == nil && !owed.contains(key) {
+                pending[key] = entry
                 added = true
             }
             return added
         }
+        noteChange()
         if added { wake(at: Self.now()) }
     }
 
@@ -152,12 +154,18 @@ final class QueueRetries: Sendable {
     private func forgetDeadLetteredEntries() throws(WormholeError) {
         guard !isEmpty else { return }
         let dead = Set(try deadLetters.read().values.keys)
-        let both = pending.withLock { $0.keys.filter { dead.contains(QueueWorkNames.key($0)) } }
+        let both = pending.withLock { $0.keys.filter { dead.contains($0) } }
         try resolve(both)
     }
 
-    /// Whether any message is set aside or put off: the consumer's success path checks only this.
-    var isEmpty: Bool { pending.withLock { $0.isEmpty } && holds.withLock { $0.isEmpty } }
+    /// Whether any message is set aside or put off: the consumer's success path checks only this, one atomic load.
+    var isEmpty: Bool { empty.load(ordering: .acquiring) }
+
+    /// Brings ``empty`` up to date after a change of ``pending`` or ``holds``.
+    private func noteChange() {
+        let now = pending.withLock { $0.isEmpty } && holds.withLock { $0.isEmpty }
+        empty.store(now, ordering: .releasing)
+    }
 
     /// What a message read from the queue at the consumer's position is to this consumer.
     enum Standing: Equatable {
@@ -177,21 +185,32 @@ final class QueueRetries: Sendable {
         if let until = holds.withLock({ $0[offset] }) {
             if until > now { return .waiting(until) }
             _ = holds.withLock { $0.removeValue(forKey: offset) }
+            noteChange()
         }
-        guard let found = pending.withLock({ $0[offset] }) else { return .fresh }
+        guard let found = pending.withLock({ $0[QueueWorkNames.key(offset)] }) else { return .fresh }
         if policy.order == .unordered { return .setAside }
         let time = notBefore(of: found)
         return time > now ? .waiting(time) : .due(found)
     }
 
-    /// The set-aside messages before `position` whose time has come, by offset, at most `limit` and none of
-    /// `excluded`; the consumer is woken when the next of the others comes due. (A message at or past the position
-    /// is the queue's to offer: in strict order the consumer offers it there, and in unordered order one found there
-    /// is passed over, as it was set aside before the position could move past it.)
-    func due(before position: UInt64, excluding excluded: Set<UInt64>, limit: Int) -> [SetAsideMessage] {
+    /// The set-aside messages whose time has come, by key, at most `limit` and none of `excluded`; the consumer is
+    /// woken when the next of the others comes due.
+    ///
+    /// Of the queue's own messages, only those before `position`: one at or past it is the queue's to offer (in
+    /// strict order the consumer offers it there; in unordered order one found there is passed over, as it was set
+    /// aside before the position could move past it). Of the scheduled log's, only those before
+    /// `scheduledPosition`, for the same reason: one there is taken from the log again.
+    func due(
+        before position: UInt64,
+        scheduledBefore scheduledPosition: UInt64,
+        excluding excluded: Set<String>,
+        limit: Int
+    ) -> [SetAsideMessage] {
         let now = Self.now()
         let eligible = pending.withLock { pending in
-            pending.values.filter { $0.offset < position && !excluded.contains($0.offset) }
+            pending.filter { key, entry in
+                !excluded.contains(key) && entry.offset < (entry.isScheduled ? scheduledPosition : position)
+            }.values
         }
         var ready: [SetAsideMessage] = []
         var next: Int64?
@@ -200,7 +219,7 @@ final class QueueRetries: Sendable {
             if time <= now { ready.append(entry) } else { next = min(next ?? .max, time) }
         }
         if let next { wake(at: next) }
-        return Array(ready.sorted { $0.offset < $1.offset }.prefix(max(1, limit)))
+        return Array(ready.sorted { $0.key < $1.key }.prefix(max(1, limit)))
     }
 
     /// When an entry may be offered: no later than ``longestWait`` from now.
@@ -229,13 +248,14 @@ final class QueueRetries: Sendable {
         do throws(WormholeError) {
             switch attempt {
             case .done:
-                let offsets = batch.compactMap { $0.entry?.offset }
+                let keys = batch.compactMap { $0.entry?.key }
                 do throws(WormholeError) {
-                    try resolve(offsets)
+                    try resolve(keys)
                 } catch {
                     // Handled: forgotten here, and removed from the suite at the next pass.
-                    pending.withLock { pending in for offset in offsets { pending.removeValue(forKey: offset) } }
-                    owedResolutions.withLock { $0.formUnion(offsets) }
+                    pending.withLock { pending in for key in keys { pending.removeValue(forKey: key) } }
+                    owedResolutions.withLock { $0.formUnion(keys) }
+                    noteChange()
                     report(error)
                 }
                 return true
@@ -244,24 +264,25 @@ final class QueueRetries: Sendable {
                 if holdsAtPosition {
                     // Held where it is, by the position: nothing to store.
                     holds.withLock { holds in for item in batch { holds[item.record.offset] = notBefore } }
+                    noteChange()
                     wake(at: notBefore)
                     return false
                 }
-                try setAside(batch.map { ($0.record, $0.number - 1, notBefore, $0.entry?.lastError) })
+                try setAside(batch.map { ($0, $0.number - 1, notBefore, $0.entry?.lastError) })
                 wake(at: notBefore)
                 return true
             case .failed(let error):
                 let text = String(describing: error)
-                var kept: [(QueueRecord, Int, Int64, String?)] = []
-                var given: [(QueueRecord, Int, String)] = []
+                var kept: [(Item, Int, Int64, String?)] = []
+                var given: [(Item, Int, String)] = []
                 // One draw for the batch: in strict order its messages come back together.
                 let spread = Double.random(in: -1...1)
-                for (record, number, _) in batch {
-                    if number >= policy.maximumAttempts {
-                        given.append((record, number, text))
+                for item in batch {
+                    if item.number >= policy.maximumAttempts {
+                        given.append((item, item.number, text))
                     } else {
-                        let wait = policy.delay(afterAttempt: number, spread: spread)
-                        kept.append((record, number, now.addingClamped(Self.nanoseconds(wait)), text))
+                        let wait = policy.delay(afterAttempt: item.number, spread: spread)
+                        kept.append((item, item.number, now.addingClamped(Self.nanoseconds(wait)), text))
                     }
                 }
                 if !given.isEmpty { try deadLetter(given, reason: .failed) }
@@ -279,9 +300,9 @@ final class QueueRetries: Sendable {
     }
 
     /// Gives up on a message that cannot be decoded: it goes to the dead letters, so that it cannot block the queue.
-    func giveUp(on record: QueueRecord, attempts: Int, error: WormholeError) -> Bool {
+    func giveUp(on item: Item, error: WormholeError) -> Bool {
         do throws(WormholeError) {
-            try deadLetter([(record, attempts, error.message)], reason: .undecodable)
+            try deadLetter([(item, item.number, error.message)], reason: .undecodable)
             return true
         } catch {
             report(error)
@@ -303,28 +324,43 @@ final class QueueRetries: Sendable {
         }
     }
 
-    private func setAside(_ messages: [(QueueRecord, Int, Int64, String?)]) throws(WormholeError) {
-        let entries = messages.map { record, attempts, notBefore, lastError in
-            SetAsideMessage(record: record, attempts: attempts, notBeforeNanoseconds: notBefore, lastError: lastError)
+    /// Writes entries for messages (an item, its failed attempts, when it may come back, its last error): a
+    /// message's schedule (its expiry, and whether it came from the scheduled log) stays with it.
+    private func setAside(_ messages: [(Item, Int, Int64, String?)]) throws(WormholeError) {
+        let entries = messages.map { item, attempts, notBefore, lastError in
+            SetAsideMessage(
+                record: item.record,
+                attempts: attempts,
+                notBeforeNanoseconds: notBefore,
+                lastError: lastError,
+                scheduled: item.entry?.isScheduled ?? false,
+                expiresNanoseconds: item.entry?.expiresNanoseconds
+            )
         }
-        let change = try retries.update(sender: sender, direction: nil) { (values) throws(WormholeError) in
-            for entry in entries { try values.set(entry, forKey: QueueWorkNames.key(entry.offset)) }
-        }
-        pending.withLock { pending in
-            for entry in entries { pending[entry.offset] = entry }
-            if let change { noteOwnWrite(change) }
-        }
+        try store(entries)
     }
 
-    private func resolve(_ offsets: [UInt64]) throws(WormholeError) {
-        guard !offsets.isEmpty else { return }
-        let change = try retries.update(sender: sender, direction: nil) { values in
-            for offset in offsets { values.removeValue(forKey: QueueWorkNames.key(offset)) }
+    private func store(_ entries: [SetAsideMessage]) throws(WormholeError) {
+        let change = try retries.update(sender: sender, direction: nil) { (values) throws(WormholeError) in
+            for entry in entries { try values.set(entry, forKey: entry.key) }
         }
         pending.withLock { pending in
-            for offset in offsets { pending.removeValue(forKey: offset) }
+            for entry in entries { pending[entry.key] = entry }
             if let change { noteOwnWrite(change) }
         }
+        noteChange()
+    }
+
+    private func resolve(_ keys: [String]) throws(WormholeError) {
+        guard !keys.isEmpty else { return }
+        let change = try retries.update(sender: sender, direction: nil) { values in
+            for key in keys { values.removeValue(forKey: key) }
+        }
+        pending.withLock { pending in
+            for key in keys { pending.removeValue(forKey: key) }
+            if let change { noteOwnWrite(change) }
+        }
+        noteChange()
     }
 
     /// Called under ``pending``'s lock, as a reload reads the version under it.
@@ -337,40 +373,111 @@ final class QueueRetries: Sendable {
 
     /// Dead letters first, then out of the retries: killed in between, the message is in both, and the entry goes
     /// when the consumer starts again.
-    private func deadLetter(
-        _ messages: [(QueueRecord, Int, String)],
-        reason: QueueDeadLetter.Reason
-    ) throws(WormholeError) {
+    private func deadLetter(_ messages: [(Item, Int, String)], reason: QueueDeadLetter.Reason) throws(WormholeError) {
         let now = Self.now()
-        let letters = messages.map { record, attempts, text in
+        let letters = messages.map { item, attempts, text in
             QueueDeadLetter(
-                offset: record.offset,
-                end: record.end,
-                sender: record.sender,
-                timestampNanoseconds: record.timestampNanoseconds,
+                offset: item.record.offset,
+                end: item.record.end,
+                sender: item.record.sender,
+                timestampNanoseconds: item.record.timestampNanoseconds,
                 attempts: attempts,
                 reason: reason,
                 lastError: text,
                 deadLetteredNanoseconds: now,
-                payload: record.payload
+                payload: item.record.payload,
+                isScheduled: item.entry?.isScheduled ?? false
             )
         }
         try deadLetters.update(sender: sender, direction: nil) { (values) throws(WormholeError) in
-            for letter in letters { try values.set(letter, forKey: QueueWorkNames.key(letter.offset)) }
+            for letter in letters {
+                try values.set(letter, forKey: QueueWorkNames.key(letter.offset, scheduled: letter.isScheduled))
+            }
         }
-        let known = pending.withLock { pending in messages.map(\.0.offset).filter { pending[$0] != nil } }
+        let known = pending.withLock { pending in
+            messages.compactMap { $0.0.entry?.key }.filter { pending[$0] != nil }
+        }
         try resolve(known)
+    }
+
+    /// Sends scheduled messages whose time to live ran out to the dead letters, unoffered; false when that could
+    /// not be stored (they are tried again in a second).
+    func expire(_ entries: [SetAsideMessage]) -> Bool {
+        do throws(WormholeError) {
+            let items = entries.map { entry -> (Item, Int, String) in
+                (
+                    (entry.record, entry.attempts, entry), entry.attempts,
+                    entry.lastError ?? "expired before it was handled"
+                )
+            }
+            try deadLetter(items, reason: .expired)
+            return true
+        } catch {
+            report(error)
+            wake(at: Self.now().addingClamped(1_000_000_000))
+            return false
+        }
+    }
+
+    /// Takes records of the queue's scheduled log into the retries, each due at its time: true when they are
+    /// stored, so that the scheduled log's position may move past them. A record that holds no envelope this
+    /// version reads goes to the dead letters.
+    func takeScheduled(_ records: [QueueRecord]) -> Bool {
+        var entries: [SetAsideMessage] = []
+        var unreadable: [(Item, Int, String)] = []
+        for record in records {
+            guard let envelope = ScheduledEnvelope.decode(record.payload) else {
+                let item: Item = (
+                    record, 0,
+                    SetAsideMessage(
+                        record: record,
+                        attempts: 0,
+                        notBeforeNanoseconds: 0,
+                        lastError: nil,
+                        scheduled: true
+                    )
+                )
+                unreadable.append((item, 0, "The record is not a scheduled message this version reads."))
+                continue
+            }
+            var message = record
+            message.payload = envelope.payload
+            entries.append(
+                SetAsideMessage(
+                    record: message,
+                    attempts: 0,
+                    notBeforeNanoseconds: envelope.notBeforeNanoseconds,
+                    lastError: nil,
+                    scheduled: true,
+                    expiresNanoseconds: envelope.expiresNanoseconds
+                )
+            )
+        }
+        do throws(WormholeError) {
+            if !unreadable.isEmpty { try deadLetter(unreadable, reason: .undecodable) }
+            // Read again (a consumer killed before the log's position moved): the same key, the same entry, not
+            // offered meanwhile, as `due(...)` offers none before the position moves past it.
+            let fresh = pending.withLock { pending in entries.filter { pending[$0.key] == nil } }
+            if !fresh.isEmpty { try store(fresh) }
+            if let soonest = fresh.map(notBefore(of:)).min() { wake(at: soonest) }
+            return true
+        } catch {
+            report(error)
+            return false
+        }
     }
 
     // MARK: Waking
 
-    /// Makes every set-aside message due now, in this process only (their entries keep their times): the owner of the
+    /// Makes every set-aside message but the scheduled ones due now, in this process only (their entries keep their times): the owner of the
     /// consumer is ready for them (``QueueConsumer/wakeUp()``).
     func releaseWaits() {
         let now = Self.now()
         holds.withLock { $0.removeAll() }
+        defer { noteChange() }
         pending.withLock { pending in
-            for key in pending.keys where pending[key]!.notBeforeNanoseconds > now {
+            // Not a scheduled message that waits for its time: it is never offered before it.
+            for (key, entry) in pending where entry.notBeforeNanoseconds > now && !entry.waitsForItsTime {
                 pending[key]!.notBeforeNanoseconds = now
             }
         }

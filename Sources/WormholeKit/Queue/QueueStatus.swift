@@ -20,6 +20,8 @@ public struct QueueStatus: Sendable, Codable, Equatable {
         public var nextRetryNanoseconds: Int64?
         /// How many messages it gave up on (``WormholeDeadLetters``); nil in an engine's own report.
         public var deadLetters: Int?
+        /// How many messages enqueued with a ``QueueSchedule`` wait for their time; nil in an engine's own report.
+        public var scheduled: Int?
 
         /// Creates a consumer's status, as an engine's ``QueueLog`` reports it.
         public init(name: String, offset: UInt64, lagBytes: UInt64, lagMessages: Int) {

@@ -56,7 +56,8 @@ public final class WormholeDeadLetters: Sendable {
         var result: [QueueDeadLetter] = []
         var unreadable: [String] = []
         for key in values.keys {
-            guard let letter = values[key, as: QueueDeadLetter.self], QueueWorkNames.key(letter.offset) == key,
+            guard let letter = values[key, as: QueueDeadLetter.self],
+                QueueWorkNames.key(letter.offset, scheduled: letter.isScheduled) == key,
                 letter.end > letter.offset, letter.attempts >= 0
             else {
                 unreadable.append(key)
@@ -86,21 +87,31 @@ public final class WormholeDeadLetters: Sendable {
                     timestampNanoseconds: letter.timestampNanoseconds,
                     payload: letter.payload
                 )
-                let entry = SetAsideMessage(record: record, attempts: 0, notBeforeNanoseconds: now, lastError: nil)
-                try values.set(entry, forKey: QueueWorkNames.key(letter.offset))
+                // A requeued message no longer expires: it is offered because it was asked for.
+                let entry = SetAsideMessage(
+                    record: record,
+                    attempts: 0,
+                    notBeforeNanoseconds: now,
+                    lastError: nil,
+                    scheduled: letter.isScheduled
+                )
+                try values.set(entry, forKey: entry.key)
             }
         }
         try remove(chosen)
         return chosen.count
     }
 
-    /// Removes dead letters for good: all of them (readable or not), or those at `offsets`. Returns how many were
-    /// dropped.
+    /// Removes dead letters for good: all of them (readable or not), or those at `offsets` (in the queue, or in its
+    /// scheduled log: both are dropped). Returns how many were dropped.
     @discardableResult
     public func drop(offsets: [UInt64]? = nil) throws(WormholeError) -> Int {
         var dropped = 0
         try letters.update(sender: sender, direction: "removed") { values in
-            let keys = offsets.map { $0.map(QueueWorkNames.key) } ?? values.keys
+            let keys =
+                offsets.map { offsets in
+                    offsets.flatMap { [QueueWorkNames.key($0), QueueWorkNames.key($0, scheduled: true)] }
+                } ?? values.keys
             dropped = 0
             for key in keys where values.json(forKey: key) != nil {
                 values.removeValue(forKey: key)
@@ -120,7 +131,9 @@ public final class WormholeDeadLetters: Sendable {
     private func remove(_ chosen: [QueueDeadLetter]) throws(WormholeError) {
         guard !chosen.isEmpty else { return }
         try letters.update(sender: sender, direction: "removed") { values in
-            for letter in chosen { values.removeValue(forKey: QueueWorkNames.key(letter.offset)) }
+            for letter in chosen {
+                values.removeValue(forKey: QueueWorkNames.key(letter.offset, scheduled: letter.isScheduled))
+            }
         }
     }
 }

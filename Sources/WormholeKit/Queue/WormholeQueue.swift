@@ -29,6 +29,9 @@ public final class WormholeQueue: Sendable {
     public let retention: Duration
     /// The engine's log of this queue.
     public let log: any QueueLog
+    /// The engine's log of this queue's scheduled messages (`QUEUE#scheduled`): each record a message and its
+    /// schedule (``QueueSchedule``), which every consumer takes into its retries.
+    let scheduledLog: any QueueLog
     let coder: any MessageCoder
     let logger: Logger
     let engine: any WormholeEngine
@@ -39,6 +42,11 @@ public final class WormholeQueue: Sendable {
         self.identifier = identifier
         self.retention = retention
         self.log = try wormhole.engine.queueLog(identifier, sender: wormhole.sender, retention: retention)
+        self.scheduledLog = try wormhole.engine.queueLog(
+            QueueWorkNames.scheduled(queue: identifier),
+            sender: wormhole.sender,
+            retention: retention
+        )
         self.coder = wormhole.coder
         self.logger = wormhole.logger
         self.engine = wormhole.engine
@@ -58,6 +66,23 @@ public final class WormholeQueue: Sendable {
     /// Appends bytes as they are to the queue; consumers read them back with ``QueueMessage/payload``.
     public func enqueueData(_ payload: Data) throws(WormholeError) {
         try log.append(payload)
+    }
+
+    /// Encodes a message and enqueues it to be offered when `schedule` says: after a delay or at a time, and not
+    /// after it expires (``QueueSchedule``).
+    ///
+    /// ```swift
+    /// try jobs.enqueue(Job(id: 2), schedule: .after(.seconds(30)))
+    /// ```
+    ///
+    /// - Throws: as ``enqueue(_:)``.
+    public func enqueue<Message: Encodable>(_ message: Message, schedule: QueueSchedule) throws(WormholeError) {
+        try enqueueData(try coder.encodeMessage(message, identifier: identifier), schedule: schedule)
+    }
+
+    /// Enqueues bytes as they are, to be offered when `schedule` says; see ``enqueue(_:schedule:)``.
+    public func enqueueData(_ payload: Data, schedule: QueueSchedule) throws(WormholeError) {
+        try scheduledLog.append(try ScheduledEnvelope(schedule: schedule, payload: payload).encoded())
     }
 
     /// Encodes messages and appends them to the queue in one write, in order.
@@ -311,6 +336,17 @@ public final class WormholeQueue: Sendable {
             engine: engine,
             longestWait: retention
         ) { [self] error in report(error, to: errorHandler) }
+        // The scheduled log's records are taken into the retries, each due at its time, on a queue of their own.
+        let scheduledCore = QueueConsumer(
+            cursor: try scheduledLog.openCursor(consumer: consumer),
+            execution: .serialQueue,
+            label: "wormhole.queue.\(identifier).\(consumer).scheduled",
+            batchSize: 500,
+            // Once the position is past them, they may be offered: the queue's consumer looks.
+            onAcknowledged: { retries.wake(at: QueueRetries.now()) },
+            deliver: { records in retries.takeScheduled(records) ? records.last?.end : nil },
+            reportError: { [self] error in report(error, to: errorHandler) }
+        )
         let delivery = QueueDelivery(
             queue: self,
             consumer: consumer,
@@ -318,7 +354,8 @@ public final class WormholeQueue: Sendable {
             batchSize: batchSize,
             errorHandler: errorHandler,
             decode: decode,
-            handler: handler
+            handler: handler,
+            scheduledPosition: { [weak scheduledCore] in scheduledCore?.position ?? 0 }
         )
         let cursor = try log.openCursor(consumer: consumer)
         let core = QueueConsumer(
@@ -328,11 +365,15 @@ public final class WormholeQueue: Sendable {
             batchSize: batchSize,
             prepare: { position in delivery.deliverDue(before: position) },
             releaseWaits: { retries.releaseWaits() },
-            onCancel: { retries.stop() },
+            onCancel: {
+                retries.stop()
+                scheduledCore.cancel()
+            },
             deliver: { records in delivery.deliver(records) },
             reportError: { [self] error in report(error, to: errorHandler) }
         )
         retries.attach(core)
+        try scheduledCore.start()
         try core.start()
         return core
     }
@@ -346,6 +387,8 @@ public final class WormholeQueue: Sendable {
         let errorHandler: (@Sendable (WormholeError) -> Void)?
         let decode: @Sendable (QueueRecord) throws(WormholeError) -> QueueMessage<Value>
         let handler: MessageHandler<Value>
+        /// The stored position of this consumer in the queue's scheduled log.
+        let scheduledPosition: @Sendable () -> UInt64
 
         /// Records read from the queue at the consumer's position; returns the end of those handled (nil: none).
         func deliver(_ records: [QueueRecord]) -> UInt64? {
@@ -374,10 +417,7 @@ public final class WormholeQueue: Sendable {
                 }
                 return end
             case .batches(let handle):
-                guard anySetAside else {
-                    let items = records.map { (record: $0, number: 1, entry: SetAsideMessage?.none) }
-                    return deliverBatch(items, atPosition: true, handle) ? records.last?.end : nil
-                }
+                guard anySetAside else { return deliverFreshBatch(records, handle) ? records.last?.end : nil }
                 // The batch runs while its messages stand alike: all fresh, or (strict order) all due at the same
                 // attempt, so that they share one fate; the rest is read again.
                 var items: [QueueRetries.Item] = []
@@ -409,11 +449,24 @@ public final class WormholeQueue: Sendable {
             retries.settleOwedResolutions()
             guard !retries.isEmpty else { return }
             let started = CallbackDriver.passStart()
-            var offered = Set<UInt64>()
+            var offered = Set<String>()
             while !retries.consumerIsCancelled {
-                let due = retries.due(before: position, excluding: offered, limit: batchSize)
+                var due = retries.due(
+                    before: position,
+                    scheduledBefore: scheduledPosition(),
+                    excluding: offered,
+                    limit: batchSize
+                )
                 guard !due.isEmpty else { return }
-                offered.formUnion(due.map(\.offset))
+                offered.formUnion(due.map(\.key))
+                // Past their time to live: to the dead letters, unoffered.
+                let now = QueueRetries.now()
+                let expired = due.filter { $0.hasExpired(at: now) }
+                if !expired.isEmpty {
+                    guard retries.expire(expired) else { return }
+                    due.removeAll { $0.hasExpired(at: now) }
+                    if due.isEmpty { continue }
+                }
                 let settled: Bool
                 switch handler {
                 case .each(let handle):
@@ -442,9 +495,10 @@ public final class WormholeQueue: Sendable {
                 message = try decode(item.record)
             } catch {
                 reportUndecodable(error)
-                return retries.giveUp(on: item.record, attempts: item.number, error: error)
+                return retries.giveUp(on: item, error: error)
             }
             message.attempt = item.number
+            message.isScheduled = item.entry?.isScheduled ?? false
             let attempt: QueueRetries.Attempt
             do {
                 switch try handle(message) {
@@ -463,6 +517,36 @@ public final class WormholeQueue: Sendable {
             return retries.settle([item], attempt, atPosition: atPosition)
         }
 
+        /// A batch read at the position with nothing set aside: the success path builds the messages and nothing
+        /// else.
+        private func deliverFreshBatch(
+            _ records: [QueueRecord],
+            _ handle: @Sendable ([QueueMessage<Value>]) throws -> Void
+        ) -> Bool {
+            var messages: [QueueMessage<Value>] = []
+            messages.reserveCapacity(records.count)
+            for record in records {
+                do throws(WormholeError) {
+                    messages.append(try decode(record))
+                } catch {
+                    reportUndecodable(error)
+                    guard retries.giveUp(on: (record, 1, nil), error: error) else { return false }
+                }
+            }
+            guard !messages.isEmpty else { return true }
+            do {
+                try handle(messages)
+                return true
+            } catch is CancellationError {
+                return stop()
+            } catch {
+                reportFailure(error, count: messages.count, from: messages[0].offset, number: 1)
+                let handed = Set(messages.map(\.offset))
+                let items = records.filter { handed.contains($0.offset) }.map { ($0, 1, SetAsideMessage?.none) }
+                return retries.settle(items, .failed(error), atPosition: true)
+            }
+        }
+
         private func deliverBatch(
             _ items: [QueueRetries.Item],
             atPosition: Bool,
@@ -475,11 +559,12 @@ public final class WormholeQueue: Sendable {
                 do throws(WormholeError) {
                     var message = try decode(item.record)
                     message.attempt = item.number
+                    message.isScheduled = item.entry?.isScheduled ?? false
                     messages.append(message)
                     handed.append(item)
                 } catch {
                     reportUndecodable(error)
-                    guard retries.giveUp(on: item.record, attempts: item.number, error: error) else { return false }
+                    guard retries.giveUp(on: item, error: error) else { return false }
                 }
             }
             guard !messages.isEmpty else { return true }
@@ -526,6 +611,9 @@ public final class WormholeQueue: Sendable {
 
     /// The messages this consumer has not handled yet, then each new one, as an `AsyncSequence`.
     ///
+    /// The sequence reads the queue only: messages enqueued with a ``QueueSchedule`` go to consumers made by
+    /// ``consume(consumer:as:retry:on:errorHandler:handler:)`` and its kin.
+    ///
     /// The consumer is registered (a new one from the oldest message kept) before this returns; opening its position
     /// may wait for a flush or a server, and waits on a Dispatch worker thread, never on the cooperative thread pool.
     ///
@@ -565,15 +653,29 @@ public final class WormholeQueue: Sendable {
             var next: Int64?
             var count = 0
             let latest = QueueRetries.now().addingClamped(QueueRetries.nanoseconds(retention))
+            var scheduled = 0
             for key in waiting.keys {
-                guard let entry = waiting[key, as: SetAsideMessage.self], entry.isValid,
-                    QueueWorkNames.key(entry.offset) == key
-                else { continue }
+                guard let entry = waiting[key, as: SetAsideMessage.self], entry.isValid, entry.key == key else {
+                    continue
+                }
+                // A scheduled message that has not failed yet waits for its time, not for a retry.
+                if entry.waitsForItsTime {
+                    scheduled += 1
+                    continue
+                }
                 count += 1
                 next = min(next ?? .max, min(entry.notBeforeNanoseconds, latest))
             }
             status.consumers[index].waitingForRetry = count
             status.consumers[index].nextRetryNanoseconds = next
+            // And those of the scheduled log it has not taken into its retries yet (one taken, its position not yet
+            // past it, is counted once).
+            let inLog = try scheduledLog.status().consumers.first { $0.name == name }
+            let taken = waiting.keys.filter { key in
+                guard let entry = waiting[key, as: SetAsideMessage.self], entry.isScheduled else { return false }
+                return entry.offset >= (inLog?.offset ?? .max)
+            }.count
+            status.consumers[index].scheduled = scheduled + max(0, (inLog?.lagMessages ?? 0) - taken)
             status.consumers[index].deadLetters = try engine.suiteStore(
                 QueueWorkNames.deadLetters(queue: identifier, consumer: name)
             ).read().values.keys.count
@@ -588,6 +690,7 @@ public final class WormholeQueue: Sendable {
     /// Consumers call it as they move on; call it yourself after removing consumers.
     public func reclaimSpace() throws(WormholeError) {
         try log.reclaimSpace()
+        try scheduledLog.reclaimSpace()
     }
 }
 

@@ -177,6 +177,18 @@ enum DocumentationExamples {
         }
     }
 
+    // Sources/WormholeKit/WormholeKit.docc/DurableQueues.md, "Delayed and expiring messages".
+    static func durableQueuesSchedule(jobs: WormholeQueue, nineOClock: Date) throws {
+        try jobs.enqueue(Job(id: 2), schedule: .after(.seconds(30)))  // not before 30 s from now
+        try jobs.enqueue(Job(id: 3), schedule: .at(nineOClock).expiring(after: .seconds(600)))
+    }
+
+    // Sources/WormholeKit/Queue/QueueSchedule.swift, QueueSchedule; and WormholeQueue.enqueue(_:schedule:).
+    static func queueScheduleExample(jobs: WormholeQueue, nineOClock: Date) throws {
+        try jobs.enqueue(Job(id: 2), schedule: .after(.seconds(30)))
+        try jobs.enqueue(Job(id: 3), schedule: .at(nineOClock).expiring(after: .seconds(600)))
+    }
+
     // Sources/WormholeKit/WormholeKit.docc/DurableQueues.md, "Batches".
     static func durableQueuesBatches(
         jobs: WormholeQueue,
@@ -1326,6 +1338,20 @@ struct DocumentationExamplesTests {
         try Examples.durableQueuesDeadLetters(jobs: retryJobs)
         #expect(await waitUntil { tries.withLock { $0.filter { $0 == 13 }.count } == 4 }, "requeued")
         retrying.cancel()
+
+        // Delayed and expiring messages: two scheduled, one of them long expired; a consumer started now gets neither
+        // yet (the one not expired is 30 s away), and the expired one is a dead letter.
+        let scheduleWormhole = Wormhole(engine: InMemoryEngine())
+        let scheduled = try scheduleWormhole.queue("jobs")
+        let early = Mutex<[Int]>([])
+        let scheduledWorker = try scheduled.consume(consumer: "worker", as: Examples.Job.self) { message in
+            early.withLock { $0.append(message.value.id) }
+        }
+        try Examples.durableQueuesSchedule(jobs: scheduled, nineOClock: Date(timeIntervalSinceNow: -3600))
+        #expect(await waitUntil { (try? scheduled.deadLetters(consumer: "worker").list().map(\.reason)) == [.expired] })
+        #expect(early.withLock { $0 }.isEmpty, "the delayed one waits, the expired one is never handled")
+        #expect(try scheduled.status().consumers.first?.scheduled == 1)
+        scheduledWorker.cancel()
 
         // QueueSequence's example acknowledges the message it breaks after.
         let sequenceWormhole = Wormhole(engine: InMemoryEngine())

@@ -576,6 +576,34 @@ struct QueueTests {
         }
     }
 
+    @Test("enqueue --delay, --at and --expires-after from the command line")
+    func commandLineSchedule() async throws {
+        try await offThePool {
+            let started = Date()
+            #expect(try WormholeTool.run(["enqueue"] + location + ["jobs", #"{"n":1}"#, "--delay", "3s"]).status == 0)
+            #expect(
+                try WormholeTool.run(["enqueue"] + location + ["jobs", #"{"n":2}"#, "--at", "2000-01-01T00:00:00Z"])
+                    .status == 0
+            )
+            #expect(
+                try WormholeTool.run(["enqueue"] + location + ["jobs", #"{"n":3}"#, "--expires-after", "1ms"])
+                    .status == 0
+            )
+            #expect(try WormholeTool.run(["enqueue"] + location + ["jobs", "{}", "--at", "nine"]).status == 64)
+            usleep(50_000)
+            let run = try WormholeTool.run(
+                ["consume"] + location + ["jobs", "--consumer", "c", "--count", "2", "--timeout", "20"],
+                timeout: 40
+            )
+            #expect(run.lines == [#"{"n":2}"#, #"{"n":1}"#], "a time passed: at once; a delay: after it")
+            #expect(Date().timeIntervalSince(started) >= 3)
+            let dead = try WormholeTool.run(["dead-letters"] + location + ["jobs", "--consumer", "c"])
+            let letter = try JSONDecoder().decode(JSONValue.self, from: Data((dead.lines.first ?? "").utf8))
+            #expect(letter["reason"]?.stringValue == "expired")
+            #expect(letter["message"]?["n"]?.intValue == 3)
+        }
+    }
+
     @Test("enqueue, consume and queue-status from the command line")
     func commandLine() async throws {
         try await offThePool {
