@@ -51,7 +51,7 @@ final class QueueRetries: Sendable {
     /// The earliest time a timer is set for, and a count that cancels the timers set before.
     private let timer = Locked<(deadline: Int64?, generation: UInt64)>((nil, 0))
     private let stopped = Locked(false)
-    /// Whether ``pending`` and ``holds`` are both empty, readable without their locks.
+    /// Whether ``pending``, ``holds`` and ``owedResolutions`` are all empty, readable without their locks.
     private let empty = Atomic<Bool>(true)
 
     private struct WeakConsumer: @unchecked Sendable {
@@ -158,12 +158,14 @@ final class QueueRetries: Sendable {
         try resolve(both)
     }
 
-    /// Whether any message is set aside or put off: the consumer's success path checks only this, one atomic load.
+    /// Whether any message is set aside or put off (or an entry is owed a removal): the consumer's success path
+    /// checks only this, one atomic load.
     var isEmpty: Bool { empty.load(ordering: .acquiring) }
 
     /// Brings ``empty`` up to date after a change of ``pending`` or ``holds``.
     private func noteChange() {
-        let now = pending.withLock { $0.isEmpty } && holds.withLock { $0.isEmpty }
+        let now =
+            pending.withLock { $0.isEmpty } && holds.withLock { $0.isEmpty } && owedResolutions.withLock { $0.isEmpty }
         empty.store(now, ordering: .releasing)
     }
 
@@ -318,6 +320,7 @@ final class QueueRetries: Sendable {
         do throws(WormholeError) {
             try resolve(Array(owed))
             owedResolutions.withLock { $0.subtract(owed) }
+            noteChange()
         } catch {
             report(error)
             wake(at: Self.now().addingClamped(1_000_000_000))

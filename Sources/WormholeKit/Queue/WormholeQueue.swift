@@ -411,8 +411,9 @@ public final class WormholeQueue: Sendable {
                         case .due(let found): entry = found
                         }
                     }
-                    let item = (record, (entry?.attempts ?? 0) + 1, entry)
-                    guard deliverOne(item, atPosition: true, handle) else { return end }
+                    guard deliverOne(record, (entry?.attempts ?? 0) + 1, entry, atPosition: true, handle) else {
+                        return end
+                    }
                     end = record.end
                 }
                 return end
@@ -446,8 +447,8 @@ public final class WormholeQueue: Sendable {
         /// Hands over the set-aside messages whose time has come, before the queue is read: each at most once a
         /// pass, within the pass's time budget, until one could not be settled or the consumer is cancelled.
         func deliverDue(before position: UInt64) {
-            retries.settleOwedResolutions()
             guard !retries.isEmpty else { return }
+            retries.settleOwedResolutions()
             let started = CallbackDriver.passStart()
             var offered = Set<String>()
             while !retries.consumerIsCancelled {
@@ -471,7 +472,7 @@ public final class WormholeQueue: Sendable {
                 switch handler {
                 case .each(let handle):
                     settled = due.allSatisfy { entry in
-                        deliverOne((entry.record, entry.attempts + 1, entry), atPosition: false, handle)
+                        deliverOne(entry.record, entry.attempts + 1, entry, atPosition: false, handle)
                     }
                 case .batches(let handle):
                     settled = deliverBatch(due.map { ($0.record, $0.attempts + 1, $0) }, atPosition: false, handle)
@@ -486,35 +487,39 @@ public final class WormholeQueue: Sendable {
         }
 
         private func deliverOne(
-            _ item: QueueRetries.Item,
+            _ record: QueueRecord,
+            _ number: Int,
+            _ entry: SetAsideMessage?,
             atPosition: Bool,
             _ handle: @Sendable (QueueMessage<Value>) throws -> QueueOutcome
         ) -> Bool {
             var message: QueueMessage<Value>
             do throws(WormholeError) {
-                message = try decode(item.record)
+                message = try decode(record)
             } catch {
                 reportUndecodable(error)
-                return retries.giveUp(on: item, error: error)
+                return retries.giveUp(on: (record, number, entry), error: error)
             }
-            message.attempt = item.number
-            message.isScheduled = item.entry?.isScheduled ?? false
+            if let entry {
+                message.attempt = number
+                message.isScheduled = entry.isScheduled
+            }
             let attempt: QueueRetries.Attempt
             do {
                 switch try handle(message) {
                 case .done:
                     // The success path: nothing to store but the position.
-                    guard item.entry != nil else { return true }
+                    guard entry != nil else { return true }
                     attempt = .done
                 case .later(let delay): attempt = .later(delay)
                 }
             } catch is CancellationError {
                 return stop()
             } catch {
-                reportFailure(error, count: 1, from: item.record.offset, number: item.number)
+                reportFailure(error, count: 1, from: record.offset, number: number)
                 attempt = .failed(error)
             }
-            return retries.settle([item], attempt, atPosition: atPosition)
+            return retries.settle([(record, number, entry)], attempt, atPosition: atPosition)
         }
 
         /// A batch read at the position with nothing set aside: the success path builds the messages and nothing
