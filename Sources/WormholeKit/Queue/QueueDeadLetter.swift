@@ -87,6 +87,9 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
     var scheduled: Bool?
     /// When a scheduled message is no longer offered, in nanoseconds since 1970.
     var expiresNanoseconds: Int64?
+    /// A random number drawn for each entry written: a consumer removes an entry only while it is the one it wrote
+    /// (a dead letter requeued by another process meanwhile is another entry). Absent in entries that have none.
+    var revision: UInt64?
 
     init(
         record: QueueRecord,
@@ -98,6 +101,7 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
     ) {
         self.scheduled = scheduled ? true : nil
         self.expiresNanoseconds = expiresNanoseconds
+        self.revision = UInt64.random(in: 1...UInt64.max)
         offset = record.offset
         end = record.end
         sender = record.sender

@@ -41,7 +41,7 @@ final class QueueRetries: Sendable {
     private let holds = Locked<[UInt64: Int64]>([:])
     /// Messages handled whose entry could not be removed: gone from ``pending`` (so never offered again by this
     /// process), and removed from the suite at the next pass.
-    private let owedResolutions = Locked<Set<String>>([])
+    private let owedResolutions = Locked<[String: UInt64?]>([:])
     private let consumer = Locked<WeakConsumer>(WeakConsumer())
     /// The lineage and version of the retries suite that this consumer's last write made: a reload that read an
     /// older version of that lineage is dropped, as it could bring back what was resolved since.
@@ -107,7 +107,8 @@ final class QueueRetries: Sendable {
     }
 
     /// Reads the set-aside messages; an entry that cannot be read is reported and left in the suite. Merging, only
-    /// entries this process does not know are taken (requeued dead letters), and the consumer is woken for them.
+    /// entries this process does not know, or knows another revision of, are taken (requeued dead letters), and the
+    /// consumer is woken for them.
     private func load(merging: Bool) throws(WormholeError) {
         let state = try retries.read()
         var loaded: [String: SetAsideMessage] = [:]
@@ -130,7 +131,7 @@ final class QueueRetries: Sendable {
         let owed = owedResolutions.withLock { $0 }
         let added = pending.withLock { pending -> Bool in
             guard merging else {
-                pending = loaded.filter { !owed.contains($0.key) }
+                pending = loaded.filter { owed[$0.key] == nil }
                 ownVersion.withLock { $0 = (state.lineage, state.version) }
                 return false
             }
@@ -139,7 +140,9 @@ final class QueueRetries: Sendable {
             // A suite that started over (its file removed, say) is taken as it is now.
             if state.lineage != own.lineage { ownVersion.withLock { $0 = (state.lineage, state.version) } }
             var added = false
-            for (key, entry) in loaded where pending[key] == nil && !owed.contains(key) {
+            // The suite is at least as new as this consumer's last write: an entry it does not know, or of another
+            // revision, was written since by another process (a requeue).
+            for (key, entry) in loaded where pending[key]?.revision != entry.revision && owed[key] == nil {
                 pending[key] = entry
                 added = true
             }
@@ -155,7 +158,7 @@ final class QueueRetries: Sendable {
         guard !isEmpty else { return }
         let dead = Set(try deadLetters.read().values.keys)
         let both = pending.withLock { $0.keys.filter { dead.contains($0) } }
-        try resolve(both)
+        try resolve(both.map { ($0, nil) })
     }
 
     /// Whether any message is set aside or put off (or an entry is owed a removal): the consumer's success path
@@ -250,13 +253,13 @@ final class QueueRetries: Sendable {
         do throws(WormholeError) {
             switch attempt {
             case .done:
-                let keys = batch.compactMap { $0.entry?.key }
+                let entries = batch.compactMap { $0.entry.map { ($0.key, $0.revision) } }
                 do throws(WormholeError) {
-                    try resolve(keys)
+                    try resolve(entries)
                 } catch {
                     // Handled: forgotten here, and removed from the suite at the next pass.
-                    pending.withLock { pending in for key in keys { pending.removeValue(forKey: key) } }
-                    owedResolutions.withLock { $0.formUnion(keys) }
+                    pending.withLock { pending in for (key, _) in entries { pending.removeValue(forKey: key) } }
+                    owedResolutions.withLock { owed in for (key, revision) in entries { owed[key] = revision } }
                     noteChange()
                     report(error)
                 }
@@ -318,8 +321,8 @@ final class QueueRetries: Sendable {
         let owed = owedResolutions.withLock { $0 }
         guard !owed.isEmpty else { return }
         do throws(WormholeError) {
-            try resolve(Array(owed))
-            owedResolutions.withLock { $0.subtract(owed) }
+            try resolve(owed.map { ($0.key, $0.value) })
+            owedResolutions.withLock { current in for key in owed.keys { current.removeValue(forKey: key) } }
             noteChange()
         } catch {
             report(error)
@@ -354,13 +357,22 @@ final class QueueRetries: Sendable {
         noteChange()
     }
 
-    private func resolve(_ keys: [String]) throws(WormholeError) {
-        guard !keys.isEmpty else { return }
+    /// Removes entries, each only while the suite holds the revision this consumer knows (nil: whatever it holds):
+    /// a dead letter requeued meanwhile, by another process, is a new entry, and stays.
+    private func resolve(_ entries: [(key: String, revision: UInt64?)]) throws(WormholeError) {
+        guard !entries.isEmpty else { return }
         let change = try retries.update(sender: sender, direction: nil) { values in
-            for key in keys { values.removeValue(forKey: key) }
+            for (key, revision) in entries {
+                if let revision, let stored = values[key, as: SetAsideMessage.self], stored.revision != revision {
+                    continue
+                }
+                values.removeValue(forKey: key)
+            }
         }
         pending.withLock { pending in
-            for key in keys { pending.removeValue(forKey: key) }
+            for (key, revision) in entries where revision == nil || pending[key]?.revision == revision {
+                pending.removeValue(forKey: key)
+            }
             if let change { noteOwnWrite(change) }
         }
         noteChange()
@@ -398,7 +410,7 @@ final class QueueRetries: Sendable {
             }
         }
         let known = pending.withLock { pending in
-            messages.compactMap { $0.0.entry?.key }.filter { pending[$0] != nil }
+            messages.compactMap { $0.0.entry.map { ($0.key, $0.revision) } }.filter { pending[$0.0] != nil }
         }
         try resolve(known)
     }

@@ -11,6 +11,8 @@ struct QueueRetryFaultTests {
     final class FlakyEngine: WormholeEngine {
         let base = InMemoryEngine()
         let failing = Locked(false)
+        /// Run after each suite update that succeeded, with the suite's name.
+        let afterUpdate = Locked<(@Sendable (String) -> Void)?>(nil)
         var description: String { "flaky in-memory" }
         var transiting: any Transiting { base.transiting }
         var notifier: any Notifier { base.notifier }
@@ -20,7 +22,7 @@ struct QueueRetryFaultTests {
         }
 
         func suiteStore(_ name: String) throws(WormholeError) -> any SuiteStore {
-            FlakySuiteStore(base: try base.suiteStore(name), failing: failing)
+            FlakySuiteStore(base: try base.suiteStore(name), failing: failing, afterUpdate: afterUpdate)
         }
 
         func liveTransport(sender: String) throws(WormholeError) -> any LiveTransport {
@@ -35,6 +37,7 @@ struct QueueRetryFaultTests {
     struct FlakySuiteStore: SuiteStore {
         let base: any SuiteStore
         let failing: Locked<Bool>
+        let afterUpdate: Locked<(@Sendable (String) -> Void)?>
         var name: String { base.name }
 
         func read() throws(WormholeError) -> SuiteState { try base.read() }
@@ -45,7 +48,9 @@ struct QueueRetryFaultTests {
             _ body: (inout SuiteValues) throws(WormholeError) -> Void
         ) throws(WormholeError) -> SuiteChange? {
             if failing.withLock({ $0 }) { throw WormholeError(.ioFailure, "the test's suite refuses writes") }
-            return try base.update(sender: sender, direction: direction, body)
+            let change = try base.update(sender: sender, direction: direction, body)
+            afterUpdate.withLock { $0 }?(base.name)
+            return change
         }
 
         func changes(after version: UInt64) throws(WormholeError) -> (state: SuiteState, changes: [SuiteChange]?) {
@@ -116,6 +121,46 @@ struct QueueRetryFaultTests {
             #expect(times.count == 4)
             #expect(try queue.status().consumers.first?.lagMessages == 0)
             #expect(try queue.status().consumers.first?.waitingForRetry == 0)
+            consumer.cancel()
+        }
+    }
+
+    @Test("A dead letter requeued between the consumer's two writes is offered again, not lost")
+    func requeueBetweenTheTwoWrites() async throws {
+        try await offThePool {
+            let engine = FlakyEngine()
+            let queue = try Wormhole(engine: engine).queue("jobs")
+            // The requeue goes through the engine itself, not the hooked one: another process's.
+            let other = try Wormhole(engine: engine.base).queue("jobs").deadLetters(consumer: "worker")
+            let requeued = Locked(false)
+            engine.afterUpdate.withLock {
+                $0 = { name in
+                    guard name.contains("#dead-letters#"), !requeued.withLock({ $0 }) else { return }
+                    requeued.withLock { $0 = true }
+                    // Right after the dead letter is written, before the consumer removes its retries entry.
+                    _ = try? other.requeue()
+                }
+            }
+            let attempts = Collector<Int>()
+            let keptWhileHandled = Collector<Int?>()
+            let consumer = try queue.consume(
+                consumer: "worker",
+                as: Int.self,
+                retry: QueueRetryPolicy(maximumAttempts: 2, firstDelay: .milliseconds(20), jitter: 0),
+                errorHandler: { _ in }
+            ) { message in
+                attempts.append(message.attempt)
+                // Fails until it was requeued once.
+                if !requeued.withLock({ $0 }) { throw ContractFailure() }
+                // The requeued entry is in the suite while it is handled: a restart now would find it.
+                keptWhileHandled.append(try queue.status().consumers.first?.waitingForRetry)
+            }
+            try queue.enqueue(1)
+            #expect(eventually { attempts.count == 3 })
+            #expect(attempts.values == [1, 2, 1], "two attempts, then once more after the requeue")
+            #expect(keptWhileHandled.values == [1], "the requeue was kept, not removed by the consumer's second write")
+            #expect(eventually { (try? queue.status().consumers.first?.waitingForRetry) == 0 })
+            #expect(try other.count == 0)
             consumer.cancel()
         }
     }
