@@ -27,7 +27,7 @@ public struct QueueRetryPolicy: Sendable, Hashable {
         case strict
     }
 
-    /// How many times a message is offered, the first included: at least 1. ``Int/max`` retries for ever.
+    /// How many times a message is offered, the first included: at least 1. `Int.max` retries for ever.
     public var maximumAttempts: Int
     /// The wait after the first failed attempt.
     public var firstDelay: Duration
