@@ -56,13 +56,25 @@ package enum Output {
         return String(decoding: payload, as: UTF8.self).replacingOccurrences(of: "\n", with: " ")
     }
 
-    /// An envelope as one JSON object: sequence, generation, sender, time and the payload (as JSON when it is).
-    package static func envelopeLine(_ envelope: Envelope) -> String {
-        let time = ISO8601DateFormatter.string(
-            from: envelope.date,
+    /// A time as the tool prints it: ISO 8601, UTC, with fractional seconds.
+    package static func time(_ date: Date) -> String {
+        ISO8601DateFormatter.string(
+            from: date,
             timeZone: .gmt,
             formatOptions: [.withInternetDateTime, .withFractionalSeconds]
         )
+    }
+
+    /// A JSON object as one line, keys sorted.
+    package static func objectLine(_ fields: [String: JSONValue]) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return (try? encoder.encode(fields)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    /// An envelope as one JSON object: sequence, generation, sender, time and the payload (as JSON when it is).
+    package static func envelopeLine(_ envelope: Envelope) -> String {
+        let time = time(envelope.date)
         let payload =
             (try? JSONSerialization.jsonObject(with: envelope.payload, options: [.fragmentsAllowed])) != nil
             ? jsonLine(envelope.payload)

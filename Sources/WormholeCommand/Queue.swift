@@ -184,23 +184,19 @@ struct DeadLetters: ParsableCommand {
         } else if drop {
             Output.line("dropped \(try letters.drop(offsets: chosen))")
         } else {
-            for letter in try letters.list() { Output.line(try Self.line(letter)) }
+            for letter in try letters.list() { Output.line(Self.line(letter)) }
             for key in try letters.unreadableKeys {
                 Output.error("dead letter \(key) is not one this version reads; --drop removes it")
             }
         }
     }
 
-    static func line(_ letter: QueueDeadLetter) throws -> String {
+    static func line(_ letter: QueueDeadLetter) -> String {
         var object: [String: JSONValue] = [
             "offset": .integer(Int64(clamping: letter.offset)),
             "sender": .string(letter.sender),
-            "enqueuedAt": .string(
-                Date(timeIntervalSince1970: Double(letter.timestampNanoseconds) / 1e9).ISO8601Format()
-            ),
-            "deadLetteredAt": .string(
-                Date(timeIntervalSince1970: Double(letter.deadLetteredNanoseconds) / 1e9).ISO8601Format()
-            ),
+            "enqueuedAt": .string(Output.time(letter.date)),
+            "deadLetteredAt": .string(Output.time(letter.deadLetteredDate)),
             "attempts": .integer(Int64(letter.attempts)),
             "reason": .string(letter.reason.rawValue),
             "lastError": .string(letter.lastError),
@@ -211,9 +207,7 @@ struct DeadLetters: ParsableCommand {
         } else {
             object["payloadBase64"] = .string(letter.payload.base64EncodedString())
         }
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: try encoder.encode(JSONValue.object(object)), as: UTF8.self)
+        return Output.objectLine(object)
     }
 }
 

@@ -39,11 +39,7 @@ struct SessionNames: ParsableArguments {
 }
 
 /// One JSON line, keys sorted.
-private func sessionLine(_ fields: [String: JSONValue]) -> String {
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-    return (try? encoder.encode(fields)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
-}
+private func sessionLine(_ fields: [String: JSONValue]) -> String { Output.objectLine(fields) }
 
 /// A JSON object given on the command line.
 private func jsonObject(_ text: String?, what: String) throws -> [String: JSONValue] {

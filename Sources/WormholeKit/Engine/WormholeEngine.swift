@@ -23,7 +23,7 @@ import Foundation
 ///
 /// **Not yet stable.** `WormholeEngine` and the protocols of the modes beyond mailboxes (``QueueLog``,
 /// ``QueueCursor``, ``SuiteStore``, ``LiveTransport``, ``TransferStaging``) may change in a minor release before
-/// 1.0, as the modes grow (retries and workers for queues, say): an engine of your own follows them. ``Transiting``
+/// 1.0, as the modes grow (workers sharing a queue, say): an engine of your own follows them. ``Transiting``
 /// and ``Notifier``, MMWormhole's two protocols, are kept.
 public protocol WormholeEngine: Sendable {
     /// What the engine is, for messages and logs: `directory /path`, `in-memory`.

@@ -43,6 +43,23 @@ public struct QueueDeadLetter: Sendable, Hashable, Codable {
     /// When it was enqueued.
     public var date: Date { Date(timeIntervalSince1970: Double(timestampNanoseconds) / 1e9) }
 
+    /// When it went to the dead letters.
+    public var deadLetteredDate: Date { Date(timeIntervalSince1970: Double(deadLetteredNanoseconds) / 1e9) }
+
+    /// Its key in the dead-letters suite.
+    var key: String { QueueWorkNames.key(offset, scheduled: isScheduled) }
+
+    /// The record it was.
+    var record: QueueRecord {
+        QueueRecord(
+            offset: offset,
+            end: end,
+            sender: sender,
+            timestampNanoseconds: timestampNanoseconds,
+            payload: payload
+        )
+    }
+
     /// Creates a dead letter.
     public init(
         offset: UInt64,
@@ -90,6 +107,8 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
     /// A random number drawn for each entry written: a consumer removes an entry only while it is the one it wrote
     /// (a dead letter requeued by another process meanwhile is another entry). Absent in entries that have none.
     var revision: UInt64?
+    /// True once the message was offered to the consumer's handler (it failed, or was put off); absent before.
+    var offered: Bool?
 
     init(
         record: QueueRecord,
@@ -101,7 +120,8 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
     ) {
         self.scheduled = scheduled ? true : nil
         self.expiresNanoseconds = expiresNanoseconds
-        self.revision = UInt64.random(in: 1...UInt64.max)
+        // At most 2^53: a JSON reader that reads numbers as doubles (jq) reads it exactly.
+        self.revision = UInt64.random(in: 1...(1 << 53))
         offset = record.offset
         end = record.end
         sender = record.sender
@@ -128,7 +148,7 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
 
     /// Whether it is a scheduled message that has not been offered yet: its time is its own, which nothing brings
     /// forward.
-    var waitsForItsTime: Bool { isScheduled && attempts == 0 && lastError == nil }
+    var waitsForItsTime: Bool { isScheduled && offered != true }
 
     /// Its key in the retries suite.
     var key: String { QueueWorkNames.key(offset, scheduled: isScheduled) }
@@ -160,9 +180,7 @@ enum QueueWorkNames {
     private static func name(_ queue: String, _ kind: String, _ consumer: String?) -> String {
         let full = consumer.map { "\(queue)#\(kind)#\($0)" } ?? "\(queue)#\(kind)"
         guard full.utf8.count > MessageIdentifier.maximumLength else { return full }
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in full.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
-        let suffix = "#" + String(hash, radix: 16)
+        let suffix = "#" + String(LiveSocketNaming.hash(full), radix: 16)
         // Whole characters only, so that the name stays valid UTF-8 within the limit.
         var prefix = ""
         for character in full {

@@ -14,8 +14,9 @@ import Synchronization
 /// removed when the consumer starts (`FORMAT.md`, "Retries and dead letters").
 ///
 /// Every call comes from the consumer's delivery (``QueueConsumer``'s, one at a time, under its cursor's lock), but
-/// for the suite's observer (which only adds entries another process wrote) and ``wake(at:)``'s timer (which only
-/// wakes the consumer).
+/// for the suite's observer (which only adds entries another process wrote), ``wake(at:)``'s timer (which only wakes
+/// the consumer) and ``takeScheduled(_:)``, which the scheduled log's consumer calls on its own queue (it only adds
+/// entries, which the delivery offers once that consumer's position is past them). Each state is under its lock.
 final class QueueRetries: Sendable {
     /// What the handler made of one attempt.
     enum Attempt {
@@ -53,6 +54,8 @@ final class QueueRetries: Sendable {
     private let stopped = Locked(false)
     /// Whether ``pending``, ``holds`` and ``owedResolutions`` are all empty, readable without their locks.
     private let empty = Atomic<Bool>(true)
+    /// See ``holdsNoQueueMessage``.
+    private let noQueueMessage = Atomic<Bool>(true)
 
     private struct WeakConsumer: @unchecked Sendable {
         weak var core: QueueConsumer?
@@ -161,19 +164,28 @@ final class QueueRetries: Sendable {
         try resolve(both.map { ($0, nil) })
     }
 
-    /// Whether any message is set aside or put off (or an entry is owed a removal): the consumer's success path
-    /// checks only this, one atomic load.
+    /// Whether any message is set aside or put off, or an entry is owed a removal: a pass with nothing of the
+    /// kind offers nothing from the retries.
     var isEmpty: Bool { empty.load(ordering: .acquiring) }
 
-    /// Brings ``empty`` up to date after a change of ``pending`` or ``holds``.
+    /// Whether no message read from the queue itself can have an entry or a hold: the consumer's success path checks
+    /// only this, one atomic load per batch. (A scheduled message waiting for its time does not count: its key is
+    /// of the scheduled log.)
+    var holdsNoQueueMessage: Bool { noQueueMessage.load(ordering: .acquiring) }
+
+    /// Brings ``empty`` and ``noQueueMessage`` up to date after a change of ``pending``, ``holds`` or
+    /// ``owedResolutions``.
     private func noteChange() {
-        let now =
-            pending.withLock { $0.isEmpty } && holds.withLock { $0.isEmpty } && owedResolutions.withLock { $0.isEmpty }
-        empty.store(now, ordering: .releasing)
+        let (nonePending, noneOfTheQueue) = pending.withLock { pending in
+            (pending.isEmpty, !pending.values.contains { !$0.isScheduled })
+        }
+        let noHolds = holds.withLock { $0.isEmpty }
+        empty.store(nonePending && noHolds && owedResolutions.withLock { $0.isEmpty }, ordering: .releasing)
+        noQueueMessage.store(noneOfTheQueue && noHolds, ordering: .releasing)
     }
 
     /// What a message read from the queue at the consumer's position is to this consumer.
-    enum Standing: Equatable {
+    enum Standing {
         /// Never set aside: its first attempt.
         case fresh
         /// Set aside already (unordered order), by a consumer killed before its position moved past it: pass over.
@@ -198,24 +210,17 @@ final class QueueRetries: Sendable {
         return time > now ? .waiting(time) : .due(found)
     }
 
-    /// The set-aside messages whose time has come, by key, at most `limit` and none of `excluded`; the consumer is
-    /// woken when the next of the others comes due.
+    /// The set-aside messages whose time has come, by key; the consumer is woken when the next of the others comes
+    /// due.
     ///
     /// Of the queue's own messages, only those before `position`: one at or past it is the queue's to offer (in
     /// strict order the consumer offers it there; in unordered order one found there is passed over, as it was set
     /// aside before the position could move past it). Of the scheduled log's, only those before
     /// `scheduledPosition`, for the same reason: one there is taken from the log again.
-    func due(
-        before position: UInt64,
-        scheduledBefore scheduledPosition: UInt64,
-        excluding excluded: Set<String>,
-        limit: Int
-    ) -> [SetAsideMessage] {
+    func due(before position: UInt64, scheduledBefore scheduledPosition: UInt64) -> [SetAsideMessage] {
         let now = Self.now()
         let eligible = pending.withLock { pending in
-            pending.filter { key, entry in
-                !excluded.contains(key) && entry.offset < (entry.isScheduled ? scheduledPosition : position)
-            }.values
+            pending.values.filter { entry in entry.offset < (entry.isScheduled ? scheduledPosition : position) }
         }
         var ready: [SetAsideMessage] = []
         var next: Int64?
@@ -224,7 +229,7 @@ final class QueueRetries: Sendable {
             if time <= now { ready.append(entry) } else { next = min(next ?? .max, time) }
         }
         if let next { wake(at: next) }
-        return Array(ready.sorted { $0.key < $1.key }.prefix(max(1, limit)))
+        return ready.sorted { $0.key < $1.key }
     }
 
     /// When an entry may be offered: no later than ``longestWait`` from now.
@@ -334,7 +339,7 @@ final class QueueRetries: Sendable {
     /// message's schedule (its expiry, and whether it came from the scheduled log) stays with it.
     private func setAside(_ messages: [(Item, Int, Int64, String?)]) throws(WormholeError) {
         let entries = messages.map { item, attempts, notBefore, lastError in
-            SetAsideMessage(
+            var entry = SetAsideMessage(
                 record: item.record,
                 attempts: attempts,
                 notBeforeNanoseconds: notBefore,
@@ -342,6 +347,8 @@ final class QueueRetries: Sendable {
                 scheduled: item.entry?.isScheduled ?? false,
                 expiresNanoseconds: item.entry?.expiresNanoseconds
             )
+            entry.offered = true
+            return entry
         }
         try store(entries)
     }
@@ -405,9 +412,7 @@ final class QueueRetries: Sendable {
             )
         }
         try deadLetters.update(sender: sender, direction: nil) { (values) throws(WormholeError) in
-            for letter in letters {
-                try values.set(letter, forKey: QueueWorkNames.key(letter.offset, scheduled: letter.isScheduled))
-            }
+            for letter in letters { try values.set(letter, forKey: letter.key) }
         }
         let known = pending.withLock { pending in
             messages.compactMap { $0.0.entry.map { ($0.key, $0.revision) } }.filter { pending[$0.0] != nil }

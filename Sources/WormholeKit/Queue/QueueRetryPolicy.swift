@@ -61,9 +61,6 @@ public struct QueueRetryPolicy: Sendable, Hashable {
     /// 5 attempts, waits of 1 s, 2 s, 4 s and 8 s (±10 %), later messages flowing past.
     public static let `default` = QueueRetryPolicy()
 
-    /// One attempt: a message whose handler throws goes to the dead letters at once.
-    public static let deadLetterAtOnce = QueueRetryPolicy(maximumAttempts: 1)
-
     /// Retries for ever, in strict order, waiting 1 s, then 2 s, up to a minute: a queue that must never skip a
     /// message, as this package's own session transfers are.
     public static let forever = QueueRetryPolicy(

@@ -56,9 +56,8 @@ public final class WormholeDeadLetters: Sendable {
         var result: [QueueDeadLetter] = []
         var unreadable: [String] = []
         for key in values.keys {
-            guard let letter = values[key, as: QueueDeadLetter.self],
-                QueueWorkNames.key(letter.offset, scheduled: letter.isScheduled) == key,
-                letter.end > letter.offset, letter.attempts >= 0
+            guard let letter = values[key, as: QueueDeadLetter.self], letter.key == key, letter.end > letter.offset,
+                letter.attempts >= 0
             else {
                 unreadable.append(key)
                 continue
@@ -80,16 +79,9 @@ public final class WormholeDeadLetters: Sendable {
         let now = ProcessFacts.wallClockNanoseconds()
         try retries.update(sender: sender, direction: "requeued") { (values) throws(WormholeError) in
             for letter in chosen {
-                let record = QueueRecord(
-                    offset: letter.offset,
-                    end: letter.end,
-                    sender: letter.sender,
-                    timestampNanoseconds: letter.timestampNanoseconds,
-                    payload: letter.payload
-                )
                 // A requeued message no longer expires: it is offered because it was asked for.
                 let entry = SetAsideMessage(
-                    record: record,
+                    record: letter.record,
                     attempts: 0,
                     notBeforeNanoseconds: now,
                     lastError: nil,
@@ -131,9 +123,7 @@ public final class WormholeDeadLetters: Sendable {
     private func remove(_ chosen: [QueueDeadLetter]) throws(WormholeError) {
         guard !chosen.isEmpty else { return }
         try letters.update(sender: sender, direction: "removed") { values in
-            for letter in chosen {
-                values.removeValue(forKey: QueueWorkNames.key(letter.offset, scheduled: letter.isScheduled))
-            }
+            for letter in chosen { values.removeValue(forKey: letter.key) }
         }
     }
 }

@@ -5,10 +5,12 @@ import Logging
 ///
 /// MMWormhole kept only the newest message of an identifier; its most asked-for feature was a queue. Any number of
 /// producers in any number of processes ``enqueue(_:)``; each *consumer* (a durable name, like a consumer group)
-/// receives every message in append order, once, across restarts of either side. Its position is stored in the
-/// group directory and moves on only when the consumer has handled a message: a consumer killed while handling a
-/// message gets it again, and one that handled it never does. Several consumers each see everything. A consumer
-/// that was away catches up when it starts, then goes on live.
+/// receives every message once, across restarts of either side: in append order, but for a message whose handler
+/// failed, which comes back after a back-off while later ones flow (or, in strict order, holds them back; see
+/// ``QueueRetryPolicy``). Its position is stored by the engine and moves past a message only once it was handled, set
+/// aside for another attempt or given up on as a dead letter: a consumer killed while handling a message gets it
+/// again, and one that handled it never does. Several consumers each see everything. A consumer that was away catches
+/// up when it starts, then goes on live.
 ///
 /// ```swift
 /// let jobs = try wormhole.queue("jobs")
@@ -29,9 +31,9 @@ public final class WormholeQueue: Sendable {
     public let retention: Duration
     /// The engine's log of this queue.
     public let log: any QueueLog
-    /// The engine's log of this queue's scheduled messages (`QUEUE#scheduled`): each record a message and its
-    /// schedule (``QueueSchedule``), which every consumer takes into its retries.
-    let scheduledLog: any QueueLog
+    /// The engine's log of this queue's scheduled messages (`QUEUE#scheduled`), opened at first use: each record a
+    /// message and its schedule (``QueueSchedule``), which every consumer takes into its retries.
+    private let openedScheduledLog = Locked<(any QueueLog)?>(nil)
     let coder: any MessageCoder
     let logger: Logger
     let engine: any WormholeEngine
@@ -42,15 +44,22 @@ public final class WormholeQueue: Sendable {
         self.identifier = identifier
         self.retention = retention
         self.log = try wormhole.engine.queueLog(identifier, sender: wormhole.sender, retention: retention)
-        self.scheduledLog = try wormhole.engine.queueLog(
-            QueueWorkNames.scheduled(queue: identifier),
-            sender: wormhole.sender,
-            retention: retention
-        )
         self.coder = wormhole.coder
         self.logger = wormhole.logger
         self.engine = wormhole.engine
         self.sender = wormhole.sender
+    }
+
+    /// The scheduled log, opened now if it was not: a queue that is only enqueued to, without a schedule, opens it
+    /// only for ``status()`` and ``reclaimSpace()``.
+    func scheduledLog() throws(WormholeError) -> any QueueLog {
+        if let log = openedScheduledLog.withLock({ $0 }) { return log }
+        let log = try engine.queueLog(QueueWorkNames.scheduled(queue: identifier), sender: sender, retention: retention)
+        return openedScheduledLog.withLock { opened in
+            if let opened { return opened }
+            opened = log
+            return log
+        }
     }
 
     // MARK: Producing
@@ -82,7 +91,7 @@ public final class WormholeQueue: Sendable {
 
     /// Enqueues bytes as they are, to be offered when `schedule` says; see ``enqueue(_:schedule:)``.
     public func enqueueData(_ payload: Data, schedule: QueueSchedule) throws(WormholeError) {
-        try scheduledLog.append(try ScheduledEnvelope(schedule: schedule, payload: payload).encoded())
+        try scheduledLog().append(try ScheduledEnvelope(schedule: schedule, payload: payload).encoded())
     }
 
     /// Encodes messages and appends them to the queue in one write, in order.
@@ -338,7 +347,7 @@ public final class WormholeQueue: Sendable {
         ) { [self] error in report(error, to: errorHandler) }
         // The scheduled log's records are taken into the retries, each due at its time, on a queue of their own.
         let scheduledCore = QueueConsumer(
-            cursor: try scheduledLog.openCursor(consumer: consumer),
+            cursor: try scheduledLog().openCursor(consumer: consumer),
             execution: .serialQueue,
             label: "wormhole.queue.\(identifier).\(consumer).scheduled",
             batchSize: 500,
@@ -393,7 +402,7 @@ public final class WormholeQueue: Sendable {
         /// Records read from the queue at the consumer's position; returns the end of those handled (nil: none).
         func deliver(_ records: [QueueRecord]) -> UInt64? {
             // The success path of a consumer with nothing set aside looks at nothing more than this.
-            let anySetAside = !retries.isEmpty
+            let anySetAside = !retries.holdsNoQueueMessage
             switch handler {
             case .each(let handle):
                 var end: UInt64?
@@ -450,16 +459,12 @@ public final class WormholeQueue: Sendable {
             guard !retries.isEmpty else { return }
             retries.settleOwedResolutions()
             let started = CallbackDriver.passStart()
-            var offered = Set<String>()
+            // Sorted once a pass, then handed over a batch at a time.
+            var pending = retries.due(before: position, scheduledBefore: scheduledPosition())[...]
             while !retries.consumerIsCancelled {
-                var due = retries.due(
-                    before: position,
-                    scheduledBefore: scheduledPosition(),
-                    excluding: offered,
-                    limit: batchSize
-                )
+                var due = Array(pending.prefix(max(1, batchSize)))
+                pending = pending.dropFirst(due.count)
                 guard !due.isEmpty else { return }
-                offered.formUnion(due.map(\.key))
                 // Past their time to live: to the dead letters, unoffered.
                 let now = QueueRetries.now()
                 let expired = due.filter { $0.hasExpired(at: now) }
@@ -650,37 +655,28 @@ public final class WormholeQueue: Sendable {
     /// another attempt (and when the first comes due) and how many it gave up on.
     public func status() throws(WormholeError) -> QueueStatus {
         var status = try log.status()
+        let scheduledLogStatus = try scheduledLog().status()
+        // As a consumer reads them: an entry it would not offer is not counted, and no wait is longer than the
+        // retention.
+        let latest = QueueRetries.now().addingClamped(QueueRetries.nanoseconds(retention))
         for index in status.consumers.indices {
             let name = status.consumers[index].name
-            let waiting = try engine.suiteStore(QueueWorkNames.retries(queue: identifier, consumer: name)).read().values
-            // As a consumer reads them: an entry it would not offer is not counted, and no wait is longer than the
-            // retention.
-            var next: Int64?
-            var count = 0
-            let latest = QueueRetries.now().addingClamped(QueueRetries.nanoseconds(retention))
-            var scheduled = 0
-            for key in waiting.keys {
-                guard let entry = waiting[key, as: SetAsideMessage.self], entry.isValid, entry.key == key else {
-                    continue
+            let values = try engine.suiteStore(QueueWorkNames.retries(queue: identifier, consumer: name)).read().values
+            let entries = values.keys.compactMap { key -> SetAsideMessage? in
+                guard let entry = values[key, as: SetAsideMessage.self], entry.isValid, entry.key == key else {
+                    return nil
                 }
-                // A scheduled message that has not failed yet waits for its time, not for a retry.
-                if entry.waitsForItsTime {
-                    scheduled += 1
-                    continue
-                }
-                count += 1
-                next = min(next ?? .max, min(entry.notBeforeNanoseconds, latest))
+                return entry
             }
-            status.consumers[index].waitingForRetry = count
-            status.consumers[index].nextRetryNanoseconds = next
-            // And those of the scheduled log it has not taken into its retries yet (one taken, its position not yet
-            // past it, is counted once).
-            let inLog = try scheduledLog.status().consumers.first { $0.name == name }
-            let taken = waiting.keys.filter { key in
-                guard let entry = waiting[key, as: SetAsideMessage.self], entry.isScheduled else { return false }
-                return entry.offset >= (inLog?.offset ?? .max)
-            }.count
-            status.consumers[index].scheduled = scheduled + max(0, (inLog?.lagMessages ?? 0) - taken)
+            let inLog = scheduledLogStatus.consumers.first { $0.name == name }
+            // A scheduled message not offered yet waits for its time, not for a retry; one taken from the scheduled
+            // log, the log's position not yet past it, is counted once.
+            let waiting = entries.filter { !$0.waitsForItsTime }
+            let scheduled = entries.filter(\.waitsForItsTime)
+            let takenNotPassed = scheduled.filter { $0.offset >= (inLog?.offset ?? .max) }.count
+            status.consumers[index].waitingForRetry = waiting.count
+            status.consumers[index].nextRetryNanoseconds = waiting.map { min($0.notBeforeNanoseconds, latest) }.min()
+            status.consumers[index].scheduled = scheduled.count + max(0, (inLog?.lagMessages ?? 0) - takenNotPassed)
             status.consumers[index].deadLetters = try engine.suiteStore(
                 QueueWorkNames.deadLetters(queue: identifier, consumer: name)
             ).read().values.keys.count
@@ -695,7 +691,7 @@ public final class WormholeQueue: Sendable {
     /// Consumers call it as they move on; call it yourself after removing consumers.
     public func reclaimSpace() throws(WormholeError) {
         try log.reclaimSpace()
-        try scheduledLog.reclaimSpace()
+        try scheduledLog().reclaimSpace()
     }
 }
 

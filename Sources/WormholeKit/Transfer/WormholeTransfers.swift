@@ -93,7 +93,8 @@ public final class WormholeTransfers: Sendable {
     /// with ` (2)`, ` (3)`… added when the name is taken. The transfer is acknowledged when `handler` returns; a
     /// receiver killed before that gets the same file again (already in `destination`: it is not moved twice). A
     /// handler that throws gets it again, before any later file, after a wait of 1 s doubling to a minute, for as
-    /// many times as it throws (``QueueRetryPolicy/forever``): a file is never skipped. A
+    /// many times as it throws (``QueueRetryPolicy/forever``): a file is never skipped (a handler that throws
+    /// `CancellationError` stops the receiver instead). A
     /// transfer cancelled before it was received is reported to `errorHandler` (or logged) and passed over, as is one
     /// whose staged file is not this package's (``WormholeError/Code/untrustedFile``) or whose chunks no sender
     /// writes (``WormholeError/Code/corruptMessage``): neither is handed over, and neither holds up the channel.
