@@ -44,6 +44,8 @@ final class QueueRetries: Sendable {
     /// process), and removed from the suite at the next pass.
     private let owedResolutions = Locked<[String: UInt64?]>([:])
     private let consumer = Locked<WeakConsumer>(WeakConsumer())
+    /// The consumer of the queue's scheduled log, woken again when what it read could not be stored.
+    private let scheduledConsumer = Locked<WeakConsumer>(WeakConsumer())
     /// The lineage and version of the retries suite that this consumer's last write made: a reload that read an
     /// older version of that lineage is dropped, as it could bring back what was resolved since.
     private let ownVersion = Locked<(lineage: UInt64, version: UInt64)>((0, 0))
@@ -90,9 +92,10 @@ final class QueueRetries: Sendable {
 
     deinit { stop() }
 
-    /// The consumer to wake when a set-aside message comes due.
-    func attach(_ core: QueueConsumer) {
+    /// The consumer to wake when a set-aside message comes due, and the consumer of the scheduled log.
+    func attach(_ core: QueueConsumer, scheduled: QueueConsumer) {
         consumer.withLock { $0.core = core }
+        scheduledConsumer.withLock { $0.core = scheduled }
     }
 
     /// Stops watching the suite and waking the consumer: it was cancelled.
@@ -155,13 +158,19 @@ final class QueueRetries: Sendable {
         if added { wake(at: Self.now()) }
     }
 
-    /// Removes the entries of messages that are dead letters too (a consumer killed between the two writes), so
-    /// that none gets an attempt beyond its last.
+    /// Removes the entries of messages that are dead letters too, written before their dead letter (a consumer
+    /// killed between its two writes), so that none gets an attempt beyond its last. An entry written after its dead
+    /// letter is a requeue under way (killed, or not yet done, before it removed the dead letter), and stays.
     private func forgetDeadLetteredEntries() throws(WormholeError) {
         guard !isEmpty else { return }
-        let dead = Set(try deadLetters.read().values.keys)
-        let both = pending.withLock { $0.keys.filter { dead.contains($0) } }
-        try resolve(both.map { ($0, nil) })
+        let dead = try deadLetters.read().values
+        let both = pending.withLock { pending in
+            pending.filter { key, entry in
+                guard let letter = dead[key, as: QueueDeadLetter.self] else { return dead.json(forKey: key) != nil }
+                return entry.notBeforeNanoseconds < letter.deadLetteredNanoseconds
+            }.map { ($0.key, $0.value.revision) }
+        }
+        try resolve(both)
     }
 
     /// Whether any message is set aside or put off, or an entry is owed a removal: a pass with nothing of the
@@ -175,13 +184,16 @@ final class QueueRetries: Sendable {
 
     /// Brings ``empty`` and ``noQueueMessage`` up to date after a change of ``pending``, ``holds`` or
     /// ``owedResolutions``.
+    ///
+    /// Read and stored under ``pending``'s lock (with ``holds``' and ``owedResolutions``' inside it, an order nothing
+    /// else nests the other way), so that two threads noting changes at once store the state the later one read.
     private func noteChange() {
-        let (nonePending, noneOfTheQueue) = pending.withLock { pending in
-            (pending.isEmpty, !pending.values.contains { !$0.isScheduled })
+        pending.withLock { pending in
+            let noHolds = holds.withLock { $0.isEmpty }
+            let noneOwed = owedResolutions.withLock { $0.isEmpty }
+            empty.store(pending.isEmpty && noHolds && noneOwed, ordering: .releasing)
+            noQueueMessage.store(noHolds && !pending.values.contains { !$0.isScheduled }, ordering: .releasing)
         }
-        let noHolds = holds.withLock { $0.isEmpty }
-        empty.store(nonePending && noHolds && owedResolutions.withLock { $0.isEmpty }, ordering: .releasing)
-        noQueueMessage.store(noneOfTheQueue && noHolds, ordering: .releasing)
     }
 
     /// What a message read from the queue at the consumer's position is to this consumer.
@@ -483,6 +495,10 @@ final class QueueRetries: Sendable {
             return true
         } catch {
             report(error)
+            // Read again in a second: they stay in the log until they are stored.
+            DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [weak self] in
+                self?.scheduledConsumer.withLock { $0.core }?.wakeForDueMessages()
+            }
             return false
         }
     }
@@ -511,7 +527,8 @@ final class QueueRetries: Sendable {
     /// Wakes the consumer at `deadline` (nanoseconds since 1970), unless a timer is set for earlier.
     func wake(at deadline: Int64) {
         let generation: UInt64? = timer.withLock { timer in
-            if let set = timer.deadline, set <= deadline, set > Self.now() { return nil }
+            // A timer set for no later is there, or its block on its way (one past its time has not run yet).
+            if let set = timer.deadline, set <= deadline { return nil }
             timer.deadline = deadline
             timer.generation &+= 1
             return timer.generation

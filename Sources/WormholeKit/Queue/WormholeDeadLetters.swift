@@ -71,7 +71,7 @@ public final class WormholeDeadLetters: Sendable {
     /// them, or those at `offsets`. Returns how many were requeued.
     ///
     /// Each goes into the consumer's retries before it leaves the dead letters: a process killed in between leaves
-    /// it in both, and the consumer, when it starts, keeps it a dead letter only (requeue it again).
+    /// it in both, and it is offered, and listed until it is dropped.
     @discardableResult
     public func requeue(offsets: [UInt64]? = nil) throws(WormholeError) -> Int {
         let chosen = try selected(offsets)

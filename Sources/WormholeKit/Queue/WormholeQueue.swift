@@ -381,7 +381,7 @@ public final class WormholeQueue: Sendable {
             deliver: { records in delivery.deliver(records) },
             reportError: { [self] error in report(error, to: errorHandler) }
         )
-        retries.attach(core)
+        retries.attach(core, scheduled: scheduledCore)
         try scheduledCore.start()
         try core.start()
         return core

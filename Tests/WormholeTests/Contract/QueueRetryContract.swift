@@ -234,11 +234,11 @@ struct QueueRetryContract {
                 errorHandler: { _ in }
             ) { message in
                 requeuedCalls.append(message.attempt)
-                return requeuedCalls.count == 1 ? .later(.milliseconds(400)) : .done
+                return requeuedCalls.count == 1 ? .later(.seconds(2)) : .done
             }
             #expect(try dead.requeue() == 1)
             #expect(eventually { requeuedCalls.count >= 1 })
-            usleep(200_000)
+            usleep(500_000)
             #expect(requeuedCalls.count == 1, "put off, not offered again at once: \(requeuedCalls.values)")
             #expect(eventually { requeuedCalls.count == 2 })
             usleep(200_000)

@@ -164,4 +164,50 @@ struct QueueRetryFaultTests {
             consumer.cancel()
         }
     }
+
+    @Test("A requeue cut off between its two writes is offered by the next consumer, not dropped as a dead letter")
+    func requeueCutOff() async throws {
+        try await offThePool {
+            let engine = FlakyEngine()
+            let queue = try Wormhole(engine: engine).queue("jobs")
+            let fixed = Locked(false)
+            let handled = Collector<Int>()
+            let retry = QueueRetryPolicy(maximumAttempts: 1)
+            var consumer: QueueConsumer? = try queue.consume(
+                consumer: "worker",
+                as: Int.self,
+                retry: retry,
+                errorHandler: { _ in }
+            ) { message in
+                if !fixed.withLock({ $0 }) { throw ContractFailure() }
+                handled.append(message.value)
+            }
+            try queue.enqueue(1)
+            let dead = try queue.deadLetters(consumer: "worker")
+            #expect(eventually { (try? dead.count) == 1 })
+            consumer?.cancel()
+            consumer = nil
+            // The requeue writes the retries entry, then its removal of the dead letter fails: both are there.
+            let armed = Locked(true)
+            engine.afterUpdate.withLock {
+                $0 = { name in
+                    if name.contains("#retries#"), armed.withLock({ $0 }) {
+                        armed.withLock { $0 = false }
+                        engine.failing.withLock { $0 = true }
+                    }
+                }
+            }
+            #expect(throws: WormholeError.self) { try dead.requeue() }
+            engine.failing.withLock { $0 = false }
+            #expect(try dead.count == 1)
+            fixed.withLock { $0 = true }
+            let again = try queue.consume(consumer: "worker", as: Int.self, retry: retry, errorHandler: { _ in }) {
+                message in handled.append(message.value)
+            }
+            #expect(eventually { handled.values == [1] }, "the requeue is offered")
+            usleep(200_000)
+            #expect(handled.values == [1], "once")
+            again.cancel()
+        }
+    }
 }

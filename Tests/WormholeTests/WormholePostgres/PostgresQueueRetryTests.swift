@@ -19,13 +19,13 @@ struct PostgresQueueRetryTests {
             let server = try LocalPostgresServer(durable: true)
             defer { server.close() }
             let group = uniqueGroup("retry-restart")
-            let policy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .seconds(3), jitter: 0)
+            let policy = QueueRetryPolicy(maximumAttempts: 3, firstDelay: .seconds(6), jitter: 0)
             let producerEngine = try PostgresEngine(url: server.url, group: group)
             defer { producerEngine.close() }
             let producer = try Wormhole(engine: producerEngine, sender: "app").queue("jobs")
-            let due = Date().addingTimeInterval(4)
             let attempts = Collector<String>()
             let firstAttempt = Locked<Date?>(nil)
+            let dueBox = Locked<Date?>(nil)
             do {
                 let engine = try PostgresEngine(url: server.url, group: group)
                 defer { engine.close() }
@@ -40,8 +40,11 @@ struct PostgresQueueRetryTests {
                     throw ContractFailure()
                 }
                 try producer.enqueue(1)
-                try producer.enqueue(2, schedule: .at(due))
                 #expect(eventually { attempts.values == ["1#1"] })
+                // Due after the restart, as the retry is (6 s after the first attempt).
+                let due = Date().addingTimeInterval(6)
+                dueBox.withLock { $0 = due }
+                try producer.enqueue(2, schedule: .at(due))
                 #expect(
                     eventually {
                         let status = try? producer.status().consumers.first
@@ -68,7 +71,8 @@ struct PostgresQueueRetryTests {
             }
             #expect(eventually(timeout: 30) { handled.count == 2 })
             #expect(Set(handled.values) == ["1#2", "2#1"], "\(handled.values)")
-            let retryDue = try #require(firstAttempt.withLock { $0 }).addingTimeInterval(3)
+            let retryDue = try #require(firstAttempt.withLock { $0 }).addingTimeInterval(6)
+            let due = try #require(dueBox.withLock { $0 })
             #expect(
                 times.withLock { $0["1"] }.map { $0 >= retryDue.addingTimeInterval(-0.05) } == true,
                 "at its back-off"
