@@ -6,7 +6,7 @@ import Foundation
 /// It keeps everything the message was: its bytes, its offset in the queue, who enqueued it and when, with how many
 /// times it was offered and the text of the last error. ``WormholeDeadLetters`` lists them, requeues them and drops
 /// them.
-public struct QueueDeadLetter: Sendable, Hashable, Codable {
+public struct QueueDeadLetter: Sendable, Hashable, Codable, KeepsQueueRecord {
     /// Why a message went to the dead letters.
     public enum Reason: String, Sendable, Hashable, Codable {
         /// Its handler failed at its last attempt.
@@ -49,17 +49,6 @@ public struct QueueDeadLetter: Sendable, Hashable, Codable {
     /// Its key in the dead-letters suite.
     var key: String { QueueWorkNames.key(offset, scheduled: isScheduled) }
 
-    /// The record it was.
-    var record: QueueRecord {
-        QueueRecord(
-            offset: offset,
-            end: end,
-            sender: sender,
-            timestampNanoseconds: timestampNanoseconds,
-            payload: payload
-        )
-    }
-
     /// Creates a dead letter.
     public init(
         offset: UInt64,
@@ -87,7 +76,7 @@ public struct QueueDeadLetter: Sendable, Hashable, Codable {
 }
 
 /// A message set aside by a consumer until its next attempt: the value of its key in the consumer's retries suite.
-struct SetAsideMessage: Sendable, Hashable, Codable {
+struct SetAsideMessage: Sendable, Hashable, Codable, KeepsQueueRecord {
     /// The message's offset and end in its queue.
     var offset: UInt64
     var end: UInt64
@@ -130,17 +119,6 @@ struct SetAsideMessage: Sendable, Hashable, Codable {
         self.notBeforeNanoseconds = notBeforeNanoseconds
         self.lastError = lastError
         payload = record.payload
-    }
-
-    /// The record it was, for its handler.
-    var record: QueueRecord {
-        QueueRecord(
-            offset: offset,
-            end: end,
-            sender: sender,
-            timestampNanoseconds: timestampNanoseconds,
-            payload: payload
-        )
     }
 
     /// Whether the message came from the scheduled log.
@@ -189,5 +167,27 @@ enum QueueWorkNames {
             prefix.append(character)
         }
         return prefix + suffix
+    }
+}
+
+/// A value that keeps the fields of the queue record it was made from.
+protocol KeepsQueueRecord {
+    var offset: UInt64 { get }
+    var end: UInt64 { get }
+    var sender: String { get }
+    var timestampNanoseconds: Int64 { get }
+    var payload: Data { get }
+}
+
+extension KeepsQueueRecord {
+    /// The record it was.
+    var record: QueueRecord {
+        QueueRecord(
+            offset: offset,
+            end: end,
+            sender: sender,
+            timestampNanoseconds: timestampNanoseconds,
+            payload: payload
+        )
     }
 }

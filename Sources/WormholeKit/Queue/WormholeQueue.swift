@@ -147,18 +147,10 @@ public final class WormholeQueue: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Message>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
-        try startConsumer(
-            consumer,
-            batchSize: 1,
-            retry: retry,
-            execution: execution,
-            errorHandler: errorHandler,
-            decode: decoder(for: type),
-            handler: .each({ message in
-                try handler(message)
-                return .done
-            })
-        )
+        try process(consumer: consumer, as: type, retry: retry, on: execution, errorHandler: errorHandler) {
+            try handler($0)
+            return .done
+        }
     }
 
     /// Calls `handler` with every message this consumer has not handled yet, as
@@ -221,18 +213,10 @@ public final class WormholeQueue: Sendable {
         errorHandler: (@Sendable (WormholeError) -> Void)? = nil,
         handler: @escaping @Sendable (QueueMessage<Data>) throws -> Void
     ) throws(WormholeError) -> QueueConsumer {
-        try startConsumer(
-            consumer,
-            batchSize: 1,
-            retry: retry,
-            execution: execution,
-            errorHandler: errorHandler,
-            decode: Self.bytes,
-            handler: .each({ message in
-                try handler(message)
-                return .done
-            })
-        )
+        try processData(consumer: consumer, retry: retry, on: execution, errorHandler: errorHandler) {
+            try handler($0)
+            return .done
+        }
     }
 
     /// Calls `handler` with the messages this consumer has not handled yet in batches, in order: up to
